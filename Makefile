@@ -1,0 +1,29 @@
+# Two commands on a fresh machine:
+#   make demo   set up .venv and run the whole pipeline on the embedded default (CPU, tiny model)
+#   make test   set up .venv (and the local Slurm test cluster) and run the test suite
+SHELL := /bin/bash
+VENV  := .venv
+BIN   := $(VENV)/bin
+STAMP := $(VENV)/.llmft-installed
+
+.PHONY: demo test lint venv clean-results
+
+$(STAMP): envs/cpu.txt envs/cpu-nodeps.txt envs/dev.txt envs/install-cpu.sh pyproject.toml
+	bash envs/install-cpu.sh $(VENV)
+	touch $@
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH snakemake --profile profiles/local
+	@echo "report: results/demo/report/index.html"
+
+lint: $(STAMP)
+	$(BIN)/ruff check workflow tests bench
+	$(BIN)/ruff format --check workflow tests bench
+	$(BIN)/snakefmt --check Snakefile workflow/rules
+	PATH=$(CURDIR)/$(BIN):$$PATH snakemake --lint
+
+test: $(STAMP)
+	$(MAKE) lint
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -ra --durations=15 tests

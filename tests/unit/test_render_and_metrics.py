@@ -1,0 +1,63 @@
+"""Rendering the LLaMA-Factory YAML / DeepSpeed JSON, metrics, report escaping."""
+
+import yaml
+from llmft.config import validate
+from llmft.evaluate import bleu, exact_match, rouge_l
+from llmft.report import esc, svg_lines, table
+from llmft.sft import deepspeed_config, launch_env, render
+from llmft.slurm import Allocation
+
+from tests.conftest import REPO
+
+DEMO = validate(yaml.safe_load((REPO / "config/config.yaml").read_text()), base_dir=REPO)
+
+
+def test_render_writes_yaml_and_zero3(tmp_path):
+    args = render(DEMO, "m", "d", str(tmp_path / "lf.yaml"), str(tmp_path / "ds.json"), "w")
+    on_disk = yaml.safe_load((tmp_path / "lf.yaml").read_text())
+    assert on_disk == args
+    assert args["overwrite_output_dir"] is False
+    assert args["ddp_timeout"] == DEMO["sft"]["collective_timeout_minutes"] * 60
+    assert args["deepspeed"] == str(tmp_path / "ds.json")
+    ds = deepspeed_config(DEMO)
+    assert ds["zero_optimization"]["stage"] == 3
+    assert ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+
+
+def test_extra_passes_through_and_changes_work_dir(tmp_path):
+    cfg = validate({**DEMO, "sft": {**DEMO["sft"], "extra": {"packing": True}}}, base_dir=REPO)
+    a = render(DEMO, "m", "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w")
+    b = render(cfg, "m", "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w")
+    assert b["packing"] is True and "packing" not in a
+    assert a["output_dir"] != b["output_dir"]  # a new config never resumes an old checkpoint
+
+
+def test_zero0_has_no_deepspeed_and_no_unused_param_search(tmp_path):
+    cfg = validate({**DEMO, "sft": {**DEMO["sft"], "zero_stage": 0}}, base_dir=REPO)
+    args = render(cfg, "m", "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w")
+    assert "deepspeed" not in args and args["ddp_find_unused_parameters"] is False
+
+
+def test_launch_env_rocm_preset():
+    cfg = validate(
+        {"hardware": {"vendor": "rocm", "gpus_per_node": 8, "nodes": 2, "socket_ifname": "ens50f0"}}
+    )
+    env = launch_env(cfg, Allocation("9", ["a", "b"], 1, "10.0.0.1", 30000), base_env={})
+    assert env["PYTORCH_ROCM_ARCH"] == "gfx942"
+    assert env["NCCL_SOCKET_IFNAME"] == "ens50f0"
+    assert (env["NNODES"], env["NODE_RANK"], env["NPROC_PER_NODE"]) == ("2", "1", "8")
+    assert env["MASTER_ADDR"] == "10.0.0.1" and env["FORCE_TORCHRUN"] == "1"
+
+
+def test_metrics():
+    assert exact_match(" Cat ", "cat") == 1.0
+    assert rouge_l("a b c", "a b c") == 1.0 and rouge_l("x", "a b") == 0.0
+    assert 0 < rouge_l("a c", "a b c") < 1
+    assert bleu("the cat sat", "the cat sat") == 1.0
+    assert bleu("dog", "the cat sat") < 0.2
+
+
+def test_report_text_is_escaped():
+    evil = "<script>alert(1)</script>"
+    html = table(["prompt"], [[evil]]) + svg_lines({evil: [(0, 1), (1, 2)]}, evil, "x")
+    assert "<script>" not in html and esc(evil) in html

@@ -1,0 +1,102 @@
+"""The whole DAG on the local executor with the tiny model: real LLaMA-Factory + DeepSpeed ZeRO-3.
+
+One module-scoped run of the embedded default; later tests reuse its results.
+"""
+
+import json
+import re
+
+import pytest
+
+from tests.conftest import make_workdir, rules_run, snakemake
+
+pytestmark = pytest.mark.workflow
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    work = make_workdir(tmp_path_factory.mktemp("demo"))
+    proc = snakemake(work)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return work, proc
+
+
+def test_all_five_stages_ran_for_real(demo):
+    work, proc = demo
+    ran = rules_run(proc.stderr + proc.stdout)
+    for stage in ("verify_env", "prepare_data", "sft", "evaluate", "report"):
+        assert stage in ran
+    run = work / "results/demo"
+    verify = json.loads((run / "env/verify.json").read_text())
+    assert verify["ok"] and verify["nodes"][0]["packages"]["deepspeed"]
+    sft_log = (run / "logs/sft.log").read_text()
+    # LLaMA-Factory under torchrun with 2 processes and DeepSpeed ZeRO-3
+    assert "Initializing 2 distributed tasks" in sft_log
+    assert re.search(r"stage\W+3", (run / "sft/deepspeed.json").read_text())
+    assert "DeepSpeed" in sft_log or "deepspeed" in sft_log
+    summary = json.loads((run / "sft/train_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["final_loss"] < summary["first_loss"] / 3
+
+
+def test_tuned_beats_base_on_heldout_exact_match(demo):
+    work, _ = demo
+    run = work / "results/demo"
+    base = json.loads((run / "eval/base/metrics.json").read_text())
+    tuned = json.loads((run / "eval/tuned/metrics.json").read_text())
+    assert tuned["rows"] == base["rows"] > 100
+    assert tuned["exact_match"] - base["exact_match"] >= 0.3
+    assert tuned["eval_loss"] < base["eval_loss"]
+    page = (run / "report/index.html").read_text()
+    assert f"{tuned['exact_match']:.3f}" in page and "<svg" in page
+
+
+def test_trained_model_loads_and_generates(demo):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = demo[0] / "results/demo/sft/model"
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    assert all(p.numel() > 0 for p in model.parameters())  # ZeRO-3 gathered real weights
+    out = model.generate(
+        **tok("Human: What is the first word?\nowl cat\nAssistant:", return_tensors="pt"),
+        max_new_tokens=4,
+        do_sample=False,
+    )
+    assert out.shape[1] > 0
+
+
+def test_second_run_with_nothing_changed_runs_no_job(demo):
+    work, _ = demo
+    proc = snakemake(work)
+    assert proc.returncode == 0
+    assert rules_run(proc.stderr + proc.stdout) == []
+    assert "Nothing to be done" in proc.stderr + proc.stdout
+
+
+def test_training_param_change_reruns_only_downstream(demo):
+    work, _ = demo
+    make_workdir(work, sft__max_steps=30)
+    proc = snakemake(work)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ran = rules_run(proc.stderr + proc.stdout)
+    assert set(ran) == {"render_sft_config", "sft", "evaluate", "report", "all"}
+    assert ran.count("evaluate") == 1  # only the tuned model is re-evaluated
+    summary = json.loads((work / "results/demo/sft/train_summary.json").read_text())
+    assert summary["steps"] == 30
+
+
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        ({"sft__learning_rat": 0.1}, "learning_rat"),
+        ({"run": "bad name!"}, "config key run"),
+        ({"data__sources": [{"path": "missing.jsonl"}]}, "dataset file not found"),
+    ],
+)
+def test_bad_config_stops_before_any_job(tmp_path, overrides, needle):
+    work = make_workdir(tmp_path, **overrides)
+    proc = snakemake(work)
+    assert proc.returncode != 0
+    assert needle in proc.stderr
+    assert rules_run(proc.stderr + proc.stdout) == []
+    assert not (work / "results").exists()

@@ -1,0 +1,170 @@
+"""`python -m llmft <stage> ...`: every stage can be rerun by hand on a node, outside Snakemake.
+
+Each subcommand takes the config file (validated first) and explicit paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from .config import BUILTIN_DATA, ConfigError, layout, load_file, validate
+
+
+def _cfg(args) -> dict:
+    """The validated config: a JSON slice from Snakemake, or a YAML file plus overrides."""
+    if args.config_json:
+        return validate(json.loads(args.config_json))
+    overrides = json.loads(args.overrides) if args.overrides else None
+    return load_file(args.config, overrides)
+
+
+def cmd_check_config(args) -> int:
+    cfg = _cfg(args)
+    print(json.dumps(cfg, indent=2))
+    return 0
+
+
+def cmd_base_model(args) -> int:
+    from .assets import build_tiny_model
+
+    cfg = _cfg(args)
+    tiny = cfg["model"]["tiny"]
+    info = build_tiny_model(
+        args.out, tiny["hidden_size"], tiny["num_layers"], tiny["num_heads"], tiny["vocab_size"]
+    )
+    print(json.dumps(info))
+    return 0
+
+
+def cmd_synthetic(args) -> int:
+    from .assets import write_synthetic
+
+    cfg = _cfg(args)
+    n = write_synthetic(args.out, cfg["data"]["synthetic_rows"])
+    print(f"wrote {n} synthetic rows to {args.out}")
+    return 0
+
+
+def cmd_prepare_data(args) -> int:
+    from .data import prepare
+
+    cfg = _cfg(args)
+    sources = []
+    for src in cfg["data"]["sources"]:
+        path = args.synthetic if src["path"] == BUILTIN_DATA else src["path"]
+        sources.append({**src, "path": path})
+    d = cfg["data"]
+    prepare(
+        sources,
+        args.out_dir,
+        args.tokenizer,
+        cfg["model"]["template"],
+        d["cutoff_len"],
+        d["heldout_fraction"],
+        d["split_salt"],
+        d["invalid_rows"],
+    )
+    return 0
+
+
+def cmd_verify_env(args) -> int:
+    from .envcheck import run_verify
+
+    cfg = _cfg(args)
+    return run_verify(cfg, args.out)
+
+
+def cmd_render_sft(args) -> int:
+    from .sft import render
+
+    cfg = _cfg(args)
+    render(cfg, args.base_model, args.data_dir, args.out_yaml, args.out_deepspeed, args.work_root)
+    return 0
+
+
+def cmd_sft(args) -> int:
+    """Gate on verify_env, launch this node's torchrun, publish the model: one step or all."""
+    from .envcheck import gate
+    from .sft import finalize, launch
+
+    cfg = _cfg(args)
+    if args.verify:
+        gate(cfg, args.verify)
+    if args.check_only:
+        return 0
+    if not args.finalize_only:
+        rc = launch(cfg, args.yaml)
+        if rc != 0 or args.launch_only:
+            if rc:
+                print(f"[llmft] training failed with exit code {rc}", file=sys.stderr)
+            return rc
+    finalize(args.yaml, args.model_out, args.summary_out, layout(cfg).world_size)
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from .evaluate import evaluate
+
+    cfg = _cfg(args)
+    evaluate(cfg, args.model, args.heldout, args.out_dir, label=args.label)
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .report import build_report
+
+    cfg = _cfg(args)
+    build_report(cfg, args.run_dir, args.out_html, args.out_summary)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="llmft", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    def add(name, fn, *paths, help=""):
+        p = sub.add_parser(name, help=help)
+        p.add_argument("--config", default="config/config.yaml")
+        p.add_argument("--overrides", default="", help="JSON merged over the config file")
+        p.add_argument("--config-json", default="", help="a whole config as JSON (from Snakemake)")
+        for spec in paths:
+            flag, *opts = spec.split(":")
+            p.add_argument(f"--{flag}", required="opt" not in opts)
+        p.set_defaults(fn=fn)
+        return p
+
+    add("check-config", cmd_check_config, help="validate and print the config with defaults")
+    add("base-model", cmd_base_model, "out", help="build the tiny random-init model offline")
+    add("synthetic", cmd_synthetic, "out", help="write the synthetic demo dataset")
+    add("prepare-data", cmd_prepare_data, "tokenizer", "out-dir", "synthetic:opt")
+    add("verify-env", cmd_verify_env, "out")
+    add(
+        "render-sft",
+        cmd_render_sft,
+        "base-model",
+        "data-dir",
+        "out-yaml",
+        "out-deepspeed",
+        "work-root",
+    )
+    p = add("sft", cmd_sft, "yaml", "model-out:opt", "summary-out:opt", "verify:opt")
+    p.add_argument("--check-only", action="store_true", help="only the verify_env gate")
+    p.add_argument("--launch-only", action="store_true", help="one node's launcher (under srun)")
+    p.add_argument("--finalize-only", action="store_true", help="publish after the launchers")
+    add("evaluate", cmd_evaluate, "model", "heldout", "out-dir", "label")
+    add("report", cmd_report, "run-dir", "out-html", "out-summary")
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    try:
+        return args.fn(args)
+    except ConfigError as exc:
+        print(f"llmft: config error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Config: JSON-schema validation with defaults, then cross-field rules.
+
+Errors name the config key (`sft.learning_rate`) or the path that is wrong, and are raised before
+anything is submitted.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
+BUILTIN_MODEL = "builtin:tiny"
+BUILTIN_DATA = "builtin:synthetic"
+
+# LLaMA-Factory keys that the pipeline owns: passing them through `sft.extra` would break the
+# stage contract (where outputs go, which data is used), so they are refused by name.
+RESERVED_EXTRA = {
+    "model_name_or_path",
+    "dataset",
+    "dataset_dir",
+    "eval_dataset",
+    "output_dir",
+    "deepspeed",
+    "stage",
+    "do_train",
+    "template",
+    "cutoff_len",
+    "overwrite_output_dir",
+    "tokenized_path",
+}
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message names the key and what to do."""
+
+
+def _key(path) -> str:
+    parts = [str(p) if not isinstance(p, int) else f"[{p}]" for p in path]
+    return ".".join(parts).replace(".[", "[") or "<top level>"
+
+
+def _fill_defaults(schema: dict, instance: Any) -> Any:
+    """Fill defaults depth-first (objects first get their own default, then their keys')."""
+    if not isinstance(instance, dict) or schema.get("type") != "object":
+        if isinstance(instance, list) and "items" in schema:
+            return [_fill_defaults(schema["items"], item) for item in instance]
+        return instance
+    for name, sub in schema.get("properties", {}).items():
+        if name not in instance and "default" in sub:
+            instance[name] = copy.deepcopy(sub["default"])
+        if name in instance:
+            instance[name] = _fill_defaults(sub, instance[name])
+    return instance
+
+
+def load_schema() -> dict:
+    with open(SCHEMA_PATH, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def validate(raw: dict | None, base_dir: str | Path = ".") -> dict:
+    """Validate a raw config dict; return a new dict with every default filled in."""
+    schema = load_schema()
+    cfg = copy.deepcopy(raw or {})
+    if not isinstance(cfg, dict):
+        raise ConfigError("config must be a mapping of keys to values")
+    validator = jsonschema.Draft7Validator(schema)
+    errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise ConfigError(_describe(errors[0]))
+    cfg = _fill_defaults(schema, cfg)
+    errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise ConfigError(_describe(errors[0]))
+    _cross_checks(cfg, Path(base_dir))
+    return cfg
+
+
+def _describe(err: jsonschema.ValidationError) -> str:
+    where = _key(err.absolute_path)
+    if err.validator == "additionalProperties":
+        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+        allowed = ", ".join(sorted(err.schema.get("properties", {})))
+        return f"config key {where}: unknown key(s) {extra}; allowed here: {allowed}"
+    if err.validator == "pattern" and where == "run":
+        return (
+            f"config key run: {err.instance!r} is not a valid run name "
+            "(letters, digits, '_', '.', '-' only; it becomes a folder name)"
+        )
+    return f"config key {where}: {err.message}"
+
+
+def _cross_checks(cfg: dict, base_dir: Path) -> None:
+    hw = cfg["hardware"]
+    if hw["vendor"] in ("cuda", "rocm") and hw["gpus_per_node"] == 0:
+        raise ConfigError(
+            f"config key hardware.gpus_per_node: 0 but hardware.vendor is {hw['vendor']!r}; "
+            "set the GPUs per node (8 on an MI300X node) or vendor: cpu"
+        )
+    if hw["gpus_per_node"] and hw["processes_per_node"] > hw["gpus_per_node"]:
+        raise ConfigError(
+            "config key hardware.processes_per_node: "
+            f"{hw['processes_per_node']} processes but only {hw['gpus_per_node']} GPUs per node"
+        )
+    for i, src in enumerate(cfg["data"]["sources"]):
+        path = src["path"]
+        if path.startswith("builtin:"):
+            if path != BUILTIN_DATA:
+                raise ConfigError(
+                    f"config key data.sources[{i}].path: unknown builtin {path!r} (only {BUILTIN_DATA})"
+                )
+            continue
+        full = Path(path) if Path(path).is_absolute() else base_dir / path
+        if not full.is_file():
+            raise ConfigError(f"config key data.sources[{i}].path: dataset file not found: {full}")
+        if full.suffix not in (".json", ".jsonl"):
+            raise ConfigError(f"config key data.sources[{i}].path: {full.name} is not .json or .jsonl")
+    name = cfg["model"]["name_or_path"]
+    if name.startswith("builtin:"):
+        if name != BUILTIN_MODEL:
+            raise ConfigError(
+                f"config key model.name_or_path: unknown builtin {name!r} (only {BUILTIN_MODEL})"
+            )
+    else:
+        full = Path(name) if Path(name).is_absolute() else base_dir / name
+        if not (full / "config.json").is_file():
+            raise ConfigError(
+                f"config key model.name_or_path: {full} is not a local model folder "
+                "(no config.json); this pipeline never downloads from a hub"
+            )
+    reserved = sorted(RESERVED_EXTRA & set(cfg["sft"]["extra"]))
+    if reserved:
+        raise ConfigError(
+            f"config key sft.extra: {reserved} are set by the pipeline itself; "
+            "use the matching llmft key (model.*, data.*, sft.*) instead"
+        )
+    if cfg["sft"]["offload"] and cfg["sft"]["zero_stage"] != 3:
+        raise ConfigError("config key sft.offload: offload needs sft.zero_stage: 3")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Hardware layout resolved from the config (processes per node, world size)."""
+
+    nodes: int
+    gpus_per_node: int
+    processes_per_node: int
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.processes_per_node
+
+
+def layout(cfg: dict) -> Layout:
+    hw = cfg["hardware"]
+    ppn = hw["processes_per_node"] or (hw["gpus_per_node"] or 2)
+    return Layout(hw["nodes"], hw["gpus_per_node"], ppn)
+
+
+def load_file(path: str | Path, overrides: dict | None = None) -> dict:
+    """Read a YAML config file (plus overrides, e.g. from --config) and validate it."""
+    with open(path, encoding="utf-8") as fh:
+        raw = yaml.safe_load(fh) or {}
+    if overrides:
+        raw = deep_merge(raw, overrides)
+    return validate(raw, base_dir=Path.cwd())
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out

@@ -1,0 +1,73 @@
+# Helpers shared by all stages. The config is validated here, first; a wrong key or value stops the run
+# before any job is submitted, naming the key.
+import json
+import shlex
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
+
+from snakemake.exceptions import WorkflowError
+
+from llmft.config import BUILTIN_DATA, BUILTIN_MODEL, ConfigError, layout, validate
+
+try:
+    CFG = validate(config, base_dir=Path.cwd())
+except ConfigError as exc:
+    raise WorkflowError(f"llmft config error: {exc}") from None
+
+RUN = CFG["run"]
+LAYOUT = layout(CFG)
+
+
+def final_outputs():
+    return [
+        f"results/{RUN}/report/index.html",
+        f"results/{RUN}/report/summary.json",
+    ]
+
+
+def cfg_arg(*keys):
+    """`--config-json '<subset>'`: the config keys a rule depends on, and only those.
+
+    Snakemake reruns a job when its params change, so each stage sees just its own slice; a new
+    learning rate reruns sft, evaluate and report, never data preparation.
+    """
+    subset = {"run": RUN}
+    for dotted in keys:
+        src, dst = CFG, subset
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            src = src[part]
+            dst = dst.setdefault(part, {})
+        dst[parts[-1]] = src[parts[-1]]
+    return f"--config-json {shlex.quote(json.dumps(subset, sort_keys=True))}"
+
+
+def base_model_dir(wildcards):
+    name = CFG["model"]["name_or_path"]
+    return f"results/{wildcards.run}/base_model" if name == BUILTIN_MODEL else name
+
+
+def dataset_inputs(wildcards):
+    return [
+        (
+            f"results/{wildcards.run}/data/synthetic.jsonl"
+            if src["path"] == BUILTIN_DATA
+            else src["path"]
+        )
+        for src in CFG["data"]["sources"]
+    ]
+
+
+def sft_command():
+    """One launcher per node: under srun on a multi-node allocation, directly otherwise."""
+    if LAYOUT.nodes > 1:
+        return f"srun --nodes={LAYOUT.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1"
+    return ""
+
+
+def eval_model(wildcards):
+    if wildcards.which == "tuned":
+        return f"results/{wildcards.run}/sft/model"
+    return base_model_dir(wildcards)

@@ -1,0 +1,47 @@
+rule base_model:
+    output:
+        directory("results/{run}/base_model"),
+    log:
+        "results/{run}/logs/base_model.log",
+    conda:
+        "../../envs/llmft.yaml"
+    params:
+        cfg=cfg_arg("model"),
+    shell:
+        "python -m llmft base-model {params.cfg} --out {output} > {log} 2>&1"
+
+
+rule synthetic_data:
+    output:
+        "results/{run}/data/synthetic.jsonl",
+    log:
+        "results/{run}/logs/synthetic_data.log",
+    conda:
+        "../../envs/llmft.yaml"
+    params:
+        cfg=cfg_arg("data.synthetic_rows"),
+    shell:
+        "python -m llmft synthetic {params.cfg} --out {output} > {log} 2>&1"
+
+
+rule prepare_data:
+    input:
+        tokenizer=base_model_dir,
+        sources=dataset_inputs,
+    output:
+        train="results/{run}/data/train.jsonl",
+        heldout="results/{run}/data/heldout.jsonl",
+        info="results/{run}/data/dataset_info.json",
+        stats="results/{run}/data/stats.json",
+    log:
+        "results/{run}/logs/prepare_data.log",
+    benchmark:
+        "results/{run}/benchmarks/prepare_data.tsv"
+    conda:
+        "../../envs/llmft.yaml"
+    params:
+        cfg=cfg_arg("data", "model.template"),
+        synthetic=lambda wc: f"--synthetic results/{wc.run}/data/synthetic.jsonl",
+    shell:
+        "python -m llmft prepare-data {params.cfg} --tokenizer {input.tokenizer}"
+        " --out-dir results/{wildcards.run}/data {params.synthetic} > {log} 2>&1"

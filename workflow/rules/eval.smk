@@ -1,0 +1,19 @@
+rule evaluate:
+    input:
+        model=eval_model,
+        heldout="results/{run}/data/heldout.jsonl",
+    output:
+        metrics="results/{run}/eval/{which}/metrics.json",
+        predictions="results/{run}/eval/{which}/predictions.jsonl",
+    log:
+        "results/{run}/logs/evaluate_{which}.log",
+    benchmark:
+        "results/{run}/benchmarks/evaluate_{which}.tsv"
+    conda:
+        "../../envs/llmft.yaml"
+    params:
+        cfg=cfg_arg("eval", "model.template"),
+    shell:
+        "python -m llmft evaluate {params.cfg} --model {input.model} --heldout {input.heldout}"
+        " --out-dir results/{wildcards.run}/eval/{wildcards.which} --label {wildcards.which}"
+        " > {log} 2>&1"

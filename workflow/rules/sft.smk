@@ -1,0 +1,51 @@
+rule render_sft_config:
+    input:
+        base_model=base_model_dir,
+        info="results/{run}/data/dataset_info.json",
+    output:
+        yaml="results/{run}/sft/llamafactory.yaml",
+        deepspeed="results/{run}/sft/deepspeed.json",
+    log:
+        "results/{run}/logs/render_sft_config.log",
+    localrule: True
+    conda:
+        "../../envs/llmft.yaml"
+    params:
+        cfg=cfg_arg("hardware", "model.template", "data.cutoff_len", "sft"),
+    shell:
+        "python -m llmft render-sft {params.cfg} --base-model {input.base_model}"
+        " --data-dir results/{wildcards.run}/data --out-yaml {output.yaml}"
+        " --out-deepspeed {output.deepspeed} --work-root results/{wildcards.run}/work"
+        " > {log} 2>&1"
+
+
+# Checkpoints live in results/{run}/work/sft-<config hash>/, which is not a declared output:
+# Snakemake deletes a failed job's outputs, and a retried or requeued job must resume from them.
+rule sft:
+    input:
+        yaml="results/{run}/sft/llamafactory.yaml",
+        deepspeed="results/{run}/sft/deepspeed.json",
+        verify="results/{run}/env/verify.json",
+        train="results/{run}/data/train.jsonl",
+        heldout="results/{run}/data/heldout.jsonl",
+    output:
+        model=directory("results/{run}/sft/model"),
+        summary="results/{run}/sft/train_summary.json",
+    log:
+        "results/{run}/logs/sft.log",
+    benchmark:
+        "results/{run}/benchmarks/sft.tsv"
+    conda:
+        "../../envs/llmft.yaml"
+    resources:
+        nodes=LAYOUT.nodes,
+        tasks=LAYOUT.nodes,
+    params:
+        cfg=cfg_arg("hardware", "verify"),
+        launcher=sft_command(),
+    shell:
+        "(python -m llmft sft {params.cfg} --yaml {input.yaml} --verify {input.verify}"
+        " --check-only && {params.launcher} python -m llmft sft {params.cfg}"
+        " --yaml {input.yaml} --launch-only"
+        " && python -m llmft sft {params.cfg} --yaml {input.yaml} --finalize-only"
+        " --model-out {output.model} --summary-out {output.summary}) > {log} 2>&1"
