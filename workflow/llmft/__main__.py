@@ -121,6 +121,31 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_nightly(args) -> int:
+    from pathlib import Path
+
+    from .nightly import nightly, run_name
+
+    cfg = _cfg(args)
+    results = Path(args.results)
+    run = args.run or run_name(results)
+    extra = ["--configfile", args.config] + (args.snakemake_args.split() if args.snakemake_args else [])
+    return nightly(cfg, args.profile, run, results, extra)
+
+
+def cmd_nightly_schedule(args) -> int:
+    from pathlib import Path
+
+    from .nightly import schedule_lines
+
+    lines = schedule_lines(_cfg(args), Path.cwd().resolve(), args.profile)
+    print("# Slurm: install with `scrontab -e` (or: scrontab <this file>)")
+    print(lines["scrontab"])
+    print("# cron alternative (on a login node with sbatch access): crontab -e")
+    print(lines["crontab"])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llmft", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -156,6 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--finalize-only", action="store_true", help="publish after the launchers")
     add("evaluate", cmd_evaluate, "model", "heldout", "out-dir", "label")
     add("report", cmd_report, "run-dir", "out-html", "out-summary")
+
+    p = add("nightly", cmd_nightly, "run:opt", help="one scheduled retrain (lock, skip, gate, retention)")
+    p.add_argument("--profile", default="profiles/slurm")
+    p.add_argument("--results", default="results")
+    p.add_argument("--snakemake-args", default="", help="extra snakemake arguments, space-separated")
+    p = add("nightly-schedule", cmd_nightly_schedule, help="print the scrontab / crontab entry")
+    p.add_argument("--profile", default="profiles/slurm")
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
