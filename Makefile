@@ -26,4 +26,5 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	$(MAKE) lint
+	bash tests/setup-chromium.sh
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -ra --durations=15 tests

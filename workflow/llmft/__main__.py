@@ -109,7 +109,15 @@ def cmd_evaluate(args) -> int:
     from .evaluate import evaluate
 
     cfg = _cfg(args)
-    evaluate(cfg, args.model, args.heldout, args.out_dir, label=args.label)
+    evaluate(
+        cfg,
+        args.model,
+        args.heldout,
+        args.out_dir,
+        label=args.label,
+        processes=args.processes,
+        threads=args.threads,
+    )
     return 0
 
 
@@ -117,7 +125,15 @@ def cmd_report(args) -> int:
     from .report import build_report
 
     cfg = _cfg(args)
-    build_report(cfg, args.run_dir, args.out_html, args.out_summary)
+    build_report(cfg, args.run_dir, args.out_dir, args.results_dir)
+    return 0
+
+
+def cmd_trend(args) -> int:
+    from .report import build_trend
+
+    runs = build_trend(args.results_dir, args.out)
+    print(f"trend of {len(runs)} run(s) written to {args.out}")
     return 0
 
 
@@ -179,8 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check-only", action="store_true", help="only the verify_env gate")
     p.add_argument("--launch-only", action="store_true", help="one node's launcher (under srun)")
     p.add_argument("--finalize-only", action="store_true", help="publish after the launchers")
-    add("evaluate", cmd_evaluate, "model", "heldout", "out-dir", "label")
-    add("report", cmd_report, "run-dir", "out-html", "out-summary")
+    p = add("evaluate", cmd_evaluate, "model", "heldout", "out-dir", "label")
+    p.add_argument("--processes", type=int, default=0, help="0 = one per GPU (one on CPU)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads per process (0 = torch default)")
+    add("report", cmd_report, "run-dir", "out-dir", "results-dir:opt")
+    p = sub.add_parser("trend", help="held-out metrics and throughput of every run under --results-dir")
+    p.add_argument("--results-dir", default="results")
+    p.add_argument("--out", default="results/trend.html")
+    p.set_defaults(fn=cmd_trend)
 
     p = add("nightly", cmd_nightly, "run:opt", help="one scheduled retrain (lock, skip, gate, retention)")
     p.add_argument("--profile", default="profiles/slurm")

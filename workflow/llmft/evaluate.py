@@ -2,21 +2,40 @@
 BLEU), per example and per task.
 
 Prompts are encoded with LLaMA-Factory's own template, so the model sees exactly the format it was
-trained on. Generation is batched with left padding and the KV cache, greedy, deterministic.
+trained on (and the same token ids LLaMA-Factory's `do_predict` would feed it). Generation is greedy,
+batched with left padding and the KV cache.
+
+Speed comes from three things: rows are sorted by length before batching (little padding), the
+batches are spread over one process per GPU of the job, and nothing else runs (no Trainer, no
+dataset cache, no metric libraries). Outputs are returned in the original row order.
+
+Determinism: the batch plan (which rows share a batch) depends only on the row lengths and the
+batch size, never on the number of processes; each process takes every n-th batch. A batch's
+greedy output is therefore the same whether the job has 1 GPU or 8.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
+import resource
+import struct
+import sys
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from .data import normalise
 from .io import read_jsonl, write_json, write_jsonl
 
 log = logging.getLogger("llmft.evaluate")
+
+# A model whose weights fill more than this share of one GPU is not replicated per GPU; it is
+# spread over all GPUs of the job in one process instead (KV cache and activations need the rest).
+REPLICA_MEMORY_SHARE = 0.6
 
 
 def lcs_len(a: list[str], b: list[str]) -> int:
@@ -62,131 +81,326 @@ def exact_match(pred: str, ref: str) -> float:
     return float(normalise(pred).casefold() == normalise(ref).casefold())
 
 
-def _prompt(row: dict) -> str:
+def prompt_text(row: dict) -> str:
+    """The user turn, joined as LLaMA-Factory's alpaca converter joins instruction and input."""
     return row["instruction"] + ("\n" + row["input"] if row.get("input") else "")
 
 
-def evaluate(cfg: dict, model_dir: str, heldout: str, out_dir: str, label: str) -> dict:
+def plan_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Row indices sorted by length (longest first, ties by index) and cut into batches.
+
+    Longest first: a batch that does not fit in memory fails in the first seconds, not at the end.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def shard(batches: list[list[int]], n: int, k: int) -> list[list[int]]:
+    """Batches of process k of n: every n-th, so long and short batches spread evenly."""
+    return batches[k::n]
+
+
+def safetensors_stats(model_dir: str | Path) -> dict:
+    """Parameter count and weight bytes from the safetensors headers, without loading any weight."""
+    params = nbytes = 0
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        for name, t in header.items():
+            if name == "__metadata__":
+                continue
+            numel = math.prod(t["shape"])
+            params += numel
+            nbytes += t["data_offsets"][1] - t["data_offsets"][0]
+    return {"n_params": params, "weight_bytes": nbytes}
+
+
+def eos_ids(tokenizer) -> list[int]:
+    """EOS plus additional special tokens: the stop set LLaMA-Factory's SFT workflow hands generate."""
+    extra = getattr(tokenizer, "additional_special_tokens_ids", None)
+    if not isinstance(extra, list):
+        names = [str(t) for t in getattr(tokenizer, "_extra_special_tokens", [])]
+        extra = tokenizer.convert_tokens_to_ids(names)
+    return list(dict.fromkeys([tokenizer.eos_token_id] + [i for i in extra if i is not None and i != -1]))
+
+
+@dataclass
+class ShardJob:
+    """What one evaluation process needs: no tokenizer, no template, only token ids."""
+
+    model_dir: str
+    device: str  # "cpu", "cuda:3", or "auto" (one model spread over all GPUs)
+    encoded: list[tuple[list[int], list[int]]]
+    loss_batches: list[list[int]]
+    gen_batches: list[list[int]]
+    max_new_tokens: int
+    stop_ids: list[int]
+    pad_id: int
+    threads: int = 0
+
+
+def run_shard(job: ShardJob) -> dict:
+    """Eval loss and greedy generation for this process's batches; results keyed by row index."""
     import torch
-    from llamafactory.data import get_template_and_fix_tokenizer
-    from llamafactory.hparams import DataArguments
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    ecfg = cfg["eval"]
-    rows = read_jsonl(heldout)[: ecfg["max_rows"]]
+    t_start = time.perf_counter()
+    if job.threads:
+        torch.set_num_threads(job.threads)
     torch.manual_seed(0)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=cfg["model"]["template"]))
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-
-    encoded = []
-    for row in rows:
-        msgs = [
-            {"role": "user", "content": _prompt(row)},
-            {"role": "assistant", "content": row["output"]},
-        ]
-        prompt_ids, answer_ids = template.encode_oneturn(tokenizer, msgs)
-        encoded.append((prompt_ids, answer_ids))
+    on_gpu = job.device != "cpu"
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    if job.device == "auto":
+        model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=dtype, device_map="auto")
+        device = model.get_input_embeddings().weight.device
+    else:
+        device = torch.device(job.device)
+        if on_gpu:
+            torch.cuda.set_device(device)
+        model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=dtype).to(device)
+    model.eval()
+    load_s = time.perf_counter() - t_start
 
     t0 = time.perf_counter()
-    nll, n_tok = 0.0, 0
-    bs = ecfg["batch_size"]
+    row_nll: dict[int, tuple[float, int]] = {}
     with torch.inference_mode():
-        for i in range(0, len(encoded), bs):
-            batch = encoded[i : i + bs]
-            width = max(len(p) + len(a) for p, a in batch)
-            ids = torch.full((len(batch), width), pad, dtype=torch.long)
-            labels = torch.full((len(batch), width), -100, dtype=torch.long)
-            attn = torch.zeros((len(batch), width), dtype=torch.long)
-            for j, (p, a) in enumerate(batch):
-                seq = p + a
-                ids[j, : len(seq)] = torch.tensor(seq)
-                labels[j, len(p) : len(seq)] = torch.tensor(a)
-                attn[j, : len(seq)] = 1
+        for batch in job.loss_batches:
+            seqs = [job.encoded[i] for i in batch]
+            width = max(len(p) + len(a) for p, a in seqs)
+            ids = torch.full((len(seqs), width), job.pad_id, dtype=torch.long)
+            labels = torch.full((len(seqs), width), -100, dtype=torch.long)
+            attn = torch.zeros((len(seqs), width), dtype=torch.long)
+            for j, (p, a) in enumerate(seqs):  # right padding: positions start at 0 for every row
+                ids[j, : len(p) + len(a)] = torch.tensor(p + a)
+                labels[j, len(p) : len(p) + len(a)] = torch.tensor(a)
+                attn[j, : len(p) + len(a)] = 1
             logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits.float()
-            shift_logits, shift_labels = logits[:, :-1], labels[:, 1:].to(device)
-            loss = torch.nn.functional.cross_entropy(
-                shift_logits.reshape(-1, shift_logits.size(-1)),
-                shift_labels.reshape(-1),
-                ignore_index=-100,
-                reduction="sum",
-            )
-            nll += loss.item()
-            n_tok += int((shift_labels != -100).sum())
+            shift_labels = labels[:, 1:].to(logits.device)
+            nll = torch.nn.functional.cross_entropy(
+                logits[:, :-1].transpose(1, 2), shift_labels, ignore_index=-100, reduction="none"
+            ).sum(dim=1)
+            counts = (shift_labels != -100).sum(dim=1)
+            for j, i in enumerate(batch):
+                row_nll[i] = (float(nll[j]), int(counts[j]))
     loss_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    preds: list[str] = []
-    new_tokens = 0
+    generated: dict[int, list[int]] = {}
     with torch.inference_mode():
-        for i in range(0, len(encoded), bs):
-            batch = [p for p, _ in encoded[i : i + bs]]
-            width = max(len(p) for p in batch)
-            ids = torch.full((len(batch), width), pad, dtype=torch.long)
-            attn = torch.zeros((len(batch), width), dtype=torch.long)
-            for j, p in enumerate(batch):  # left padding: every prompt ends at the same column
+        for batch in job.gen_batches:
+            prompts = [job.encoded[i][0] for i in batch]
+            width = max(len(p) for p in prompts)
+            ids = torch.full((len(prompts), width), job.pad_id, dtype=torch.long)
+            attn = torch.zeros((len(prompts), width), dtype=torch.long)
+            for j, p in enumerate(prompts):  # left padding: every prompt ends at the same column
                 ids[j, width - len(p) :] = torch.tensor(p)
                 attn[j, width - len(p) :] = 1
             out = model.generate(
                 input_ids=ids.to(device),
                 attention_mask=attn.to(device),
                 do_sample=False,
-                max_new_tokens=ecfg["max_new_tokens"],
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=pad,
+                num_beams=1,
+                max_new_tokens=job.max_new_tokens,
+                eos_token_id=job.stop_ids,
+                pad_token_id=job.pad_id,
                 use_cache=True,
             )
-            gen = out[:, width:].cpu()
-            for seq in gen.tolist():
-                if tokenizer.eos_token_id in seq:
-                    seq = seq[: seq.index(tokenizer.eos_token_id)]
-                new_tokens += len(seq)
-                preds.append(tokenizer.decode(seq, skip_special_tokens=True).strip())
+            for j, seq in enumerate(out[:, width:].tolist()):
+                cut = next((k for k, t in enumerate(seq) if t in job.stop_ids), len(seq))
+                generated[batch[j]] = seq[:cut]
     gen_s = time.perf_counter() - t0
+
+    if on_gpu:
+        peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
+    else:  # ru_maxrss is KiB on Linux: the process's host memory high-water mark
+        peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return {
+        "device": str(device),
+        "row_nll": row_nll,
+        "generated": generated,
+        "load_seconds": load_s,
+        "loss_seconds": loss_s,
+        "generate_seconds": gen_s,
+        "peak_memory_gib": peak_gib,
+    }
+
+
+def _spawned_worker(job: ShardJob) -> dict:
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    return run_shard(job)
+
+
+def plan_processes(requested: int, weight_bytes: int) -> tuple[str, int]:
+    """(device kind, processes): one process per GPU, or one spread over all GPUs for a model too big
+    to replicate, or `requested` CPU processes (1 unless asked: the CPU path is a single process)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu", max(1, requested)
+    n_gpu = torch.cuda.device_count()
+    per_gpu = min(torch.cuda.get_device_properties(i).total_memory for i in range(n_gpu))
+    if n_gpu > 1 and weight_bytes > REPLICA_MEMORY_SHARE * per_gpu:
+        return "auto", 1
+    return "cuda", min(requested or n_gpu, n_gpu)
+
+
+def run_all(jobs: list[ShardJob]) -> list[dict]:
+    """Run the shards: job 0 in this process, the others in spawned processes at the same time."""
+    if len(jobs) == 1:
+        return [run_shard(jobs[0])]
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn, not fork: CUDA cannot be used in a forked child of a process that touched it.
+    with ProcessPoolExecutor(max_workers=len(jobs) - 1, mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(_spawned_worker, job) for job in jobs[1:]]
+        first = run_shard(jobs[0])
+        return [first] + [f.result() for f in futures]
+
+
+def encode(rows: list[dict], model_dir: str, template_name: str):
+    """Tokenizer and (prompt ids, answer ids) per row, via LLaMA-Factory's template."""
+    from llamafactory.data import get_template_and_fix_tokenizer
+    from llamafactory.hparams import DataArguments
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template_name))
+    encoded = []
+    for row in rows:
+        msgs = [
+            {"role": "user", "content": prompt_text(row)},
+            {"role": "assistant", "content": row["output"]},
+        ]
+        prompt_ids, answer_ids = template.encode_oneturn(tokenizer, msgs)
+        if template.efficient_eos:  # LLaMA-Factory appends EOS to such answers when training
+            answer_ids = answer_ids + [tokenizer.eos_token_id]
+        encoded.append((prompt_ids, answer_ids))
+    return tokenizer, encoded
+
+
+def evaluate(
+    cfg: dict,
+    model_dir: str,
+    heldout: str,
+    out_dir: str,
+    label: str,
+    processes: int = 0,
+    threads: int = 0,
+) -> dict:
+    """Evaluate `model_dir` on the held-out rows; write predictions.jsonl and metrics.json.
+
+    `processes`: 0 = one per GPU (one on CPU); on CPU a larger number splits the rows over that
+    many processes (used by the tests to exercise the multi-process path without GPUs).
+    `threads`: CPU compute threads per process (0 = torch's default). On a shared CPU, more threads
+    than the cores the scheduler granted make torch's thread pool wait on descheduled threads: the
+    demo's generation measured 20-40x slower with 2 threads than with 1 while other jobs ran.
+    """
+    ecfg = cfg["eval"]
+    t_start = time.perf_counter()
+    rows = read_jsonl(heldout)[: ecfg["max_rows"]]
+    tokenizer, encoded = encode(rows, model_dir, cfg["model"]["template"])
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stops = eos_ids(tokenizer)
+    weights = safetensors_stats(model_dir)
+    kind, n = plan_processes(processes, weights["weight_bytes"])
+    bs = ecfg["batch_size"]
+    loss_plan = plan_batches([len(p) + len(a) for p, a in encoded], bs)
+    gen_plan = plan_batches([len(p) for p, _ in encoded], bs)
+    cpu_threads = threads or (max(1, (os.cpu_count() or 1) // n) if kind == "cpu" and n > 1 else 0)
+    jobs = [
+        ShardJob(
+            model_dir=str(model_dir),
+            device={"cpu": "cpu", "auto": "auto"}.get(kind, f"cuda:{k}"),
+            encoded=encoded,
+            loss_batches=shard(loss_plan, n, k),
+            gen_batches=shard(gen_plan, n, k),
+            max_new_tokens=ecfg["max_new_tokens"],
+            stop_ids=stops,
+            pad_id=pad,
+            threads=cpu_threads,
+        )
+        for k in range(n)
+    ]
+    log.info(
+        "%s: %d rows, %d batches of <=%d, %d process(es), %s", label, len(rows), len(gen_plan), bs, n, kind
+    )
+    results = run_all(jobs)
+
+    row_nll: dict[int, tuple[float, int]] = {}
+    generated: dict[int, list[int]] = {}
+    for res in results:
+        row_nll.update(res["row_nll"])
+        generated.update(res["generated"])
+    missing = set(range(len(rows))) - set(generated) | set(range(len(rows))) - set(row_nll)
+    if missing:
+        raise RuntimeError(f"evaluation lost rows {sorted(missing)[:10]}: the shards do not cover the set")
 
     per_example = []
     by_task: dict[str, list[float]] = defaultdict(list)
-    for row, pred in zip(rows, preds, strict=True):
+    for i, row in enumerate(rows):
+        pred = tokenizer.decode(generated[i], skip_special_tokens=True).strip()
+        nll, count = row_nll[i]
         em = exact_match(pred, row["output"])
         rec = {
-            "prompt": _prompt(row),
+            "index": i,
+            "prompt": prompt_text(row),
             "reference": row["output"],
             "prediction": pred,
             "task": row.get("task", ""),
             "exact_match": em,
             "rouge_l": round(rouge_l(pred, row["output"]), 4),
             "bleu": round(bleu(pred, row["output"]), 4),
+            "loss": round(nll / max(1, count), 4),
+            "new_tokens": len(generated[i]),
         }
         per_example.append(rec)
         by_task[rec["task"]].append(em)
-    n = max(1, len(per_example))
-    loss = nll / max(1, n_tok)
+    n_rows = max(1, len(per_example))
+    nll_sum = sum(v[0] for v in row_nll.values())
+    tok_sum = sum(v[1] for v in row_nll.values())
+    loss = nll_sum / max(1, tok_sum)
+    new_tokens = sum(r["new_tokens"] for r in per_example)
+    gen_wall = max(r["generate_seconds"] for r in results)
     metrics = {
         "label": label,
         "model": str(model_dir),
         "rows": len(per_example),
         "eval_loss": round(loss, 4),
         "perplexity": round(math.exp(min(loss, 50)), 3),
-        "exact_match": round(sum(r["exact_match"] for r in per_example) / n, 4),
-        "rouge_l": round(sum(r["rouge_l"] for r in per_example) / n, 4),
-        "bleu": round(sum(r["bleu"] for r in per_example) / n, 4),
+        "exact_match": round(sum(r["exact_match"] for r in per_example) / n_rows, 4),
+        "rouge_l": round(sum(r["rouge_l"] for r in per_example) / n_rows, 4),
+        "bleu": round(sum(r["bleu"] for r in per_example) / n_rows, 4),
         "exact_match_by_task": {t: round(sum(v) / len(v), 4) for t, v in sorted(by_task.items())},
-        "device": device,
-        "loss_seconds": round(loss_s, 3),
-        "generate_seconds": round(gen_s, 3),
-        "new_tokens_per_second": round(new_tokens / gen_s, 1) if gen_s else None,
+        "n_params": weights["n_params"],
+        "device": "cpu" if kind == "cpu" else "gpu",
+        "processes": n,
+        "devices": [r["device"] for r in results],
+        "batch_size": bs,
+        "max_new_tokens": ecfg["max_new_tokens"],
+        "new_tokens": new_tokens,
+        # The slowest process sets the wall time of each phase.
+        "load_seconds": round(max(r["load_seconds"] for r in results), 3),
+        "loss_seconds": round(max(r["loss_seconds"] for r in results), 3),
+        "generate_seconds": round(gen_wall, 3),
+        "new_tokens_per_second": round(new_tokens / gen_wall, 1) if gen_wall else None,
+        "peak_memory_gib": round(max(r["peak_memory_gib"] for r in results), 3),
+        "peak_memory_kind": "host RSS" if kind == "cpu" else "accelerator allocated",
+        "wall_seconds": round(time.perf_counter() - t_start, 3),
     }
     out = Path(out_dir)
     write_jsonl(out / "predictions.jsonl", per_example)
     write_json(out / "metrics.json", metrics)
     log.info(
-        "%s: eval_loss %.4f exact_match %.3f rouge_l %.3f",
+        "%s: eval_loss %.4f exact_match %.3f rouge_l %.3f; generate %.2fs (%s new tok/s), wall %.2fs",
         label,
         loss,
         metrics["exact_match"],
         metrics["rouge_l"],
+        gen_wall,
+        metrics["new_tokens_per_second"],
+        metrics["wall_seconds"],
     )
+    sys.stdout.flush()
     return metrics

@@ -1,284 +1,771 @@
-"""The run report: one self-contained HTML page (inline SVG, no network at view time).
+"""The run report: one self-contained HTML page (inline SVG, no script, no network at view time),
+the same figures and tables as files for `snakemake --report`, summary.json, and a trend page
+across runs.
 
-Every piece of dataset or model text goes through `html.escape`: a row containing `<script>` shows
-as text.
+Every piece of dataset or model text goes through `esc` (html.escape): a row containing `<script>`
+shows as text. The page also carries a Content-Security-Policy that allows no script and no
+request at all, so a slip in escaping could not run anything either.
 """
 
 from __future__ import annotations
 
 import csv
 import html
+import io
 import json
+import math
+import os
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
 
+from . import hardware
 from .io import read_json, read_jsonl, write_json, write_text
 
-COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
+REPO = Path(__file__).resolve().parents[2]
+
+# Data stats shown by name, in this order; any other numeric key (an engineer may add
+# near-duplicate or decontamination counts) is listed after them, generically.
+DATA_KEYS = [
+    "rows_read",
+    "invalid",
+    "duplicates",
+    "too_long",
+    "train_rows",
+    "heldout_rows",
+    "mean_tokens",
+    "max_tokens",
+    "cutoff_len",
+    "heldout_fraction",
+]
+# Non-scalar or separately shown stats keys, kept out of the generic list.
+DATA_SHOWN_ELSEWHERE = {"length_histogram", "sources", "invalid_examples", "fingerprint"}
+
+FIGURES = ["loss", "learning_rate", "grad_norm", "throughput", "mfu", "length_histogram"]
+
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+STYLE = """
+body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
+h1{font-size:1.5em} h2{font-size:1.15em;border-bottom:1px solid #ddd;margin-top:1.6em}
+table{border-collapse:collapse;margin:.5em 0} td,th{border:1px solid #ddd;padding:3px 8px;
+text-align:left;vertical-align:top;white-space:pre-wrap;word-break:break-word} th{background:#f4f4f4}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+.charts{display:flex;flex-wrap:wrap;gap:8px} .chart{border:1px solid #eee;background:#fff}
+.t{font-weight:600;font-size:13px} .a{font-size:11px;fill:#555} .g{stroke:#eee}
+.verdict{font-size:1.1em;padding:.6em;background:#eef6ee;border-left:4px solid #2ca02c}
+.bad{background:#fdecec} .good{background:#ecf8ec} .muted{color:#777}
+pre{background:#f7f7f7;padding:8px;overflow:auto;white-space:pre-wrap}
+nav a{margin-right:1em}
+"""
 
 
 def esc(value) -> str:
-    return html.escape(str(value), quote=True)
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def fmt(value, digits: int = 4) -> str:
+    """Numbers compact and readable; None as an empty cell."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return str(value)
+        return f"{value:.{digits}g}" if abs(value) < 1e5 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) >= 10000 else str(value)
+    return str(value)
+
+
+def _nice_range(lo: float, hi: float) -> tuple[float, float]:
+    if hi <= lo:
+        pad = abs(lo) * 0.1 or 1.0
+        return lo - pad, hi + pad
+    return lo, hi
+
+
+def _placeholder(head: str, width: int, height: int, message: str) -> str:
+    """A chart with nothing to plot: class 'na' tells the browser test to expect text only."""
+    return head.replace("class='chart'", "class='chart na'") + (
+        f"<text x='{width / 2}' y='{height / 2}' class='a' text-anchor='middle'>{esc(message)}</text></svg>"
+    )
 
 
 def svg_lines(
     series: dict[str, list[tuple[float, float]]],
     title: str,
     xlabel: str,
-    width: int = 460,
-    height: int = 240,
+    width: int = 520,
+    height: int = 260,
+    log_y: bool = False,
+    xticks: list[tuple[float, str]] | None = None,
+    na: str = "",
 ) -> str:
-    """A small line chart as inline SVG; `series` maps a name to (x, y) points."""
-    pts = [p for s in series.values() for p in s]
-    if not pts:
-        return f"<p class='empty'>{esc(title)}: no data</p>"
-    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
-    y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
-    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
-    left, right, top, bottom = 50, 10, 24, 34
+    """A line chart as inline SVG; `series` maps a name to (x, y) points.
+
+    `na`: text drawn instead of data when the measure does not apply (e.g. MFU on CPU).
+    `xticks`: labelled x positions (runs on the trend page) instead of numbers.
+    """
+    head = (
+        f"<svg xmlns='http://www.w3.org/2000/svg' class='chart' width='{width}' height='{height}' "
+        f"viewBox='0 0 {width} {height}' role='img' aria-label='{esc(title)}'>"
+        f"<title>{esc(title)}</title><text x='10' y='16' class='t'>{esc(title)}</text>"
+    )
+    pts = [(x, y) for s in series.values() for x, y in s if y is not None and (y > 0 or not log_y)]
+    if na or not pts:
+        return _placeholder(head, width, height, na or "no data")
+
+    def ty(y: float) -> float:
+        return math.log10(y) if log_y else y
+
+    x0, x1 = _nice_range(min(p[0] for p in pts), max(p[0] for p in pts))
+    y0, y1 = _nice_range(min(ty(p[1]) for p in pts), max(ty(p[1]) for p in pts))
+    left, right, top, bottom = 62, 12, 26, 40
     w, h = width - left - right, height - top - bottom
 
     def sx(x):
         return left + (x - x0) / (x1 - x0) * w
 
     def sy(y):
-        return top + h - (y - y0) / (y1 - y0) * h
+        return top + h - (ty(y) - y0) / (y1 - y0) * h
 
-    parts = [
-        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
-        f"role='img' aria-label='{esc(title)}'>",
-        f"<text x='{left}' y='15' class='t'>{esc(title)}</text>",
-        f"<rect x='{left}' y='{top}' width='{w}' height='{h}' fill='none' stroke='#bbb'/>",
-    ]
-    for frac in (0, 0.5, 1):
+    parts = [head, f"<rect x='{left}' y='{top}' width='{w}' height='{h}' fill='none' stroke='#bbb'/>"]
+    for frac in (0, 0.25, 0.5, 0.75, 1):
         yv = y0 + frac * (y1 - y0)
-        parts.append(f"<text x='{left - 4}' y='{sy(yv) + 4:.1f}' class='a' text-anchor='end'>{yv:.3g}</text>")
-        xv = x0 + frac * (x1 - x0)
-        parts.append(
-            f"<text x='{sx(xv):.1f}' y='{height - 18}' class='a' text-anchor='middle'>{xv:.3g}</text>"
-        )
+        ypix = top + h - frac * h
+        label = f"{10**yv:.3g}" if log_y else f"{yv:.3g}"
+        parts.append(f"<line x1='{left}' x2='{left + w}' y1='{ypix:.1f}' y2='{ypix:.1f}' class='g'/>")
+        parts.append(f"<text x='{left - 4}' y='{ypix + 4:.1f}' class='a' text-anchor='end'>{label}</text>")
+    if xticks:
+        step = max(1, math.ceil(len(xticks) / 8))
+        for xv, label in xticks[::step]:
+            parts.append(
+                f"<text x='{sx(xv):.1f}' y='{height - 22}' class='a' "
+                f"text-anchor='middle'>{esc(label[:14])}</text>"
+            )
+    else:
+        for frac in (0, 0.5, 1):
+            xv = x0 + frac * (x1 - x0)
+            parts.append(
+                f"<text x='{sx(xv):.1f}' y='{height - 22}' class='a' text-anchor='middle'>{xv:.4g}</text>"
+            )
     parts.append(
-        f"<text x='{left + w / 2}' y='{height - 4}' class='a' text-anchor='middle'>{esc(xlabel)}</text>"
+        f"<text x='{left + w / 2}' y='{height - 6}' class='a' text-anchor='middle'>"
+        f"{esc(xlabel)}{' (log y)' if log_y else ''}</text>"
     )
     for i, (name, s) in enumerate(series.items()):
         color = COLORS[i % len(COLORS)]
-        if len(s) == 1:
-            parts.append(f"<circle cx='{sx(s[0][0]):.1f}' cy='{sy(s[0][1]):.1f}' r='3' fill='{color}'/>")
-        else:
+        s = [(x, y) for x, y in s if y is not None and (y > 0 or not log_y)]
+        if not s:
+            continue
+        if len(s) == 1 or xticks:
+            for x, y in s:
+                parts.append(
+                    f"<circle cx='{sx(x):.1f}' cy='{sy(y):.1f}' r='3.5' fill='{color}'>"
+                    f"<title>{esc(name)}: {y:.4g}</title></circle>"
+                )
+        if len(s) > 1:
             path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s)
-            parts.append(f"<polyline points='{path}' fill='none' stroke='{color}' stroke-width='1.8'/>")
+            parts.append(f"<polyline points='{path}' fill='none' stroke='{color}' stroke-width='2'/>")
         parts.append(
-            f"<text x='{left + w - 4}' y='{top + 14 + 14 * i}' class='a' "
-            f"text-anchor='end' fill='{color}'>{esc(name)}</text>"
+            f"<text x='{left + w - 6}' y='{top + 16 + 14 * i}' class='a' "
+            f"text-anchor='end' fill='{color}' style='fill:{color}'>{esc(name)}</text>"
         )
     parts.append("</svg>")
     return "".join(parts)
 
 
-def svg_bars(edges: list[int], counts: list[int], title: str, width=460, height=200) -> str:
+def svg_bars(edges: list, counts: list[int], title: str, width: int = 520, height: int = 230) -> str:
+    head = (
+        f"<svg xmlns='http://www.w3.org/2000/svg' class='chart' width='{width}' height='{height}' "
+        f"viewBox='0 0 {width} {height}' role='img' aria-label='{esc(title)}'>"
+        f"<title>{esc(title)}</title><text x='10' y='16' class='t'>{esc(title)}</text>"
+    )
     if not counts or not any(counts):
-        return f"<p class='empty'>{esc(title)}: no data</p>"
-    left, top, bottom = 40, 24, 30
-    w, h = width - left - 10, height - top - bottom
+        return _placeholder(head, width, height, "no data")
+    left, top, bottom = 50, 26, 36
+    w, h = width - left - 12, height - top - bottom
     bw, top_count = w / len(counts), max(counts)
-    parts = [
-        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
-        f"role='img' aria-label='{esc(title)}'>",
-        f"<text x='{left}' y='15' class='t'>{esc(title)}</text>",
-    ]
+    parts = [head]
+    for frac in (0, 0.5, 1):
+        ypix = top + h - frac * h
+        parts.append(f"<line x1='{left}' x2='{left + w}' y1='{ypix:.1f}' y2='{ypix:.1f}' class='g'/>")
+        parts.append(
+            f"<text x='{left - 4}' y='{ypix + 4:.1f}' class='a' "
+            f"text-anchor='end'>{fmt(round(frac * top_count))}</text>"
+        )
     for i, c in enumerate(counts):
         bh = c / top_count * h
         parts.append(
-            f"<rect x='{left + i * bw:.1f}' y='{top + h - bh:.1f}' width='{bw - 1:.1f}' "
-            f"height='{bh:.1f}' fill='#1f77b4'><title>{edges[i]}-{edges[i + 1]}: {c}"
+            f"<rect x='{left + i * bw:.1f}' y='{top + h - bh:.1f}' width='{max(bw - 1, 0.5):.1f}' "
+            f"height='{bh:.1f}' fill='#1f77b4'><title>{esc(edges[i])}-{esc(edges[i + 1])} tokens: {c}"
             "</title></rect>"
         )
-    parts.append(f"<text x='{left}' y='{height - 6}' class='a'>{edges[0]}</text>")
+    parts.append(f"<text x='{left}' y='{height - 20}' class='a'>{esc(edges[0])}</text>")
     parts.append(
-        f"<text x='{left + w}' y='{height - 6}' class='a' text-anchor='end'>{edges[-1]} tokens</text></svg>"
+        f"<text x='{left + w}' y='{height - 20}' class='a' text-anchor='end'>{esc(edges[-1])}</text>"
+    )
+    parts.append(
+        f"<text x='{left + w / 2}' y='{height - 6}' class='a' text-anchor='middle'>tokens per row "
+        "(prompt + answer)</text></svg>"
     )
     return "".join(parts)
 
 
-def table(header: list[str], rows: list[list]) -> str:
+def table(header: list[str], rows: list[list], classes: list[str] | None = None) -> str:
+    """An HTML table; every cell escaped. `classes`: one CSS class per row (or "")."""
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    body = []
+    for i, r in enumerate(rows):
+        cls = f" class='{esc(classes[i])}'" if classes and classes[i] else ""
+        cells = "".join(
+            f"<td class='num'>{esc(fmt(c))}</td>"
+            if isinstance(c, (int, float)) and not isinstance(c, bool)
+            else f"<td>{esc(fmt(c))}</td>"
+            for c in r
+        )
+        body.append(f"<tr{cls}>{cells}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def tsv(header: list[str], rows: list[list]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, delimiter="\t", lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows([["" if c is None else c for c in r] for r in rows])
+    return buf.getvalue()
+
+
+def _read(path: Path, default=None):
+    """Optional inputs (a run from an older version, a stage that wrote less) read as `default`."""
+    try:
+        return read_json(path)
+    except (OSError, ValueError):
+        return default
 
 
 def _benchmarks(run_dir: Path) -> dict[str, dict]:
     """Snakemake's benchmark TSVs: wall seconds and peak RSS per stage."""
     out = {}
-    for tsv in sorted((run_dir / "benchmarks").glob("*.tsv")):
-        with open(tsv) as fh:
+    for path in sorted((run_dir / "benchmarks").glob("*.tsv")):
+        with open(path) as fh:
             rows = list(csv.DictReader(fh, delimiter="\t"))
         if rows:
-            out[tsv.stem] = {"seconds": rows[-1].get("s"), "max_rss_mb": rows[-1].get("max_rss")}
+            out[path.stem] = {"seconds": _num(rows[-1].get("s")), "max_rss_mb": _num(rows[-1].get("max_rss"))}
     return out
 
 
-def _git_commit() -> str:
+def _num(value):
     try:
-        return (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
-            ).stdout.strip()
-            or "unknown"
-        )
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def git_state() -> dict:
+    """Commit of the code that wrote the report, and whether the checkout had local changes."""
+
+    def git(*args):
+        proc = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        commit, dirty = None, None
+    return {"commit": commit or "unknown", "dirty": bool(dirty) if dirty is not None else None}
 
 
-def build_report(cfg: dict, run_dir: str, out_html: str, out_summary: str) -> dict:
-    run = Path(run_dir)
-    verify = read_json(run / "env/verify.json")
-    stats = read_json(run / "data/stats.json")
-    train = read_json(run / "sft/train_summary.json")
-    base = read_json(run / "eval/base/metrics.json")
-    tuned = read_json(run / "eval/tuned/metrics.json")
-    base_pred = read_jsonl(run / "eval/base/predictions.jsonl")
-    tuned_pred = read_jsonl(run / "eval/tuned/predictions.jsonl")
-    sft_yaml = (run / "sft/llamafactory.yaml").read_text()
-    benches = _benchmarks(run)
-    history = train.get("history", [])
+# ---------------------------------------------------------------- throughput and MFU
 
-    loss = [(h["step"], h["loss"]) for h in history if "loss" in h]
-    eval_loss = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h]
-    lr = [(h["step"], h["learning_rate"]) for h in history if "learning_rate" in h]
-    gnorm = [(h["step"], h["grad_norm"]) for h in history if "grad_norm" in h]
-    tokens = [
-        (h["step"], h["num_input_tokens_seen"])
-        for h in history
-        if "num_input_tokens_seen" in h and "loss" in h
-    ]
 
-    metric_names = ["eval_loss", "perplexity", "exact_match", "rouge_l", "bleu"]
-    rows = [[m, base.get(m), tuned.get(m), _delta(base.get(m), tuned.get(m))] for m in metric_names]
-    for task in sorted(set(base.get("exact_match_by_task", {})) | set(tuned["exact_match_by_task"])):
-        b = base.get("exact_match_by_task", {}).get(task)
-        t = tuned["exact_match_by_task"].get(task)
-        rows.append([f"exact_match[{task or 'all'}]", b, t, _delta(b, t)])
-
-    base_by_prompt = {p["prompt"]: p["prediction"] for p in base_pred}
-    samples = [
-        [
-            p["prompt"],
-            p["reference"],
-            base_by_prompt.get(p["prompt"], ""),
-            p["prediction"],
-            "yes" if p["exact_match"] else "no",
-        ]
-        for p in tuned_pred[:24]
-    ]
-
-    world = train.get("world_size") or 1
-    tps = train.get("tokens_per_second")
-    throughput_rows = [
-        ["world size (processes)", world],
-        ["optimizer steps", train.get("steps")],
-        ["train runtime (s)", train.get("train_runtime_s")],
-        ["train samples/s", train.get("train_samples_per_second")],
-        ["train tokens/s (all processes)", tps],
-        ["train tokens/s per process", round(tps / world, 1) if tps else None],
-        ["peak accelerator memory (GiB)", train.get("peak_vram_gib") or "n/a (CPU)"],
-    ] + [
-        [f"{name}: wall s / peak RSS MB", f"{b['seconds']} / {b['max_rss_mb']}"]
-        for name, b in benches.items()
-    ]
-
-    findings = [
-        [("ok" if f["ok"] else "FAIL"), f["check"], f["message"], f.get("fix", "")]
-        for f in verify["findings"]
-    ]
-    node = verify["nodes"][0] if verify.get("nodes") else {}
-    hist = stats["length_histogram"]
-    data_rows = [
-        [k, stats.get(k)]
-        for k in (
-            "rows_read",
-            "invalid",
-            "duplicates",
-            "too_long",
-            "train_rows",
-            "heldout_rows",
-            "mean_tokens",
-            "max_tokens",
-            "cutoff_len",
-            "fingerprint",
-        )
-    ]
-    provenance = [
-        ["run", cfg["run"]],
-        ["generated", datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")],
-        ["git commit", _git_commit()],
-        ["data fingerprint", stats.get("fingerprint")],
-        ["torch", node.get("torch_version")],
-    ] + [[pkg, ver] for pkg, ver in node.get("packages", {}).items()]
-
-    charts = "".join(
-        [
-            svg_lines({"train loss": loss, "held-out loss": eval_loss}, "Loss", "step"),
-            svg_lines({"learning rate": lr}, "Learning rate", "step"),
-            svg_lines({"grad norm": gnorm}, "Gradient norm", "step"),
-            svg_lines({"tokens seen": tokens}, "Tokens processed", "step"),
-        ]
-    )
-    verdict = (
-        f"Tuned exact match {tuned['exact_match']:.3f} vs base {base['exact_match']:.3f} "
-        f"({_delta(base['exact_match'], tuned['exact_match'])}) on "
-        f"{tuned['rows']} held-out rows."
-    )
-    page = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<title>llmft report: {esc(cfg["run"])}</title>
-<style>
-body{{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1000px;color:#222}}
-h1{{font-size:1.5em}} h2{{font-size:1.15em;border-bottom:1px solid #ddd;margin-top:1.6em}}
-table{{border-collapse:collapse;margin:.5em 0}} td,th{{border:1px solid #ddd;padding:3px 8px;
-text-align:left;vertical-align:top;white-space:pre-wrap}} th{{background:#f4f4f4}}
-.charts svg{{margin:4px}} .t{{font-weight:600;font-size:13px}} .a{{font-size:11px;fill:#555}}
-.verdict{{font-size:1.1em;padding:.6em;background:#eef6ee;border-left:4px solid #2ca02c}}
-pre{{background:#f7f7f7;padding:8px;overflow:auto}}
-</style></head><body>
-<h1>llmft run <code>{esc(cfg["run"])}</code></h1>
-<p class="verdict">{esc(verdict)}</p>
-<h2>Held-out metrics: base vs tuned</h2>
-{table(["metric", "base", "tuned", "change"], rows)}
-<h2>Training curves</h2><div class="charts">{charts}</div>
-<h2>Throughput and memory</h2>{table(["what", "value"], throughput_rows)}
-<h2>Sample generations (held-out)</h2>
-{table(["prompt", "reference", "base", "tuned", "tuned exact"], samples)}
-<h2>Data</h2><div class="charts">{
-        svg_bars(hist["edges"], hist["counts"], "Token length of rows (prompt + answer)")
-    }</div>
-{table(["what", "value"], data_rows)}
-<h2>Environment (verify_env: {"passed" if verify["ok"] else "FAILED"})</h2>
-{table(["", "check", "finding", "fix"], findings)}
-<h2>Provenance</h2>{table(["what", "value"], provenance)}
-<h2>Config</h2><pre>{esc(yaml.safe_dump(cfg, sort_keys=False))}</pre>
-<h2>Rendered LLaMA-Factory arguments</h2><pre>{esc(sft_yaml)}</pre>
-</body></html>
-"""
-    write_text(out_html, page)
-    summary = {
-        "run": cfg["run"],
-        "base": {m: base.get(m) for m in metric_names},
-        "tuned": {m: tuned.get(m) for m in metric_names},
-        "exact_match_gain": round(tuned["exact_match"] - base["exact_match"], 4),
-        "tokens_per_second": tps,
-        "world_size": world,
-        "data_fingerprint": stats.get("fingerprint"),
-        "verify_ok": verify["ok"],
+def model_shape(model_dir: Path) -> dict:
+    """Layers and hidden size from the model's config.json (multimodal configs nest a text_config)."""
+    cfg = _read(model_dir / "config.json", {}) or {}
+    cfg = cfg.get("text_config", cfg)
+    return {
+        "layers": cfg.get("num_hidden_layers"),
+        "hidden": cfg.get("hidden_size"),
+        "heads": cfg.get("num_attention_heads"),
+        "vocab": cfg.get("vocab_size"),
     }
-    write_json(out_summary, summary)
-    print(json.dumps(summary))
-    return summary
+
+
+def attention_flops_per_token(shape: dict, seq_len: float) -> float:
+    """Training FLOPs of attention scores per token, the PaLM paper's 12 * layers * hidden * seq_len
+    (forward + backward, QK^T and AV, no causal discount), on top of 6N for the weights."""
+    if not shape.get("layers") or not shape.get("hidden") or not seq_len:
+        return 0.0
+    return 12.0 * shape["layers"] * shape["hidden"] * seq_len
+
+
+def throughput_series(history: list[dict], world: int) -> list[tuple[float, float]]:
+    """Tokens/s per GPU over each logging interval.
+
+    `num_input_tokens_seen` is summed over all ranks by the Trainer; `train_runtime` in each log
+    entry is the wall clock since training started. Their differences give the rate of each
+    interval, not the running average that `train_tokens_per_second` holds.
+    """
+    logs = [h for h in history if "loss" in h and "num_input_tokens_seen" in h]
+    out = []
+    prev_tokens, prev_time = 0, 0.0
+    for h in logs:
+        tokens, t = h["num_input_tokens_seen"], h.get("train_runtime")
+        if t is not None and t > prev_time:
+            out.append((h["step"], (tokens - prev_tokens) / (t - prev_time) / world))
+            prev_tokens, prev_time = tokens, t
+        elif h.get("train_tokens_per_second"):
+            out.append((h["step"], h["train_tokens_per_second"] / world))
+    return out
+
+
+def peak_flops(verify: dict) -> tuple[float | None, str]:
+    """Dense bf16 peak TFLOP/s of the job's GPU model, from hardware.py; None on CPU or unknown GPU."""
+    nodes = verify.get("nodes") or [{}]
+    devices = nodes[0].get("devices") or []
+    if not devices:
+        return None, "n/a: CPU run (no accelerator peak to compare with)"
+    spec = hardware.identify_gpu(devices[0].get("name", ""), devices[0].get("arch", ""))
+    if spec is None:
+        return None, f"n/a: no peak FLOP/s known for {devices[0].get('name')}"
+    return spec.peak_bf16_tflops, f"{spec.name}, dense bf16 peak {spec.peak_bf16_tflops:g} TFLOP/s"
+
+
+# ---------------------------------------------------------------- sections
+
+
+def data_rows(stats: dict) -> list[list]:
+    """Known stats first, then every other numeric value (nested dicts flattened with dots)."""
+    rows = [[k, stats[k]] for k in DATA_KEYS if k in stats]
+
+    def walk(prefix: str, value):
+        if isinstance(value, bool):
+            rows.append([prefix, value])
+        elif isinstance(value, (int, float)):
+            rows.append([prefix, value])
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}", v)
+
+    for key, value in stats.items():
+        if key not in DATA_KEYS and key not in DATA_SHOWN_ELSEWHERE:
+            walk(key, value)
+    return rows
+
+
+def pick_samples(
+    base_pred: list[dict], tuned_pred: list[dict], per_task: int = 5, cap: int = 30
+) -> list[list]:
+    """Side by side: up to `per_task` rows of each task (held-out order), base and tuned output."""
+    base_by = {p.get("index", i): p for i, p in enumerate(base_pred)}
+    taken: dict[str, int] = {}
+    out = []
+    for i, t in enumerate(tuned_pred):
+        task = t.get("task", "")
+        if taken.get(task, 0) >= per_task:
+            continue
+        taken[task] = taken.get(task, 0) + 1
+        b = base_by.get(t.get("index", i), {})
+        out.append(
+            [task, t["prompt"], t["reference"], b.get("prediction", ""), t["prediction"], t["exact_match"]]
+        )
+        if len(out) >= cap:
+            break
+    return out
 
 
 def _delta(b, t) -> str:
     if not isinstance(b, (int, float)) or not isinstance(t, (int, float)):
         return ""
     return f"{t - b:+.4g}"
+
+
+METRICS = ["eval_loss", "perplexity", "exact_match", "rouge_l", "bleu"]
+
+
+def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None = None) -> dict:
+    """Write index.html, summary.json, figures/*.svg, heldout_metrics.tsv, samples.tsv and
+    trend.html into `out_dir`; return the summary."""
+    run = Path(run_dir)
+    out = Path(out_dir)
+    verify = _read(run / "env/verify.json", {}) or {}
+    stats = _read(run / "data/stats.json", {}) or {}
+    train = _read(run / "sft/train_summary.json", {}) or {}
+    base = _read(run / "eval/base/metrics.json", {}) or {}
+    tuned = read_json(run / "eval/tuned/metrics.json")
+    base_pred = (
+        read_jsonl(run / "eval/base/predictions.jsonl")
+        if (run / "eval/base/predictions.jsonl").exists()
+        else []
+    )
+    tuned_pred = read_jsonl(run / "eval/tuned/predictions.jsonl")
+    sft_yaml_path = run / "sft/llamafactory.yaml"
+    sft_yaml = sft_yaml_path.read_text() if sft_yaml_path.exists() else ""
+    sft_args = yaml.safe_load(sft_yaml) if sft_yaml else {}
+    benches = _benchmarks(run)
+    history = train.get("history", [])
+    world = train.get("world_size") or 1
+    shape = model_shape(run / "sft/model")
+    n_params = tuned.get("n_params") or base.get("n_params")
+    if not n_params and (run / "sft/model").is_dir():
+        from .evaluate import safetensors_stats
+
+        n_params = safetensors_stats(run / "sft/model")["n_params"] or None
+    on_gpu = bool(((verify.get("nodes") or [{}])[0]).get("devices"))
+
+    # ---- curves
+    loss = [(h["step"], h["loss"]) for h in history if "loss" in h]
+    eval_loss = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h]
+    lr = [(h["step"], h["learning_rate"]) for h in history if "learning_rate" in h]
+    gnorm = [(h["step"], h["grad_norm"]) for h in history if h.get("grad_norm") is not None]
+    tps = throughput_series(history, world)
+    peak, peak_note = peak_flops(verify)
+    packed = bool(sft_args.get("packing") or sft_args.get("neat_packing"))
+    seq_len = (sft_args.get("cutoff_len") if packed else stats.get("mean_tokens")) or 0
+    attn = attention_flops_per_token(shape, seq_len)
+    mfu = [(s, hardware.mfu(v, n_params, peak, attn)) for s, v in tps] if peak and n_params else []
+    unit = "GPU" if on_gpu else "process"
+    figures = {
+        "loss": svg_lines({"train loss": loss, "held-out loss": eval_loss}, "Loss", "optimizer step"),
+        "learning_rate": svg_lines({"learning rate": lr}, "Learning rate", "optimizer step"),
+        "grad_norm": svg_lines({"grad norm": gnorm}, "Gradient norm (before clipping)", "optimizer step"),
+        "throughput": svg_lines(
+            {f"tokens/s per {unit}": tps}, f"Training tokens/s per {unit}", "optimizer step"
+        ),
+        "mfu": svg_lines(
+            {"MFU": mfu}, "Model FLOPs utilisation", "optimizer step", na="" if mfu else peak_note
+        ),
+        "length_histogram": svg_bars(
+            (stats.get("length_histogram") or {}).get("edges", []),
+            (stats.get("length_histogram") or {}).get("counts", []),
+            "Token length of rows",
+        ),
+    }
+
+    # ---- held-out table
+    metric_rows = [[m, base.get(m), tuned.get(m), _delta(base.get(m), tuned.get(m))] for m in METRICS]
+    base_tasks, tuned_tasks = base.get("exact_match_by_task", {}), tuned.get("exact_match_by_task", {})
+    for task in sorted(set(base_tasks) | set(tuned_tasks)):
+        b, t = base_tasks.get(task), tuned_tasks.get(task)
+        metric_rows.append([f"exact_match[{task or 'all'}]", b, t, _delta(b, t)])
+    eval_speed = [
+        [
+            label,
+            m.get("rows"),
+            m.get("device"),
+            m.get("processes"),
+            m.get("batch_size"),
+            m.get("generate_seconds"),
+            m.get("new_tokens_per_second"),
+            m.get("wall_seconds"),
+            m.get("peak_memory_gib"),
+        ]
+        for label, m in (("base", base), ("tuned", tuned))
+        if m
+    ]
+    samples = pick_samples(base_pred, tuned_pred)
+    sample_classes = ["good" if s[-1] else "bad" for s in samples]
+
+    # ---- throughput and memory
+    tps_values = [v for _, v in tps]
+    steady = tps_values[len(tps_values) // 4 :] or tps_values  # skip the warm-up intervals
+    tps_gpu = round(sum(steady) / len(steady), 1) if steady else None
+    mfu_mean = hardware.mfu(tps_gpu, n_params, peak, attn) if (tps_gpu and peak and n_params) else None
+    sft_bench = benches.get("sft", {})
+    throughput_rows = [
+        ["world size (processes)", world],
+        ["optimizer steps", train.get("steps")],
+        ["train runtime (s)", train.get("train_runtime_s")],
+        ["train tokens (all processes, incl. padding)", train.get("train_tokens")],
+        [f"tokens/s per {unit} (steady state, mean)", tps_gpu],
+        ["parameters N", n_params],
+        [
+            "attention FLOPs/token (12·layers·hidden·seq)",
+            f"{attn:.3g} (seq {fmt(seq_len)}{', packed' if packed else ', mean row'})" if attn else "n/a",
+        ],
+        [
+            "MFU = tokens/s/GPU x (6N + attention) / peak",
+            f"{mfu_mean:.2%}" if mfu_mean is not None else peak_note,
+        ],
+        [
+            "peak accelerator memory (GiB)",
+            train.get("peak_vram_gib") if train.get("peak_vram_gib") else "n/a (CPU run)",
+        ],
+        ["peak host memory of sft (MB RSS)", sft_bench.get("max_rss_mb")],
+    ] + [
+        [f"stage {name}: wall s / peak RSS MB", f"{fmt(b['seconds'])} / {fmt(b['max_rss_mb'])}"]
+        for name, b in benches.items()
+    ]
+
+    # ---- data
+    hist = stats.get("length_histogram") or {}
+    source_rows = [
+        [s.get("path"), s.get("weight"), s.get("rows"), s.get("kept")] for s in stats.get("sources", [])
+    ]
+    invalid_examples = [
+        [i + 1, e if isinstance(e, str) else json.dumps(e)]
+        for i, e in enumerate(stats.get("invalid_examples", []))
+    ]
+
+    # ---- environment
+    node = (verify.get("nodes") or [{}])[0]
+    findings = [
+        [("ok" if f.get("ok") else "FAIL"), f.get("check"), f.get("message"), f.get("fix", "")]
+        for f in verify.get("findings", [])
+    ]
+    env_rows = [
+        ["nodes checked", len(verify.get("nodes") or [])],
+        ["host", node.get("host")],
+        ["build", node.get("build")],
+        ["torch", node.get("torch_version")],
+        ["HIP / CUDA", node.get("hip_version") or node.get("cuda_version") or "none (CPU build)"],
+        [
+            "devices",
+            ", ".join(f"{d.get('name')} ({d.get('arch')})" for d in node.get("devices", [])) or "none (CPU)",
+        ],
+        ["python", node.get("python")],
+        ["platform", node.get("platform")],
+    ]
+
+    # ---- provenance
+    git = git_state()
+    generated = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    packages = node.get("packages", {}) or {}
+    provenance = [
+        ["run", cfg["run"]],
+        ["generated", generated],
+        ["git commit", git["commit"] + (" (with local changes)" if git["dirty"] else "")],
+        ["data fingerprint", stats.get("fingerprint")],
+        ["model (tuned)", str(run / "sft/model")],
+        [
+            "model shape",
+            f"{shape.get('layers')} layers, hidden {shape.get('hidden')}, {shape.get('heads')} heads",
+        ],
+    ] + [[f"package {pkg}", ver or "not installed"] for pkg, ver in packages.items()]
+
+    base_em, tuned_em = base.get("exact_match"), tuned.get("exact_match")
+    verdict = (
+        f"Tuned exact match {fmt(tuned_em, 3)} vs base {fmt(base_em, 3)} ({_delta(base_em, tuned_em)}); "
+        f"held-out loss {fmt(tuned.get('eval_loss'))} vs {fmt(base.get('eval_loss'))} "
+        f"on {tuned.get('rows')} rows."
+    )
+    fig = figures
+    trend_link = "<a href='trend.html'>trend across runs</a>" if results_dir else ""
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{CSP}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>llmft report: {esc(cfg["run"])}</title>
+<style>{STYLE}</style></head><body>
+<h1>llmft run <code>{esc(cfg["run"])}</code></h1>
+<nav><a href="#heldout">held-out</a><a href="#training">training</a><a href="#throughput">throughput</a>
+<a href="#samples">samples</a><a href="#data">data</a><a href="#environment">environment</a>
+<a href="#provenance">provenance</a>{trend_link}</nav>
+<p class="verdict">{esc(verdict)}</p>
+<h2 id="heldout">Held-out metrics: base vs tuned</h2>
+{table(["metric", "base", "tuned", "change"], metric_rows)}
+<p class="muted">Greedy decoding, at most {esc(tuned.get("max_new_tokens"))} new tokens; exact match after
+whitespace and case normalisation; ROUGE-L F1 and smoothed sentence BLEU over whitespace tokens.</p>
+{
+        table(
+            [
+                "model",
+                "rows",
+                "device",
+                "processes",
+                "batch",
+                "generate s",
+                "new tokens/s",
+                "wall s",
+                f"peak memory GiB ({tuned.get('peak_memory_kind', '')})",
+            ],
+            eval_speed,
+        )
+    }
+<h2 id="training">Training curves</h2>
+<div class="charts">{fig["loss"]}{fig["learning_rate"]}{fig["grad_norm"]}</div>
+<h2 id="throughput">Throughput and memory</h2>
+<div class="charts">{fig["throughput"]}{fig["mfu"]}</div>
+{table(["what", "value"], throughput_rows)}
+<p class="muted">Tokens counted by the Trainer include padding. MFU peak: {esc(peak_note)}.</p>
+<h2 id="samples">Sample generations (held-out, side by side)</h2>
+{table(["task", "prompt", "reference", "base", "tuned", "tuned exact"], samples, sample_classes)}
+<h2 id="data">Data</h2>
+<div class="charts">{fig["length_histogram"]}</div>
+{table(["what", "value"], data_rows(stats))}
+{table(["source", "weight", "rows read", "rows kept"], source_rows) if source_rows else ""}
+<h3>Invalid rows ({esc(stats.get("invalid", 0))})</h3>
+{table(["#", "row and reason"], invalid_examples) if invalid_examples else "<p class='muted'>none</p>"}
+<p class="muted">Length histogram bin width: {esc(hist.get("bin_width", ""))} tokens; cutoff
+{esc(stats.get("cutoff_len", ""))}.</p>
+<h2 id="environment">Environment (verify_env: {"passed" if verify.get("ok") else "FAILED or missing"})</h2>
+{table(["what", "value"], env_rows)}
+{table(["", "check", "finding", "fix"], findings, ["" if f[0] == "ok" else "bad" for f in findings])}
+<h2 id="provenance">Provenance</h2>{table(["what", "value"], provenance)}
+<h3>Config</h3><pre>{esc(yaml.safe_dump(cfg, sort_keys=False))}</pre>
+<h3>Rendered LLaMA-Factory arguments</h3><pre>{esc(sft_yaml)}</pre>
+</body></html>
+"""
+    summary = {
+        "run": cfg["run"],
+        "generated": generated,
+        "git_commit": git["commit"],
+        "base": {m: base.get(m) for m in METRICS},
+        "tuned": {m: tuned.get(m) for m in METRICS},
+        "exact_match_gain": round(tuned_em - base_em, 4) if None not in (tuned_em, base_em) else None,
+        "heldout_rows": tuned.get("rows"),
+        "tokens_per_second": train.get("tokens_per_second"),
+        "tokens_per_second_per_gpu": tps_gpu,
+        "mfu": round(mfu_mean, 4) if mfu_mean is not None else None,
+        "world_size": world,
+        "device": "gpu" if on_gpu else "cpu",
+        "n_params": n_params,
+        "train_runtime_s": train.get("train_runtime_s"),
+        "peak_vram_gib": train.get("peak_vram_gib"),
+        "eval_generate_seconds": tuned.get("generate_seconds"),
+        "eval_new_tokens_per_second": tuned.get("new_tokens_per_second"),
+        "data_fingerprint": stats.get("fingerprint"),
+        "verify_ok": verify.get("ok"),
+    }
+    write_text(out / "index.html", page)
+    write_json(out / "summary.json", summary)
+    for name in FIGURES:
+        write_text(out / "figures" / f"{name}.svg", figures[name])
+    write_text(out / "heldout_metrics.tsv", tsv(["metric", "base", "tuned", "change"], metric_rows))
+    write_text(
+        out / "samples.tsv", tsv(["task", "prompt", "reference", "base", "tuned", "tuned_exact"], samples)
+    )
+    if results_dir:
+        build_trend(results_dir, out / "trend.html")
+    print(json.dumps(summary))
+    return summary
+
+
+# ---------------------------------------------------------------- trend across runs
+
+
+def _promotion(results: Path, run: str, summary: dict) -> str:
+    """The nightly promotion decision, if any: summary.json's optional `promotion` key (a string or
+    a dict with status/reason), else results/{run}/promotion.json. Older runs have neither."""
+    promo = summary.get("promotion")
+    if promo is None:
+        promo = _read(results / run / "promotion.json")
+    if isinstance(promo, dict):
+        status = promo.get("status") or promo.get("decision") or ""
+        reason = promo.get("reason") or ""
+        return f"{status}: {reason}".strip(": ")
+    return "" if promo is None else str(promo)
+
+
+def collect_runs(results_dir: str | Path) -> list[dict]:
+    """Every results/*/report/summary.json, oldest first (by generation time, then name)."""
+    results = Path(results_dir)
+    runs = []
+    for path in sorted(results.glob("*/report/summary.json")):
+        summary = _read(path)
+        if not isinstance(summary, dict):
+            continue
+        run = summary.get("run") or path.parts[-3]
+        summary["_promotion"] = _promotion(results, path.parts[-3], summary)
+        summary["_dir"] = path.parts[-3]
+        summary.setdefault("run", run)
+        runs.append(summary)
+    runs.sort(key=lambda s: (str(s.get("generated") or ""), str(s["run"])))
+    return runs
+
+
+def _metric(summary: dict, which: str, name: str):
+    value = (summary.get(which) or {}).get(name)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def build_trend(results_dir: str | Path, out_html: str | Path) -> list[dict]:
+    """A page of held-out metrics and throughput per run, with links to each run's report."""
+    runs = collect_runs(results_dir)
+    out_html = Path(out_html)
+    ticks = [(i, str(s["run"])) for i, s in enumerate(runs)]
+
+    def series(which: str, name: str) -> list[tuple[float, float]]:
+        return [(i, v) for i, s in enumerate(runs) if (v := _metric(s, which, name)) is not None]
+
+    def top(key: str) -> list[tuple[float, float]]:
+        return [(i, s[key]) for i, s in enumerate(runs) if isinstance(s.get(key), (int, float))]
+
+    charts = "".join(
+        [
+            svg_lines(
+                {"tuned": series("tuned", "exact_match"), "base": series("base", "exact_match")},
+                "Held-out exact match",
+                "run",
+                xticks=ticks,
+            ),
+            svg_lines(
+                {"tuned": series("tuned", "eval_loss"), "base": series("base", "eval_loss")},
+                "Held-out loss",
+                "run",
+                xticks=ticks,
+            ),
+            svg_lines(
+                {"tokens/s per GPU": top("tokens_per_second_per_gpu")},
+                "Training throughput",
+                "run",
+                xticks=ticks,
+            ),
+            svg_lines({"MFU": top("mfu")}, "Model FLOPs utilisation", "run", xticks=ticks),
+        ]
+    )
+    rows, links = [], []
+    for s in runs:
+        rows.append(
+            [
+                s["run"],
+                s.get("generated"),
+                _metric(s, "base", "exact_match"),
+                _metric(s, "tuned", "exact_match"),
+                _metric(s, "tuned", "rouge_l"),
+                _metric(s, "tuned", "eval_loss"),
+                s.get("tokens_per_second_per_gpu"),
+                f"{s['mfu']:.2%}" if isinstance(s.get("mfu"), (int, float)) else "n/a",
+                s.get("data_fingerprint"),
+                s.get("git_commit", "")[:10] if isinstance(s.get("git_commit"), str) else "",
+                s["_promotion"],
+            ]
+        )
+        href = os.path.relpath(Path(results_dir) / s["_dir"] / "report" / "index.html", out_html.parent)
+        links.append(f"<li><a href='{esc(href)}'>{esc(s['run'])}</a></li>")
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{CSP}">
+<title>llmft: trend across runs</title><style>{STYLE}</style></head><body>
+<h1>llmft: trend across {len(runs)} run(s)</h1>
+<p class="muted">Read from {esc(results_dir)}/*/report/summary.json at
+{esc(datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))}.</p>
+<div class="charts">{charts}</div>
+{
+        table(
+            [
+                "run",
+                "generated",
+                "base EM",
+                "tuned EM",
+                "tuned ROUGE-L",
+                "tuned loss",
+                "tokens/s/GPU",
+                "MFU",
+                "data fingerprint",
+                "commit",
+                "promotion",
+            ],
+            rows,
+        )
+    }
+<h2>Run reports</h2><ul>{"".join(links)}</ul>
+</body></html>
+"""
+    write_text(out_html, page)
+    return runs

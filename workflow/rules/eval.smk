@@ -1,3 +1,5 @@
+# One job per model (base, tuned). On a GPU node the job runs one evaluation process per GPU it was
+# given; on CPU it is one process with {threads} compute threads (more would fight other jobs).
 rule evaluate:
     input:
         model=eval_model,
@@ -16,4 +18,4 @@ rule evaluate:
     shell:
         "python -m llmft evaluate {params.cfg} --model {input.model} --heldout {input.heldout}"
         " --out-dir results/{wildcards.run}/eval/{wildcards.which} --label {wildcards.which}"
-        " > {log} 2>&1"
+        " --threads {threads} > {log} 2>&1"

@@ -1,0 +1,129 @@
+"""Evaluation batching/sharding and the report's pure parts: throughput, MFU, data stats, trend."""
+
+import json
+
+import pytest
+from llmft import hardware
+from llmft.evaluate import plan_batches, safetensors_stats, shard
+from llmft.report import (
+    attention_flops_per_token,
+    collect_runs,
+    data_rows,
+    peak_flops,
+    pick_samples,
+    svg_lines,
+    throughput_series,
+)
+
+
+@pytest.mark.parametrize("n_rows,batch", [(1, 4), (10, 3), (263, 64), (50, 1)])
+def test_batch_plan_covers_every_row_once_longest_first(n_rows, batch):
+    lengths = [(i * 7919) % 37 + 1 for i in range(n_rows)]
+    plan = plan_batches(lengths, batch)
+    flat = [i for b in plan for i in b]
+    assert sorted(flat) == list(range(n_rows))
+    assert all(len(b) <= batch for b in plan)
+    assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)
+
+
+@pytest.mark.parametrize("processes", [1, 2, 3, 8])
+def test_shards_partition_the_plan_and_keep_batches_whole(processes):
+    plan = plan_batches([5, 1, 9, 3, 3, 7, 2, 8, 6, 4, 1], 2)
+    shards = [shard(plan, processes, k) for k in range(processes)]
+    # Each batch goes to exactly one process unchanged: its greedy output cannot depend on how
+    # many processes (GPUs) the job has.
+    assert sorted(map(tuple, (b for s in shards for b in s))) == sorted(map(tuple, plan))
+
+
+def test_safetensors_stats_counts_without_loading(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    save_file(
+        {"a": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16)}, str(tmp_path / "m.safetensors")
+    )
+    stats = safetensors_stats(tmp_path)
+    assert stats == {"n_params": 17, "weight_bytes": 12 * 4 + 5 * 2}
+
+
+def test_throughput_is_per_interval_and_per_gpu():
+    history = [
+        {"step": 10, "loss": 3.0, "num_input_tokens_seen": 8000, "train_runtime": 2.0},
+        {"step": 20, "loss": 2.0, "num_input_tokens_seen": 24000, "train_runtime": 4.0},
+        {"step": 20, "eval_loss": 2.1, "num_input_tokens_seen": 24000},
+        {"step": 30, "loss": 1.5, "num_input_tokens_seen": 28000, "train_runtime": 6.0},
+    ]
+    assert throughput_series(history, world=2) == [(10, 2000.0), (20, 4000.0), (30, 1000.0)]
+
+
+def test_mfu_uses_6n_plus_attention_over_the_gpu_peak():
+    verify = {"nodes": [{"devices": [{"name": "NVIDIA H200", "arch": "sm_90"}]}]}
+    peak, note = peak_flops(verify)
+    assert peak == 989.0 and "H200" in note
+    attn = attention_flops_per_token({"layers": 16, "hidden": 2048}, 420)
+    assert attn == 12 * 16 * 2048 * 420
+    # 1.24 B parameters at 5 131 tokens/s/GPU: FACTS.md's 3.8 % (6N only) plus attention.
+    assert hardware.mfu(5131, 1.24e9, peak) == pytest.approx(0.0386, abs=5e-4)
+    assert hardware.mfu(5131, 1.24e9, peak, attn) > hardware.mfu(5131, 1.24e9, peak)
+    assert peak_flops({"nodes": [{"devices": []}]})[0] is None  # CPU: n/a
+
+
+def test_data_rows_show_unknown_numeric_keys_generically():
+    stats = {
+        "rows_read": 10,
+        "invalid": 1,
+        "near_duplicates": 3,
+        "decontamination": {"ngram_hits": 2, "benchmarks": ["gsm8k"], "by_set": {"mmlu": 1}},
+        "length_histogram": {"edges": [0, 4], "counts": [1]},
+        "invalid_examples": ["x row 3: field 'output' is missing"],
+        "note": "text is not a count",
+    }
+    rows = dict(map(tuple, data_rows(stats)))
+    assert rows["rows_read"] == 10 and rows["near_duplicates"] == 3
+    assert rows["decontamination.ngram_hits"] == 2 and rows["decontamination.by_set.mmlu"] == 1
+    assert "note" not in rows and "length_histogram" not in rows and "decontamination.benchmarks" not in rows
+
+
+def test_samples_side_by_side_a_few_per_task():
+    tuned = [
+        {
+            "index": i,
+            "task": t,
+            "prompt": f"p{i}",
+            "reference": "r",
+            "prediction": f"t{i}",
+            "exact_match": i % 2,
+        }
+        for i, t in enumerate(["a"] * 8 + ["b"] * 2)
+    ]
+    base = [{"index": i, "prediction": f"b{i}"} for i in range(10)]
+    rows = pick_samples(base, tuned, per_task=3)
+    assert [r[0] for r in rows] == ["a", "a", "a", "b", "b"]
+    assert rows[3][3:5] == ["b8", "t8"]  # base and tuned output of the same row
+
+
+def test_trend_reads_optional_promotion_keys(tmp_path):
+    def put(run, summary, promotion=None):
+        (tmp_path / run / "report").mkdir(parents=True)
+        (tmp_path / run / "report/summary.json").write_text(json.dumps({"run": run, **summary}))
+        if promotion is not None:
+            (tmp_path / run / "promotion.json").write_text(json.dumps(promotion))
+
+    put("a", {"generated": "2026-01-01", "tuned": {"exact_match": 0.5}})
+    put("b", {"generated": "2026-01-02", "promotion": "promoted"})
+    put("c", {"generated": "2026-01-03", "promotion": {"status": "rejected", "reason": "worse"}})
+    put("d", {"generated": "2026-01-04"}, promotion={"status": "promoted", "reason": "first model"})
+    (tmp_path / "nightly").mkdir()  # state folders without a report are not runs
+    (tmp_path / "e" / "report").mkdir(parents=True)
+    (tmp_path / "e" / "report/summary.json").write_text("{truncated")
+    runs = collect_runs(tmp_path)
+    assert [r["run"] for r in runs] == ["a", "b", "c", "d"]
+    assert [r["_promotion"] for r in runs] == ["", "promoted", "rejected: worse", "promoted: first model"]
+
+
+def test_charts_escape_names_and_mark_empty_ones():
+    evil = "<script>alert(1)</script>"
+    chart = svg_lines({evil: [(0, 1.0), (1, 2.0)]}, evil, evil)
+    assert "<script>" not in chart and "&lt;script&gt;" in chart
+    empty = svg_lines({"mfu": []}, "MFU", "step", na="n/a on CPU")
+    assert "class='chart na'" in empty and "n/a on CPU" in empty
