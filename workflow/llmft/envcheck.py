@@ -1,271 +1,277 @@
-"""Environment verification: gather facts about this node, judge them, write a JSON report.
+"""Environment verification: per-node facts, a collective check over all nodes, one JSON report.
 
-`gather_facts` reads the machine; `judge` is a pure function of those facts and the config, so
-every failure rule is tested with recorded facts (an MI300X node's, an H200 node's) rather than by
-pretending to have the hardware.
+`python -m llmft verify-env` runs once per node (under `srun --ntasks-per-node=1` on several nodes,
+plainly on one), through the same launch path as sft (`sft.launch_env`, `slurm.current_allocation`):
+
+1. `probe_node`: a child process (`python -m llmft.nodefacts`) records what this node is: torch build,
+   devices and archs, rocminfo / nvidia-smi, package imports, DeepSpeed ops, a flash-attn kernel
+   call (or the SDPA fallback). A child, because the seed's failures crash processes (illegal
+   instruction, hipErrorNoBinaryForGpu): a crash becomes a named finding, not a lost report.
+2. `start_collectives`: `torchrun -m llmft.collectives` over nodes x processes_per_node (NCCL/RCCL on
+   GPUs, gloo on CPU): bus bandwidth, GEMM TFLOP/s, the transport in use, every node's facts.
+   Killed after `verify.timeout_seconds`; a hang is reported with the step it hung in.
+3. Node rank 0 judges (envrules: pure functions of recorded facts, so every rule is tested
+   without the hardware) and writes the report atomically, also on failure. Other
+   nodes write nothing and exit 0: node 0's exit code carries the verdict, and a non-zero exit on
+   another node would make `srun --kill-on-bad-exit` kill node 0 before it writes.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
 import os
-import platform
+import signal
 import socket
+import subprocess
 import sys
-from dataclasses import asdict, dataclass
+import tempfile
+import time
+from dataclasses import asdict
 from pathlib import Path
 
-from . import hardware
+from . import slurm
 from .config import layout
+from .envrules import judge_run
 from .io import read_json, write_json
 
-PACKAGES = [
-    "torch",
-    "transformers",
-    "llamafactory",
-    "deepspeed",
-    "flash_attn",
-    "accelerate",
-    "datasets",
-    "peft",
-    "trl",
-]
+# verify_env's torchrun listens this far below sft's port (slurm.rendezvous_port: 29500 + job id
+# mod 2000), so the two ranges never overlap and both stay below Linux's ephemeral ports (32768+).
+VERIFY_PORT_OFFSET = -2000
+# The probe imports the training stack (~10 s) and, with offload, JIT-builds DeepSpeed's CPU Adam
+# (a minute on first use): verify.timeout_seconds bounds the collectives, this bounds the probe.
+PROBE_TIMEOUT_S = 300.0
+NCCL_DEBUG_ENV = {
+    "NCCL_DEBUG": "INFO",
+    # GRAPH: the path type between GPUs (NVL/XGMI vs PCIe); P2P/SHM/NET: the connections.
+    "NCCL_DEBUG_SUBSYS": "INIT,GRAPH,P2P,SHM,NET,ENV",
+}
 
 
-@dataclass
-class Finding:
-    check: str
-    ok: bool
-    message: str
-    fix: str = ""
+def _package_env(env: dict) -> dict:
+    """Children must import llmft from this checkout, also where it is not pip-installed."""
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
 
 
-def _version(pkg: str) -> str | None:
-    dist = {"flash_attn": "flash-attn"}.get(pkg, pkg)
+def probe_node(env: dict, scratch: Path, timeout_s: float, cfg: dict) -> dict:
+    """Run the probe child; its facts, plus `probe_error` when it crashed, hung or failed."""
+    out = scratch / "probe.json"
+    # Import what the config needs: the required packages, DeepSpeed unless ZeRO is off ("auto"
+    # may pick it); with offload, DeepSpeed's CPU Adam must build ("auto": decided later, not built).
+    imports = list(cfg["verify"]["required_packages"])
+    if cfg["sft"]["zero_stage"] != 0:
+        imports.append("deepspeed")
+    cmd = [sys.executable, "-m", "llmft.nodefacts", "--out", str(out), "--imports", ",".join(imports)]
+    if cfg["sft"].get("offload") is True:
+        cmd.append("--cpu-adam")
+    err = None
     try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _importable(pkg: str) -> tuple[bool, str]:
-    try:
-        importlib.import_module(pkg)
-        return True, ""
-    except Exception as exc:  # an import that crashes is exactly what we report
-        return False, f"{type(exc).__name__}: {exc}"[:300]
-
-
-def gather_facts() -> dict:
-    """What this node is: torch build, devices, archs, package versions and imports."""
-    import torch
-
-    facts: dict = {
-        "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "torch_version": torch.__version__,
-        "hip_version": getattr(torch.version, "hip", None),
-        "cuda_version": torch.version.cuda,
-        "env": {
-            k: os.environ.get(k)
-            for k in (
-                "PYTORCH_ROCM_ARCH",
-                "HIP_VISIBLE_DEVICES",
-                "CUDA_VISIBLE_DEVICES",
-                "ROCR_VISIBLE_DEVICES",
-            )
-        },
-        "packages": {p: _version(p) for p in PACKAGES},
-        "imports": {},
-        "devices": [],
-        "arch_list": [],
-    }
-    facts["build"] = "rocm" if facts["hip_version"] else ("cuda" if facts["cuda_version"] else "cpu")
-    for pkg in PACKAGES:
-        if facts["packages"][pkg] is not None:
-            ok, err = _importable(pkg)
-            facts["imports"][pkg] = {"ok": ok, "error": err}
-    if torch.cuda.is_available():
-        facts["arch_list"] = list(torch.cuda.get_arch_list())
-        for i in range(torch.cuda.device_count()):
-            p = torch.cuda.get_device_properties(i)
-            free, total = torch.cuda.mem_get_info(i)
-            arch = getattr(p, "gcnArchName", "") or hardware.cuda_arch_name(p.major, p.minor)
-            facts["devices"].append(
-                {
-                    "index": i,
-                    "name": p.name,
-                    "arch": arch,
-                    "total_gib": round(total / 2**30, 1),
-                    "free_gib": round(free / 2**30, 1),
-                }
-            )
-    facts["deepspeed_ops"] = _deepspeed_ops()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        if proc.returncode != 0:
+            rc = proc.returncode
+            err = {"returncode": rc, "signal": _signal_name(rc), "stderr_tail": proc.stderr.strip()[-600:]}
+    except subprocess.TimeoutExpired:
+        err = {"timed_out": True, "timeout_s": timeout_s}
+    facts = (
+        read_json(out)
+        if out.exists()
+        else {"host": os.environ.get("SLURMD_NODENAME") or socket.gethostname()}
+    )
+    if err is not None:
+        err["last_step"] = facts.get("probe_step", "start")
+        facts["probe_error"] = err
     return facts
 
 
-def _deepspeed_ops() -> dict:
-    """Whether DeepSpeed's accelerator loads and which op builders are compatible here."""
+def _signal_name(returncode: int) -> str | None:
+    """SIGILL for -4: a child killed by a signal has a negative exit code."""
     try:
-        from deepspeed.accelerator import get_accelerator
-        from deepspeed.ops.op_builder import CPUAdamBuilder, FusedAdamBuilder
-    except Exception as exc:
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
-    acc = get_accelerator()
+        return signal.Signals(-returncode).name if returncode < 0 else None
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """End torchrun and its workers (they share its process group), politely first."""
+    for sig, wait in ((signal.SIGTERM, 3), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _progress(scratch: Path) -> dict[str, str]:
+    """Each local rank's last step, from the progress files the workers append to."""
+    last = {}
+    for p in sorted(scratch.glob("progress.*")):
+        lines = p.read_text().strip().splitlines()
+        if lines:
+            last[f"rank {p.suffix[1:]}"] = lines[-1].split(" ", 1)[-1].strip()
+    return last
+
+
+def _timeout_failure(timeout_s: float, progress: dict[str, str], alloc: slurm.Allocation, port: int) -> dict:
+    steps = {s for s in progress.values()}
+    where = "; ".join(f"{k}: {v}" for k, v in progress.items()) or "no worker started on this node"
+    if not progress or steps <= {"rendezvous"}:
+        fix = (
+            f"the processes never all met: every one of the {alloc.nnodes} node(s) must run "
+            "`python -m llmft verify-env` (srun --nodes=N --ntasks-per-node=1), and "
+            f"{alloc.master_addr}:{port} must be reachable from all of them (firewall; "
+            "hardware.socket_ifname for the right interface)"
+        )
+    elif any(s.startswith(("all_reduce", "all_gather", "connected")) for s in steps):
+        fix = (
+            "a collective hung: GPU traffic on a path that stalls (PCIe P2P across root complexes, "
+            "the wrong NCCL_SOCKET_IFNAME, a dead IB port); rerun with NCCL_DEBUG=INFO and check "
+            "rocm-smi --showtopotype / nvidia-smi topo -m. Raise verify.timeout_seconds only if "
+            "the node is merely slow"
+        )
+    elif any(s.startswith(("gather", "waiting")) for s in steps):
+        fix = "another node did not deliver its results: read that node's verify_env log"
+    else:
+        fix = "a GPU stopped responding (GEMM): check dmesg and rocm-smi / nvidia-smi for GPU resets"
     return {
-        "ok": True,
-        "accelerator": acc.device_name(),
-        "fused_adam_compatible": bool(FusedAdamBuilder().is_compatible(verbose=False)),
-        "cpu_adam_compatible": bool(CPUAdamBuilder().is_compatible(verbose=False)),
+        "check": "collectives:timeout",
+        "message": (
+            f"the collective check did not finish within verify.timeout_seconds ({timeout_s:g} s) "
+            f"and was killed ({where})"
+        ),
+        "fix": fix,
     }
 
 
-def judge(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
-    """Every rule, applied to recorded facts. Pure: no machine access."""
-    out: list[Finding] = []
-    required = cfg["verify"]["required_packages"]
-    for pkg in required:
-        ver = facts["packages"].get(pkg)
-        imp = facts["imports"].get(pkg, {})
-        if ver is None:
-            out.append(
-                Finding(
-                    f"package:{pkg}",
-                    False,
-                    f"{pkg} is not installed",
-                    f"install it from envs/{vendor if vendor != 'cpu' else 'cpu'}.txt",
-                )
-            )
-        elif not imp.get("ok", False):
-            out.append(
-                Finding(
-                    f"package:{pkg}",
-                    False,
-                    f"{pkg} {ver} fails to import: {imp.get('error', '')}",
-                    "reinstall it against this torch build",
-                )
-            )
-        else:
-            out.append(Finding(f"package:{pkg}", True, f"{pkg} {ver}"))
-    build = facts["build"]
-    if vendor == "cpu":
-        out.append(Finding("build", True, f"torch {facts['torch_version']} ({build} build), CPU run"))
-        return out
-    if build != vendor:
-        fix = (
-            "install the ROCm wheel (envs/rocm.txt)"
-            if vendor == "rocm"
-            else "install the CUDA wheel (envs/cuda.txt)"
-        )
-        out.append(
-            Finding(
-                "build",
-                False,
-                f"the config asks for {vendor} but torch {facts['torch_version']} is a {build} build",
-                fix,
-            )
-        )
-        return out
-    out.append(
-        Finding(
-            "build",
-            True,
-            f"torch {facts['torch_version']} ({build} {facts['hip_version'] or facts['cuda_version']})",
-        )
-    )
-    devices = facts["devices"]
-    want = cfg["hardware"]["gpus_per_node"]
-    if len(devices) < want:
-        out.append(
-            Finding(
-                "gpu_count",
-                False,
-                f"{len(devices)} GPU(s) visible, config asks for {want} per node",
-                "check the job's --gres and *_VISIBLE_DEVICES",
-            )
-        )
+def start_collectives(
+    cfg: dict, vendor: str, alloc: slurm.Allocation, env: dict, scratch: Path, timeout_s: float
+) -> tuple[subprocess.Popen, int]:
+    """Start `torchrun -m llmft.collectives` for this node; (process, rendezvous port)."""
+    lay = layout(cfg)
+    port = alloc.master_port + VERIFY_PORT_OFFSET
+    env = dict(env)
+    env["MASTER_PORT"] = str(port)
+    if vendor != "cpu":
+        env.update(NCCL_DEBUG_ENV)
+        env["NCCL_DEBUG_FILE"] = str(scratch / "nccl.%h.%p.log")
+    if alloc.nnodes == 1:
+        # One node: a free port picked by torchrun itself, so concurrent runs on one host never clash.
+        where = ["--standalone"]
     else:
-        out.append(Finding("gpu_count", True, f"{len(devices)} GPU(s)"))
-    archs = sorted({d["arch"].split(":")[0] for d in devices})
-    built = {a.split(":")[0] for a in facts["arch_list"]}
-    for arch in archs:
-        if vendor == "rocm":
-            ok = arch in built
-            fix = (
-                f"torch was built for {sorted(built)}: install a ROCm wheel built for {arch} "
-                f"(PYTORCH_ROCM_ARCH={arch}) or rebuild from source"
-            )
-        else:
-            # CUDA wheels carry PTX for forward compatibility: an older sm_ still runs via JIT.
-            cc = int(arch.split("_")[1])
-            ok = any(int(b.split("_")[1]) <= cc for b in built if b.startswith(("sm_", "compute_")))
-            fix = f"torch was built for {sorted(built)}: install a CUDA wheel that includes {arch}"
-        out.append(
-            Finding(
-                f"arch:{arch}",
-                ok,
-                f"GPU arch {arch} {'is' if ok else 'is NOT'} in the torch build",
-                "" if ok else fix,
-            )
-        )
-    if vendor == "rocm":
-        env_arch = facts["env"].get("PYTORCH_ROCM_ARCH")
-        if env_arch and not set(env_arch.replace(",", ";").split(";")) & set(archs):
-            out.append(
-                Finding(
-                    "PYTORCH_ROCM_ARCH",
-                    False,
-                    f"PYTORCH_ROCM_ARCH={env_arch} but the GPUs are {archs}",
-                    f"export PYTORCH_ROCM_ARCH={archs[0]} and rebuild flash-attn and "
-                    "DeepSpeed ops (FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE pip install "
-                    "flash-attn --no-build-isolation)",
-                )
-            )
-    fa = facts["imports"].get("flash_attn")
-    if cfg["sft"]["flash_attn"] == "fa2" and not (fa and fa["ok"]):
-        out.append(
-            Finding(
-                "flash_attn",
-                False,
-                "sft.flash_attn is fa2 but flash-attn does not "
-                f"import ({(fa or {}).get('error', 'not installed')})",
-                "install flash-attn for this build (ROCm: FLASH_ATTENTION_SKIP_CUDA_BUILD"
-                "=TRUE), or set sft.flash_attn: auto to fall back to SDPA",
-            )
-        )
-    ds = facts.get("deepspeed_ops", {})
-    if cfg["sft"]["zero_stage"] > 0 and not ds.get("ok"):
-        out.append(
-            Finding(
-                "deepspeed_ops",
-                False,
-                f"DeepSpeed does not load: {ds.get('error')}",
-                "reinstall deepspeed against this torch build",
-            )
-        )
-    return out
+        where = [
+            f"--nnodes={alloc.nnodes}",
+            f"--node_rank={alloc.node_rank}",
+            f"--master_addr={alloc.master_addr}",
+            f"--master_port={port}",
+        ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *where,
+        f"--nproc_per_node={lay.processes_per_node}",
+        "--monitor_interval=0.1",
+        "-m",
+        "llmft.collectives",
+        f"--scratch={scratch}",
+        f"--backend={'gloo' if vendor == 'cpu' else 'nccl'}",
+        f"--timeout={timeout_s}",
+    ]
+    print(f"[verify_env] {' '.join(cmd)}", flush=True)
+    # Its own process group: on a timeout the launcher ends torchrun and every worker together.
+    return subprocess.Popen(cmd, env=env, start_new_session=True), port
+
+
+def finish_collectives(
+    proc: subprocess.Popen, alloc: slurm.Allocation, port: int, scratch: Path, timeout_s: float, wait_s: float
+) -> dict:
+    """Wait up to `wait_s` for the collective check; its result, or a `failure` saying what went wrong."""
+    from . import collectives
+
+    try:
+        rc = proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        return {"failure": _timeout_failure(timeout_s, _progress(scratch), alloc, port)}
+    result = scratch / collectives.RESULT_FILE
+    if result.exists():
+        return read_json(result)
+    if alloc.node_rank != 0 and rc == 0:
+        return {}
+    errors = "; ".join(
+        f"rank {p.suffix[1:]}: {p.read_text().strip()}" for p in sorted(scratch.glob("error.*"))
+    )
+    return {
+        "failure": {
+            "check": "collectives",
+            "message": f"the collective check failed (torchrun exit {rc}): {errors or 'see the log above'}",
+            "fix": "read the worker traceback in the verify_env log; for NCCL/RCCL errors rerun with "
+            "NCCL_DEBUG=INFO; check hardware.socket_ifname and that every node runs verify-env",
+        }
+    }
 
 
 def run_verify(cfg: dict, out_path: str) -> int:
-    """Gather, judge, write the report; exit non-zero when a check failed and on_failure=fail."""
-    from .sft import resolve_vendor
+    """This node's part of verify_env; node rank 0 writes the report. Non-zero: failed and on_failure=fail."""
+    from . import collectives
+    from .sft import launch_env, resolve_vendor
 
+    t0 = time.monotonic()
     vendor = resolve_vendor(cfg)
-    facts = gather_facts()
-    findings = judge(facts, cfg, vendor)
+    alloc = slurm.current_allocation()
+    env = _package_env(launch_env(cfg, alloc))
+    timeout_s = float(cfg["verify"]["timeout_seconds"])
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    print(f"[verify_env] node {host} rank {alloc.node_rank}/{alloc.nnodes}, vendor {vendor}", flush=True)
+    # LLMFT_VERIFY_SCRATCH=DIR keeps the raw NCCL logs and progress files, in a fresh folder
+    # under DIR per run (a reused one would hand a failed run the last run's results).
+    keep = os.environ.get("LLMFT_VERIFY_SCRATCH")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="llmft-verify-") as tmp:
+        scratch = Path(tempfile.mkdtemp(prefix="verify-", dir=keep)) if keep else Path(tmp)
+        print(f"[verify_env] scratch {scratch}", flush=True)
+        probe_s = max(timeout_s, PROBE_TIMEOUT_S)
+        if vendor == "cpu":
+            # CPU: the probe (~10 s of imports) overlaps the collective check, whose numbers are
+            # recorded, not judged; the workers wait for the facts at the end.
+            proc, port = start_collectives(cfg, vendor, alloc, env, scratch, timeout_s)
+            facts = probe_node(env, scratch, probe_s, cfg)
+            write_json(scratch / collectives.FACTS_FILE, facts)
+            budget = timeout_s + (time.monotonic() - t0)
+        else:
+            # GPUs: one after the other, so the probe's kernels never share a GPU with the timings.
+            facts = probe_node(env, scratch, probe_s, cfg)
+            write_json(scratch / collectives.FACTS_FILE, facts)
+            proc, port = start_collectives(cfg, vendor, alloc, env, scratch, timeout_s)
+            budget = timeout_s
+        print(f"[verify_env] node facts in {time.monotonic() - t0:.1f} s", flush=True)
+        coll = finish_collectives(proc, alloc, port, scratch, timeout_s, budget)
+    if alloc.node_rank != 0:
+        print(f"[verify_env] node rank {alloc.node_rank} done; node rank 0 writes the report", flush=True)
+        return 0
+    nodes = coll.get("nodes") or [facts]
+    findings, thresholds = judge_run(nodes, coll, cfg, vendor, alloc.nnodes)
     ok = all(f.ok for f in findings)
     report = {
         "ok": ok,
         "vendor": vendor,
         "world_size": layout(cfg).world_size,
-        "nodes": [facts],
+        "nnodes": alloc.nnodes,
+        "elapsed_s": round(time.monotonic() - t0, 1),
+        "timeout_s": timeout_s,
+        "thresholds": asdict(thresholds),
+        "nodes": nodes,
+        "collectives": {k: v for k, v in coll.items() if k != "nodes"},
         "findings": [asdict(f) for f in findings],
     }
     for f in findings:
         mark = "ok  " if f.ok else "FAIL"
         print(f"[verify_env] {mark} {f.check}: {f.message}" + (f"\n    fix: {f.fix}" if f.fix else ""))
+    print(f"[verify_env] {'passed' if ok else 'FAILED'} in {report['elapsed_s']} s", flush=True)
     write_json(out_path, report)
     if not ok and cfg["verify"]["on_failure"] == "fail":
         # Keep the report where a failed job's outputs are not deleted.

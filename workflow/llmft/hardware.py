@@ -12,30 +12,88 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class GpuSpec:
-    """What we know about one GPU model."""
+    """What we know about one GPU model, and what verify_env expects of a healthy one."""
 
     name: str
     vendor: str  # "rocm" or "cuda"
     arch: str  # gfx942 / sm_90
-    peak_bf16_tflops: float  # dense, vendor datasheet
+    peak_bf16_tflops: float  # dense, vendor datasheet, per torch device
     memory_gib: float
-    # Thresholds for verify_env: a healthy node reaches these; below them something is wrong
-    # (PCIe instead of xGMI/NVLink, a throttled GPU, a wrong build). Bus bandwidth in GB/s at 1 GiB.
+    fabric: str  # the GPU-to-GPU link inside a node: "xGMI", "NVLink"
+    # "switch": every GPU reaches every other at its full link rate (NVSwitch), so bus bandwidth
+    # does not depend on the GPU count. "mesh": one dedicated link per GPU pair (MI300X xGMI), so
+    # bus bandwidth grows with the number of peers a collective can use.
+    fabric_topology: str
+    # Floors for verify_env: a healthy node reaches these; below them something is wrong (PCIe
+    # instead of the fabric, a throttled GPU, a slow build). bf16 GEMM TFLOP/s per GPU at 8192^3;
+    # bus bandwidth in GB/s (nccl-tests definition) at the largest message, per GPU for "switch",
+    # per peer link for "mesh".
     min_gemm_tflops: float
-    min_allreduce_busbw_gbs: float
-    min_allgather_busbw_gbs: float
+    min_busbw_gbs: float
 
 
-# Thresholds sit well under measured healthy values (H200: FACTS.md, 795 TFLOP/s bf16 GEMM,
-# all-reduce 165 GB/s and all-gather 270 GB/s between two GPUs over NVLink) yet far above what a
-# PCIe fallback delivers (~20-50 GB/s), so the check separates "healthy" from "wrong transport".
+# Floors sit at about half of healthy values yet above what a PCIe fallback delivers (PCIe Gen5 x16
+# carries at most ~50 GB/s a direction), so the check separates "healthy" from "wrong transport".
+#  - H200: measured here (FACTS.md, bench/results/verify_env_h200x2.md): bf16 GEMM 795 TFLOP/s;
+#    2 GPUs over NVLink all-gather busbw 270 GB/s, all-reduce ~330 GB/s (FACTS.md's 165 is the
+#    all-reduce algorithm bandwidth over two, not nccl-tests' bus bandwidth).
+#  - MI300X: xGMI links of 64 GB/s a direction, 48 GB/s after protocol overhead (RCCL's own model,
+#    ROCm/rccl#1210), one per GPU pair; 8 GPUs give 7 links per GPU. GEMM floor well under the
+#    ~600+ TFLOP/s hipBLASLt reaches on 8192^3 (datasheet dense peak 1307).
+#  - MI250X: one torch device is one GCD (half the package): 191.5 TFLOP/s bf16 peak.
 GPUS: dict[str, GpuSpec] = {
-    "mi300x": GpuSpec("AMD Instinct MI300X", "rocm", "gfx942", 1307.4, 192, 500, 80, 120),
-    "mi250x": GpuSpec("AMD Instinct MI250X", "rocm", "gfx90a", 383.0, 64, 150, 40, 60),
-    "h200": GpuSpec("NVIDIA H200", "cuda", "sm_90", 989.0, 141, 450, 80, 120),
-    "h100": GpuSpec("NVIDIA H100", "cuda", "sm_90", 989.0, 80, 450, 80, 120),
-    "a100": GpuSpec("NVIDIA A100", "cuda", "sm_80", 312.0, 80, 150, 40, 60),
+    "mi300x": GpuSpec("AMD Instinct MI300X", "rocm", "gfx942", 1307.4, 192, "xGMI", "mesh", 400, 24),
+    "mi250x": GpuSpec("AMD Instinct MI250X", "rocm", "gfx90a", 191.5, 64, "xGMI", "mesh", 100, 15),
+    "h200": GpuSpec("NVIDIA H200", "cuda", "sm_90", 989.0, 141, "NVLink", "switch", 500, 120),
+    "h100": GpuSpec("NVIDIA H100", "cuda", "sm_90", 989.0, 80, "NVLink", "switch", 500, 120),
+    "a100": GpuSpec("NVIDIA A100", "cuda", "sm_80", 312.0, 80, "NVLink", "switch", 200, 80),
 }
+
+# Between nodes the network sets the pace: one 400 Gb/s RDMA NIC per GPU gives ~45 GB/s bus
+# bandwidth; NCCL/RCCL falling back to TCP sockets (NET/Socket) gives well under 12.
+MIN_INTERNODE_BUSBW_GBS = 20.0
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """What verify_env demands of one allocation; 0 means "not judged" (CPU runs)."""
+
+    gemm_tflops: float
+    allreduce_busbw_gbs: float
+    allgather_busbw_gbs: float
+    basis: str  # one line saying where the numbers come from
+
+
+def collective_thresholds(
+    spec: GpuSpec | None, gpus_per_node: int, nnodes: int, overrides: dict | None = None
+) -> Thresholds:
+    """Floors for GEMM and bus bandwidth given the GPU model and the layout.
+
+    `overrides` are the config's verify.min_* keys; a non-zero value wins over the table.
+    """
+    over = overrides or {}
+    if spec is None:
+        gemm = busbw = 0.0
+        basis = "no GPU model known: measured, not judged"
+    else:
+        gemm = spec.min_gemm_tflops
+        if gpus_per_node < 2:
+            busbw, where = 0.0, "one GPU per node: no intra-node link to judge"
+        elif spec.fabric_topology == "mesh":
+            busbw = spec.min_busbw_gbs * (gpus_per_node - 1)
+            where = f"{spec.fabric} mesh, {gpus_per_node - 1} peer link(s) x {spec.min_busbw_gbs:g} GB/s"
+        else:
+            busbw, where = spec.min_busbw_gbs, f"{spec.fabric} switch"
+        if nnodes > 1:
+            busbw = min(busbw, MIN_INTERNODE_BUSBW_GBS) if busbw else MIN_INTERNODE_BUSBW_GBS
+            where += f"; {nnodes} nodes: the network floor {MIN_INTERNODE_BUSBW_GBS:g} GB/s"
+        basis = f"{spec.name}: {where}"
+    allreduce = over.get("min_allreduce_busbw_gbs") or busbw
+    allgather = over.get("min_allgather_busbw_gbs") or busbw
+    gemm = over.get("min_gemm_tflops") or gemm
+    if any(over.get(k) for k in ("min_allreduce_busbw_gbs", "min_allgather_busbw_gbs", "min_gemm_tflops")):
+        basis += " (config overrides)"
+    return Thresholds(float(gemm), float(allreduce), float(allgather), basis)
 
 
 def identify_gpu(device_name: str, arch: str = "") -> GpuSpec | None:
@@ -106,3 +164,18 @@ def mfu(tokens_per_s_per_gpu: float, n_params: float, peak_tflops: float, attn_f
     if peak_tflops <= 0:
         return 0.0
     return tokens_per_s_per_gpu * (6.0 * n_params + attn_flops_per_token) / (peak_tflops * 1e12)
+
+
+# How NCCL/RCCL name the path between two GPUs in their topology search ("type NVL/PIX" in the
+# NCCL_DEBUG_SUBSYS=GRAPH line). RCCL prints XGMI where NCCL prints NVL. The PCIe kinds are the
+# seed's fallback: traffic through a PCIe switch (PIX/PXB), the CPU's root complex (PHB) or across
+# CPU sockets (SYS), instead of the fabric.
+FABRIC_PATHS = {"NVL": "NVLink", "NVB": "NVLink (via a GPU)", "XGMI": "xGMI", "C2C": "chip-to-chip"}
+PCIE_PATHS = {
+    "PIX": "PCIe (one switch)",
+    "PXB": "PCIe (several switches)",
+    "PXN": "PCIe (through a peer GPU)",
+    "P2C": "PCIe (via the CPU)",
+    "PHB": "PCIe (through the CPU root complex)",
+    "SYS": "PCIe + CPU interconnect (across sockets)",
+}
