@@ -1,8 +1,12 @@
-"""Dataset preparation: validation names row and field, dedup, length filter, stable split."""
+"""prepare(): validation reports every bad row, policies, dedup, length filter, weights, mixed formats,
+stable split under growth, and the outputs LLaMA-Factory reads."""
 
 import json
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from datasets import Dataset, load_from_disk
 from llmft.assets import build_tokenizer, synthetic_rows
 from llmft.data import DataError, content_key, is_heldout, prepare
 from llmft.io import read_jsonl
@@ -42,28 +46,47 @@ def test_bad_row_is_named(tmp_path, tokenizer_dir, row, needle):
     with pytest.raises(DataError) as err:
         run(tmp_path, tokenizer_dir, good + [row] + synthetic_rows(40, seed=3))
     assert needle in str(err.value)
+    assert not (tmp_path / "out/train.jsonl").exists()  # nothing half-made is left to trust
 
 
-def test_bad_json_line_and_encoding_are_named(tmp_path, tokenizer_dir):
+def test_fail_policy_reports_every_bad_row_not_just_the_first(tmp_path, tokenizer_dir, caplog):
     src = tmp_path / "in.jsonl"
-    src.write_bytes(b'{"instruction": "a", "output": "b"}\n{not json}\n')
-    with pytest.raises(DataError, match="row 2: not valid JSON"):
-        prepare([{"path": str(src)}], tmp_path / "o", tokenizer_dir, "default", 64, 0.5, "s")
-    src.write_bytes(b'{"instruction": "a", "output": "\xff"}\n')
-    with pytest.raises(DataError, match="row 1: not valid UTF-8"):
-        prepare([{"path": str(src)}], tmp_path / "o", tokenizer_dir, "default", 64, 0.5, "s")
+    lines = [json.dumps(r) for r in synthetic_rows(300)]
+    lines[9] = '{"instruction": "x"}'
+    lines[99] = "{not json"
+    lines[249] = '{"instruction": "x", "output": 3}'
+    src.write_bytes(("\n".join(lines) + "\n").encode() + b'{"instruction": "a", "output": "\xff"}\n')
+    with pytest.raises(DataError) as err:
+        prepare([{"path": str(src)}], tmp_path / "out", tokenizer_dir, "default", 64, 0.2, "s", "fail")
+    message = str(err.value)
+    assert message.startswith("4 bad row(s) (bad_encoding 1, bad_json 1, missing_field 1, wrong_type 1)")
+    for needle in (
+        "row 10: field 'output' is missing",
+        "row 100: not valid JSON",
+        "row 250: field 'output'",
+        "row 301: field 'output' is not valid UTF-8",
+    ):
+        assert needle in message and needle in caplog.text
 
 
-def test_drop_policy_counts_bad_rows(tmp_path, tokenizer_dir):
-    rows = synthetic_rows(200) + [{"instruction": "x"}, {"output": "y"}]
+def test_drop_policy_counts_bad_rows_and_lists_every_one(tmp_path, tokenizer_dir):
+    rows = synthetic_rows(200) + [{"instruction": "x"}, {"output": "y"}, {"instruction": 1, "output": "z"}]
     stats = run(tmp_path, tokenizer_dir, rows, invalid_rows="drop")
-    assert stats["invalid"] == 2
-    assert "field 'output' is missing" in stats["invalid_examples"][0]
+    assert stats["invalid"] == 3
+    assert stats["invalid_by_reason"] == {"missing_field": 2, "wrong_type": 1}
+    first = stats["invalid_examples"][0]
+    assert (first["row"], first["field"], first["reason"]) == (201, "output", "missing_field")
+    assert "row 201: field 'output' is missing" in first["message"]
+    rejected = read_jsonl(tmp_path / "out/rejected.jsonl")
+    assert [r["row"] for r in rejected if r["reason"] != "duplicate"] == [201, 202, 203]
+    kept = read_jsonl(tmp_path / "out/train.jsonl") + read_jsonl(tmp_path / "out/heldout.jsonl")
+    assert len(kept) == 200 - stats["duplicates"] - stats["decontaminated"]
+    assert stats["sources"][0]["invalid"] == 3
 
 
 def test_dedup_after_normalisation_and_length_filter(tmp_path, tokenizer_dir):
     a = {"instruction": "Repeat the words.", "input": "cat dog", "output": "cat dog"}
-    a_spaced = {"instruction": "  Repeat   the words. ", "input": "cat  dog", "output": "cat dog "}
+    a_spaced = {"instruction": "  Repeat   the words. ", "input": "cat  dog", "output": "CAT dog "}
     long = {"instruction": "Repeat the words.", "input": "cat " * 80, "output": "cat " * 80}
     stats = run(tmp_path, tokenizer_dir, [a, a_spaced, long] + synthetic_rows(300, seed=5))
     assert stats["duplicates"] >= 1
@@ -71,6 +94,13 @@ def test_dedup_after_normalisation_and_length_filter(tmp_path, tokenizer_dir):
     kept = read_jsonl(tmp_path / "out/train.jsonl") + read_jsonl(tmp_path / "out/heldout.jsonl")
     assert all(len(r["input"].split()) < 80 for r in kept)
     assert sum(stats["length_histogram"]["counts"]) == stats["rows_read"] - stats["duplicates"]
+    assert (
+        stats["max_tokens"]
+        > 64
+        >= max(len(x) for x in load_from_disk(str(tmp_path / "out/tokenized"))["train"]["input_ids"])
+    )
+    reasons = {r["reason"] for r in read_jsonl(tmp_path / "out/rejected.jsonl")}
+    assert {"duplicate", "too_long"} <= reasons
 
 
 def test_split_is_stable_when_rows_are_appended(tmp_path, tokenizer_dir):
@@ -81,9 +111,11 @@ def test_split_is_stable_when_rows_are_appended(tmp_path, tokenizer_dir):
     run(tmp_path, tokenizer_dir, first + synthetic_rows(400, seed=2))
     held_after = {content_key(r) for r in read_jsonl(tmp_path / "out/heldout.jsonl")}
     train_after = {content_key(r) for r in read_jsonl(tmp_path / "out/train.jsonl")}
-    assert held_before <= held_after and train_before <= train_after
-    assert not held_after & train_after
+    assert held_before <= held_after  # no held-out row left or moved
+    assert not held_after & train_after and not held_before & train_after  # nothing crossed over
     assert len(held_after) > len(held_before)
+    # A train row may only leave train when a new held-out row is its near-duplicate.
+    assert len(train_before - train_after) <= len(held_after - held_before)
 
 
 def test_split_fraction_is_close_to_asked():
@@ -96,5 +128,87 @@ def test_outputs_are_written_for_llamafactory(tmp_path, tokenizer_dir):
     stats = run(tmp_path, tokenizer_dir, synthetic_rows(300))
     info = json.loads((tmp_path / "out/dataset_info.json").read_text())
     assert info["llmft_train"]["file_name"] == "train.jsonl"
+    assert "history" not in info["llmft_train"]["columns"]  # no row has one: not declared
     assert stats["train_rows"] == len(read_jsonl(tmp_path / "out/train.jsonl"))
+    tokenized = load_from_disk(str(tmp_path / "out/tokenized"))
+    assert (len(tokenized["train"]), len(tokenized["validation"])) == (
+        stats["train_rows"],
+        stats["heldout_rows"],
+    )
     assert not list((tmp_path / "out").glob(".*"))  # no temporary files left behind
+
+
+def test_weights_repeat_train_rows_never_heldout(tmp_path, tokenizer_dir):
+    rows = synthetic_rows(400, seed=7)
+    a, b = write_rows(tmp_path / "a.jsonl", rows[:200]), write_rows(tmp_path / "b.jsonl", rows[200:])
+    base = prepare(
+        [{"path": str(a)}, {"path": str(b)}], tmp_path / "one", tokenizer_dir, "default", 64, 0.2, "s"
+    )
+    mixed = prepare(
+        [{"path": str(a), "weight": 2.0}, {"path": str(b), "weight": 0.5}],
+        tmp_path / "mix",
+        tokenizer_dir,
+        "default",
+        64,
+        0.2,
+        "s",
+    )
+    one, mix = base["sources"], mixed["sources"]
+    assert mix[0]["train_rows"] == 2 * one[0]["train_rows"]
+    assert 0.3 * one[1]["train_rows"] < mix[1]["train_rows"] < 0.7 * one[1]["train_rows"]
+    assert mixed["heldout_rows"] == base["heldout_rows"]
+    again = prepare(
+        [{"path": str(a), "weight": 2.0}, {"path": str(b), "weight": 0.5}],
+        tmp_path / "again",
+        tokenizer_dir,
+        "default",
+        64,
+        0.2,
+        "s",
+    )
+    assert again["fingerprint"] == mixed["fingerprint"]  # the half is the same half every run
+    train = read_jsonl(tmp_path / "mix/train.jsonl")
+    assert len(load_from_disk(str(tmp_path / "mix/tokenized"))["train"]) == len(train) == mixed["train_rows"]
+
+
+def test_formats_mix_in_one_run(tmp_path, tokenizer_dir):
+    alpaca = synthetic_rows(150, seed=11)
+    write_rows(tmp_path / "a.jsonl", alpaca)
+    convs = [
+        {
+            "conversations": [
+                {"from": "human", "value": f"question {i} cat"},
+                {"from": "gpt", "value": f"answer {i}"},
+                {"from": "human", "value": "and again?"},
+                {"from": "gpt", "value": f"again {i}"},
+            ],
+            "system": "Be brief.",
+        }
+        for i in range(80)
+    ]
+    table = pa.Table.from_pylist(convs)
+    pq.write_table(table, tmp_path / "s.parquet", row_group_size=16)
+    Dataset.from_list(alpaca[:50] + synthetic_rows(60, seed=12)).save_to_disk(tmp_path / "disk")
+    (tmp_path / "j.json").write_text(json.dumps(convs[:10]))  # exact duplicates of parquet rows
+    stats = prepare(
+        [
+            {"path": str(tmp_path / "a.jsonl")},
+            {"path": str(tmp_path / "s.parquet"), "format": "sharegpt"},
+            {"path": str(tmp_path / "disk")},
+            {"path": str(tmp_path / "j.json"), "format": "sharegpt"},
+        ],
+        tmp_path / "out",
+        tokenizer_dir,
+        "default",
+        128,
+        0.2,
+        "s",
+    )
+    by_path = {s["path"].rsplit("/", 1)[-1]: s for s in stats["sources"]}
+    assert by_path["s.parquet"]["rows"] == 80 and by_path["j.json"]["duplicates"] == 10
+    assert by_path["disk"]["duplicates"] >= 50  # the first 50 repeat a.jsonl
+    train = read_jsonl(tmp_path / "out/train.jsonl")
+    multi = [r for r in train if r.get("history")]
+    assert multi and multi[0]["system"] == "Be brief." and multi[0]["history"][0][0].startswith("question")
+    info = json.loads((tmp_path / "out/dataset_info.json").read_text())
+    assert info["llmft_train"]["columns"]["history"] == "history"

@@ -66,6 +66,7 @@ def cmd_prepare_data(args) -> int:
         d["heldout_fraction"],
         d["split_salt"],
         d["invalid_rows"],
+        dedup=d["dedup"],
     )
     return 0
 

@@ -117,10 +117,20 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
                 )
             continue
         full = Path(path) if Path(path).is_absolute() else base_dir / path
+        if full.is_dir():
+            # A folder counts only when datasets' save_to_disk wrote it (a Dataset or a DatasetDict).
+            if not ((full / "state.json").is_file() or (full / "dataset_dict.json").is_file()):
+                raise ConfigError(
+                    f"config key data.sources[{i}].path: {full} is a folder but not one written by "
+                    "datasets' save_to_disk (no state.json or dataset_dict.json)"
+                )
+            continue
         if not full.is_file():
             raise ConfigError(f"config key data.sources[{i}].path: dataset file not found: {full}")
-        if full.suffix not in (".json", ".jsonl"):
-            raise ConfigError(f"config key data.sources[{i}].path: {full.name} is not .json or .jsonl")
+        if full.suffix not in (".json", ".jsonl", ".parquet"):
+            raise ConfigError(
+                f"config key data.sources[{i}].path: {full.name} is not .json, .jsonl or .parquet"
+            )
     name = cfg["model"]["name_or_path"]
     if name.startswith("builtin:"):
         if name != BUILTIN_MODEL:

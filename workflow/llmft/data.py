@@ -1,8 +1,15 @@
-"""Dataset preparation: read, validate, clean, dedup, length-filter, split stably, write LLaMA-Factory's
-dataset_info.json and stats.
+"""Dataset preparation: read, validate, dedup (exact and near), decontaminate, length-filter by real
+token count, split stably, and tokenize once for LLaMA-Factory.
+
+Rows stream through in chunks: memory holds a few chunks plus ~30 bytes of bookkeeping a row, never
+the dataset. Tokenization and MinHash of one chunk run in a worker thread (the Rust tokenizer and
+numpy release the GIL) while the main thread reads and validates the next.
 
 A row's side of the split is decided by a hash of its normalised content, so appending rows for the
-next nightly retrain never moves an existing row between train and held-out.
+next nightly retrain never moves an existing row between train and held-out. Near-duplicate and
+decontamination decisions keep the earlier row and only look backwards in stream order, so rows
+appended later do not change what happens to earlier ones (a train row can still be dropped when a
+new held-out row is its near-duplicate: it leaves train, it never moves to held-out).
 """
 
 from __future__ import annotations
@@ -10,34 +17,54 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import unicodedata
-from collections import Counter
-from collections.abc import Iterator
+import os
+import shutil
+import time
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .io import write_json, write_jsonl
+import numpy as np
+
+from .datasources import FORMATS, FileError, RowError, iter_raw, normalise, validate
+from .dedup import NearDupIndex, SeenKeys
+from .io import write_json
+from .pretokenize import TOKENIZED_DIR
 
 log = logging.getLogger("llmft.data")
 
 TRAIN_NAME = "llmft_train"
 HELDOUT_NAME = "llmft_heldout"
-ALPACA_FIELDS = ("instruction", "input", "output")
+CHUNK_ROWS = 2048
+EXAMPLES_KEPT = 20
+# Under `invalid_rows: drop` the log names this many bad rows; rejected.jsonl names all of them.
+LOGGED_DROPS = 200
+
+__all__ = ["DataError", "content_key", "is_heldout", "normalise", "prepare", "FORMATS"]
 
 
 class DataError(ValueError):
-    """A dataset row is wrong; the message names the file, the row and the field."""
+    """The data is wrong; the message names the file, the row and the field."""
 
 
-def normalise(text: str) -> str:
-    """NFC, unified newlines, stripped ends, inner runs of spaces collapsed."""
-    text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
-    return "\n".join(" ".join(line.split()) for line in text.strip().split("\n"))
+def _payload(row: dict) -> str:
+    """Normalised, case-folded content: what identity (dedup, split) and similarity are about.
+
+    Rows without system prompt or history hash exactly as before those fields existed, so existing
+    alpaca datasets keep their split."""
+    text = "\x1f".join(normalise(row.get(f, "")).casefold() for f in ("instruction", "input", "output"))
+    extra = []
+    if row.get("system"):
+        extra.append("system\x1f" + normalise(row["system"]).casefold())
+    for user, assistant in row.get("history") or ():
+        extra.append(normalise(user).casefold() + "\x1f" + normalise(assistant).casefold())
+    return text + ("\x1e" + "\x1e".join(extra) if extra else "")
 
 
 def content_key(row: dict) -> str:
     """Hash of a row's normalised content: the identity used for dedup and the split."""
-    payload = "\x1f".join(normalise(row.get(f, "")).casefold() for f in ALPACA_FIELDS)
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+    return hashlib.sha256(_payload(row).encode("utf-8")).hexdigest()
 
 
 def is_heldout(key: str, fraction: float, salt: str) -> bool:
@@ -46,84 +73,292 @@ def is_heldout(key: str, fraction: float, salt: str) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
-def iter_alpaca(path: str | Path) -> Iterator[tuple[int, object]]:
-    """Yield (row number, raw row) from .jsonl (streamed) or .json (an array); numbers start at 1."""
-    path = Path(path)
-    if path.suffix == ".jsonl":
-        with open(path, "rb") as fh:
-            for lineno, raw in enumerate(fh, 1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    yield lineno, DataError(f"{path} row {lineno}: not valid UTF-8 ({exc.reason})")
-                    continue
-                if not line.strip():
-                    continue
-                try:
-                    yield lineno, json.loads(line)
-                except json.JSONDecodeError as exc:
-                    yield lineno, DataError(f"{path} row {lineno}: not valid JSON ({exc.msg})")
-    else:
-        try:
-            rows = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DataError(f"{path}: not a valid UTF-8 JSON file ({exc})") from exc
-        if not isinstance(rows, list):
-            raise DataError(f"{path}: a .json dataset must be an array of rows")
-        yield from enumerate(rows, 1)
+def _repeats(key: str, weight: float, salt: str) -> int:
+    """Copies of a train row in the mix: int(weight), plus one for a hash-chosen share of rows
+    for the fractional part (stable: the same rows every run)."""
+    whole, frac = int(weight), weight - int(weight)
+    return whole + (1 if frac and is_heldout(key, frac, salt + ":mix") else 0)
 
 
-def check_row(path, lineno: int, row: object) -> dict:
-    """Validate one alpaca row; return it cleaned, or raise DataError naming row and field."""
-    if isinstance(row, DataError):
-        raise row
-    if not isinstance(row, dict):
-        raise DataError(f"{path} row {lineno}: expected an object, got {type(row).__name__}")
-    clean = {}
-    for field in ALPACA_FIELDS:
-        value = row.get(field, "" if field == "input" else None)
-        if value is None:
-            raise DataError(f"{path} row {lineno}: field '{field}' is missing")
-        if not isinstance(value, str):
-            raise DataError(
-                f"{path} row {lineno}: field '{field}' must be a string, got {type(value).__name__}"
+@dataclass
+class _SourceStats:
+    path: str
+    format: str
+    weight: float
+    rows: int = 0
+    invalid: int = 0
+    duplicates: int = 0
+    too_long: int = 0
+    near_duplicates: int = 0
+    decontaminated: int = 0
+    kept: int = 0  # distinct rows that passed every check, before weights repeat them
+    train_rows: int = 0
+    heldout_rows: int = 0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class _Side:
+    """Spooled output of one side of the split: tokenized rows and their JSONL, in the same order."""
+
+    tokenized: object
+    jsonl: object
+    columns: set = field(default_factory=set)
+
+
+class _Preparer:
+    def __init__(self, out_dir: Path, encoder, cutoff_len, heldout_fraction, split_salt, invalid_rows, dedup):
+        from .pretokenize import SplitWriter
+
+        self.out_dir = out_dir
+        self.tmp = out_dir / ".prepare_data.tmp"
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.tmp.mkdir(parents=True)
+        self.encoder = encoder
+        self.cutoff_len = cutoff_len
+        self.fraction = heldout_fraction
+        self.salt = split_salt
+        self.policy = invalid_rows
+        self.near_dedup = bool(dedup.get("near"))
+        self.decontaminate = bool(dedup.get("decontaminate", True))
+        self.near = None
+        if self.near_dedup or self.decontaminate:
+            self.near = NearDupIndex(
+                self.tmp / "minhash", dedup.get("threshold", 0.8), dedup.get("num_perm", 64)
             )
-        clean[field] = normalise(value)
-        if field != "input" and not clean[field]:
-            raise DataError(f"{path} row {lineno}: field '{field}' is empty")
-    if "task" in row and isinstance(row["task"], str):
-        clean["task"] = row["task"]
-    return clean
+        self.seen = SeenKeys()
+        self.sides = {
+            False: _Side(SplitWriter(self.tmp / TOKENIZED_DIR / "train"), self._open("train.jsonl")),
+            True: _Side(SplitWriter(self.tmp / TOKENIZED_DIR / "validation"), self._open("heldout.jsonl")),
+        }
+        self.rejected = self._open("rejected.jsonl")
+        self.sources: list[_SourceStats] = []
+        # Per kept row, in stream order (the near-duplicate index uses the same order).
+        self.meta: dict[str, list[np.ndarray]] = {
+            k: [] for k in ("heldout", "source", "row", "repeats", "key")
+        }
+        self.length_counts = np.zeros(1, dtype=np.int64)
+        self.invalid_by_reason: Counter = Counter()
+        self.invalid_examples: list[dict] = []
+        self.invalid_total = 0
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmft-encode")
+        self.pending: deque = deque()
+        self.started = time.perf_counter()
+        self.rows_read = 0
+
+    def _open(self, name: str):
+        return open(self.tmp / name, "w", encoding="utf-8")
+
+    # -- streaming
+
+    def run_source(self, index: int, src: dict) -> None:
+        path, fmt = str(src["path"]), src.get("format", "alpaca")
+        stats = _SourceStats(path, fmt, float(src.get("weight", 1.0)))
+        self.sources.append(stats)
+        chunk: list[tuple[int, dict]] = []
+        try:
+            for number, raw in iter_raw(path, src.get("split", "train")):
+                stats.rows += 1
+                self.rows_read += 1
+                row = validate(path, number, raw, fmt)
+                if isinstance(row, RowError):
+                    self._invalid(row, stats)
+                    continue
+                if self.invalid_total and self.policy == "fail":
+                    continue  # the run will fail: only validate the rest, to report every bad row
+                chunk.append((number, row))
+                if len(chunk) >= CHUNK_ROWS:
+                    self._submit(index, stats, chunk)
+                    chunk = []
+                if self.rows_read % 200_000 == 0:
+                    rate = self.rows_read / (time.perf_counter() - self.started)
+                    log.info("%d rows read (%.0f rows/s)", self.rows_read, rate)
+        except FileError as exc:
+            raise DataError(str(exc)) from None
+        if chunk and not (self.invalid_total and self.policy == "fail"):
+            self._submit(index, stats, chunk)
+
+    def _invalid(self, err: RowError, stats: _SourceStats) -> None:
+        stats.invalid += 1
+        self.invalid_total += 1
+        self.invalid_by_reason[err.reason] += 1
+        record = err.as_dict()
+        if len(self.invalid_examples) < EXAMPLES_KEPT:
+            self.invalid_examples.append(record)
+        if self.policy == "fail" or self.invalid_total <= LOGGED_DROPS:
+            log.warning("bad row: %s", record["message"])
+        self.rejected.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    def _reject(self, source: str, row: int, reason: str, message: str) -> None:
+        record = {"source": source, "row": row, "field": None, "reason": reason, "message": message}
+        self.rejected.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    def _submit(self, index: int, stats: _SourceStats, chunk: list[tuple[int, dict]]) -> None:
+        payloads = [_payload(row) for _, row in chunk]
+        digests = [hashlib.sha256(p.encode("utf-8")).digest() for p in payloads]
+        keys = np.frombuffer(b"".join(d[:8] for d in digests), dtype="<u8").astype(np.uint64)
+        new = self.seen.add(keys)
+        for i in np.flatnonzero(~new):
+            stats.duplicates += 1
+            number = chunk[i][0]
+            self._reject(stats.path, number, "duplicate", f"{stats.path} row {number}: exact duplicate")
+        keep = np.flatnonzero(new)
+        chunk = [chunk[i] for i in keep]
+        if not chunk:
+            return
+        payloads = [payloads[i] for i in keep]
+        hexes = [digests[i].hex() for i in keep]
+        heldout = np.array([is_heldout(h, self.fraction, self.salt) for h in hexes], dtype=bool)
+        repeats = np.array(
+            [
+                1 if side else _repeats(h, stats.weight, self.salt)
+                for h, side in zip(hexes, heldout, strict=True)
+            ],
+            dtype=np.int32,
+        )
+        rows = [row for _, row in chunk]
+        future = self.pool.submit(self._work, rows, payloads, keys[keep])
+        self.pending.append((index, stats, chunk, heldout, repeats, keys[keep], future))
+        # Two chunks in flight: the worker never waits for the reader, memory stays bounded.
+        while len(self.pending) > 2:
+            self._finish(*self.pending.popleft())
+
+    def _work(self, rows, payloads, keys):
+        enc = self.encoder.encode(rows)
+        sig = self.near.hasher.signatures(payloads, keys) if self.near else None
+        return enc, sig
+
+    def _finish(self, index, stats, chunk, heldout, repeats, keys, future) -> None:
+        from .pretokenize import record_batch
+
+        enc, sig = future.result()
+        lengths = enc.lengths
+        top = int(lengths.max()) + 1
+        if top > len(self.length_counts):
+            self.length_counts = np.concatenate(
+                (self.length_counts, np.zeros(top - len(self.length_counts), np.int64))
+            )
+        self.length_counts[:top] += np.bincount(lengths, minlength=top)
+        fits = lengths <= self.cutoff_len
+        for i in np.flatnonzero(~fits):
+            stats.too_long += 1
+            number = chunk[i][0]
+            self._reject(
+                stats.path,
+                number,
+                "too_long",
+                f"{stats.path} row {number}: {lengths[i]} tokens > cutoff_len {self.cutoff_len}",
+            )
+        if not fits.all():
+            enc = enc.select(fits)
+            chunk = [c for c, ok in zip(chunk, fits, strict=True) if ok]
+            heldout, repeats, keys = heldout[fits], repeats[fits], keys[fits]
+            sig = sig[fits] if sig is not None else None
+        for side_value, side in self.sides.items():
+            mask = heldout == side_value
+            if not mask.any():
+                continue
+            side.tokenized.write(record_batch(enc.select(mask)))
+            lines = []
+            for (_, row), m in zip(chunk, mask, strict=True):
+                if m:
+                    side.columns.update(k for k in ("system", "history") if k in row)
+                    lines.append(json.dumps(row, ensure_ascii=False))
+            side.jsonl.write("\n".join(lines) + "\n")
+        n = len(chunk)
+        self.meta["heldout"].append(heldout)
+        self.meta["source"].append(np.full(n, index, dtype=np.int32))
+        self.meta["row"].append(np.array([number for number, _ in chunk], dtype=np.int64))
+        self.meta["repeats"].append(repeats)
+        self.meta["key"].append(keys)
+        if self.near is not None and n:
+            self.near.add(sig)
+
+    def drain(self) -> None:
+        while self.pending:
+            self._finish(*self.pending.popleft())
+        self.pool.shutdown()
+
+    def close(self) -> None:
+        """Stop the worker and remove the spool, on success and on error alike."""
+        self.pool.shutdown(cancel_futures=True)
+        for side in self.sides.values():
+            side.jsonl.close()
+        self.rejected.close()
+        if self.near is not None:
+            self.near.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # -- decisions that need every row: near duplicates and decontamination
+
+    def near_duplicate_drops(self, heldout: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(dropped as a near-duplicate of an earlier row, dropped as near-duplicate of a held-out row).
+
+        For a similar pair (earlier a, later z): with near-dedup on, z goes (whatever its side, so
+        a pair never survives across the split either); otherwise, if they sit on different sides,
+        the train one goes."""
+        n = len(heldout)
+        near = np.zeros(n, dtype=bool)
+        contaminated = np.zeros(n, dtype=bool)
+        if self.near is None:
+            return near, contaminated
+        for a, z in self.near.pairs():
+            if self.near_dedup:
+                near[z] = True
+                continue
+            cross = heldout[a] != heldout[z]
+            a, z = a[cross], z[cross]
+            contaminated[np.where(heldout[a], z, a)] = True
+        return near, contaminated & ~near
 
 
-def _length_counter(tokenizer_dir: str | Path, template_name: str):
-    """Token count of prompt + answer exactly as LLaMA-Factory's template will encode the row."""
-    from llamafactory.data import get_template_and_fix_tokenizer
-    from llamafactory.hparams import DataArguments
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template_name))
-
-    def count(row: dict) -> int:
-        prompt = row["instruction"] + ("\n" + row["input"] if row["input"] else "")
-        messages = [
-            {"role": "user", "content": prompt},
-            {"role": "assistant", "content": row["output"]},
-        ]
-        prompt_ids, answer_ids = template.encode_oneturn(tokenizer, messages)
-        return len(prompt_ids) + len(answer_ids)
-
-    return count
+def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
 
-def _histogram(lengths: list[int], cutoff: int, bins: int = 16) -> dict:
-    width = max(1, -(-max(cutoff, max(lengths, default=1)) // bins))
-    counts = Counter(min(n // width, bins - 1) for n in lengths)
+def _rewrite_side(
+    side_dir: Path, jsonl: Path, keep_repeats: np.ndarray, out_tok: Path, out_jsonl: Path
+) -> None:
+    """Copy a spooled side with each row written `keep_repeats[i]` times (0 = dropped)."""
+    import pyarrow as pa
+
+    from .pretokenize import SplitWriter
+
+    if (keep_repeats == 1).all():
+        shutil.move(str(jsonl), out_jsonl)
+        shutil.move(str(side_dir), out_tok)
+        return
+    writer = SplitWriter(out_tok)
+    start = 0
+    source = side_dir / SplitWriter.FILE
+    with pa.memory_map(str(source)) as mm:
+        reader = pa.ipc.open_stream(mm)
+        for batch in reader:
+            reps = keep_repeats[start : start + batch.num_rows]
+            start += batch.num_rows
+            idx = np.repeat(np.arange(batch.num_rows), reps)
+            if len(idx):
+                writer.write(batch.take(pa.array(idx)))
+    writer.close()
+    with open(jsonl, encoding="utf-8") as src, open(out_jsonl, "w", encoding="utf-8") as dst:
+        for line, reps in zip(src, keep_repeats, strict=True):
+            if reps:
+                dst.write(line * int(reps))
+    shutil.rmtree(side_dir)
+
+
+def _histogram(length_counts: np.ndarray, cutoff: int, bins: int = 16) -> dict:
+    lengths = np.flatnonzero(length_counts)
+    top = int(lengths.max()) if len(lengths) else 1
+    width = max(1, -(-max(cutoff, top) // bins))
+    counts = np.zeros(bins, dtype=np.int64)
+    np.add.at(counts, np.minimum(np.arange(len(length_counts)) // width, bins - 1), length_counts)
     return {
         "bin_width": width,
         "edges": [i * width for i in range(bins + 1)],
-        "counts": [counts.get(i, 0) for i in range(bins)],
+        "counts": counts.tolist(),
     }
 
 
@@ -136,110 +371,165 @@ def prepare(
     heldout_fraction: float,
     split_salt: str,
     invalid_rows: str = "fail",
+    dedup: dict | None = None,
 ) -> dict:
-    """Run the whole preparation; write train/heldout JSONL, dataset_info.json and stats.json."""
+    """Run the whole preparation; write train/heldout JSONL, the tokenized dataset, rejected.jsonl,
+    dataset_info.json and stats.json into `out_dir`.
+
+    `dedup`: {near: bool, decontaminate: bool, threshold: float, num_perm: int} (config data.dedup).
+    """
+    from .pretokenize import SFTEncoder
+
     out_dir = Path(out_dir)
-    count_tokens = _length_counter(tokenizer_dir, template)
-    seen: set[str] = set()
-    train: list[dict] = []
-    heldout: list[dict] = []
-    stats = {
-        "sources": [],
-        "rows_read": 0,
-        "invalid": 0,
-        "invalid_examples": [],
-        "duplicates": 0,
-        "too_long": 0,
-    }
-    lengths: list[int] = []
-    for src in sources:
-        path, weight = src["path"], float(src.get("weight", 1.0))
-        src_stats = {"path": str(path), "weight": weight, "rows": 0, "kept": 0}
-        src_train: list[dict] = []
-        for lineno, raw in iter_alpaca(path):
-            src_stats["rows"] += 1
-            try:
-                row = check_row(path, lineno, raw)
-            except DataError as exc:
-                if invalid_rows == "fail":
-                    raise
-                stats["invalid"] += 1
-                if len(stats["invalid_examples"]) < 20:
-                    stats["invalid_examples"].append(str(exc))
-                continue
-            key = content_key(row)
-            if key in seen:
-                stats["duplicates"] += 1
-                continue
-            seen.add(key)
-            n_tokens = count_tokens(row)
-            lengths.append(n_tokens)
-            if n_tokens > cutoff_len:
-                stats["too_long"] += 1
-                continue
-            src_stats["kept"] += 1
-            if is_heldout(key, heldout_fraction, split_salt):
-                heldout.append(row)
-            else:
-                src_train.append(row)
-        train.extend(_weighted(src_train, weight, split_salt))
-        stats["rows_read"] += src_stats["rows"]
-        stats["sources"].append(src_stats)
-    if not train:
-        raise DataError("no training rows left after validation, dedup and length filter")
-    if not heldout:
+    dedup = {"near": False, "decontaminate": True, "threshold": 0.8, "num_perm": 64, **(dedup or {})}
+    encoder = SFTEncoder(tokenizer_dir, template)
+    run = _Preparer(out_dir, encoder, cutoff_len, heldout_fraction, split_salt, invalid_rows, dedup)
+    try:
+        for index, src in enumerate(sources):
+            run.run_source(index, src)
+        run.drain()
+        return _conclude(run, out_dir, cutoff_len, heldout_fraction)
+    finally:
+        run.close()
+
+
+def _conclude(run: _Preparer, out_dir: Path, cutoff_len: int, heldout_fraction: float) -> dict:
+    from .pretokenize import write_dataset_dict
+
+    if run.invalid_total and run.policy == "fail":
+        shown = "\n  ".join(e["message"] for e in run.invalid_examples[:EXAMPLES_KEPT])
+        by_reason = ", ".join(f"{k} {v}" for k, v in sorted(run.invalid_by_reason.items()))
+        more = run.invalid_total - min(run.invalid_total, EXAMPLES_KEPT)
         raise DataError(
-            f"no held-out rows: raise data.heldout_fraction or add rows ({len(train)} train rows kept)"
+            f"{run.invalid_total} bad row(s) ({by_reason}); data.invalid_rows is 'fail':\n  {shown}"
+            + (f"\n  ... and {more} more (every one is in the log)" if more else "")
         )
-    stats.update(
-        {
-            "train_rows": len(train),
-            "heldout_rows": len(heldout),
-            "cutoff_len": cutoff_len,
-            "heldout_fraction": heldout_fraction,
-            "length_histogram": _histogram(lengths, cutoff_len),
-            "max_tokens": max(lengths),
-            "mean_tokens": round(sum(lengths) / len(lengths), 2),
-            "tasks_heldout": dict(Counter(r.get("task", "") for r in heldout)),
-            "fingerprint": fingerprint(train, heldout),
-        }
-    )
-    write_jsonl(out_dir / "train.jsonl", train)
-    write_jsonl(out_dir / "heldout.jsonl", heldout)
-    write_json(out_dir / "dataset_info.json", dataset_info())
+    for side in run.sides.values():
+        side.jsonl.close()
+        side.tokenized.close()
+    heldout = _concat(run.meta["heldout"], bool)
+    source = _concat(run.meta["source"], np.int32)
+    row_no = _concat(run.meta["row"], np.int64)
+    repeats = _concat(run.meta["repeats"], np.int32)
+    keys = _concat(run.meta["key"], np.uint64)
+    near, contaminated = run.near_duplicate_drops(heldout)
+    for mask, reason, counter, what in (
+        (near, "near_duplicate", "near_duplicates", "near-duplicate of an earlier row"),
+        (contaminated, "contaminates_heldout", "decontaminated", "near-duplicate of a held-out row"),
+    ):
+        for i in np.flatnonzero(mask):
+            stats = run.sources[source[i]]
+            setattr(stats, counter, getattr(stats, counter) + 1)
+            run._reject(stats.path, int(row_no[i]), reason, f"{stats.path} row {row_no[i]}: {what}")
+    run.rejected.close()
+    final = np.where(near | contaminated, 0, repeats)
+    train_idx, held_idx = np.flatnonzero(~heldout), np.flatnonzero(heldout)
+    survived = ~(near | contaminated)
+    for s, stats in enumerate(run.sources):
+        stats.kept = int((survived & (source == s)).sum())
+        stats.train_rows = int(final[train_idx][source[train_idx] == s].sum())
+        stats.heldout_rows = int(final[held_idx][source[held_idx] == s].sum())
+    n_train, n_held = int(final[train_idx].sum()), int(final[held_idx].sum())
+    if not n_train:
+        raise DataError("no training rows left after validation, dedup and length filter")
+    if not n_held:
+        raise DataError(
+            f"no held-out rows: raise data.heldout_fraction or add rows ({n_train} train rows kept)"
+        )
+    tmp = run.tmp
+    final_tok = tmp / "final" / TOKENIZED_DIR
+    final_tok.mkdir(parents=True)
+    for idx, split, name in ((train_idx, "train", "train.jsonl"), (held_idx, "validation", "heldout.jsonl")):
+        _rewrite_side(
+            tmp / TOKENIZED_DIR / split, tmp / name, final[idx], final_tok / split, tmp / "final" / name
+        )
+    write_dataset_dict(final_tok, ["train", "validation"])
+
+    fingerprint = hashlib.sha256()
+    for side_name, idx in (("train", train_idx), ("heldout", held_idx)):
+        fingerprint.update(side_name.encode())
+        fingerprint.update(np.repeat(keys[idx], final[idx]).astype("<u8").tobytes())
+    tasks = Counter()
+    with open(tmp / "final" / "heldout.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            tasks[json.loads(line).get("task", "")] += 1
+    lengths = run.length_counts
+    total_rows = int(lengths.sum())
+    elapsed = time.perf_counter() - run.started
+    stats = {
+        "sources": [s.as_dict() for s in run.sources],
+        "rows_read": run.rows_read,
+        "invalid": run.invalid_total,
+        "invalid_by_reason": dict(sorted(run.invalid_by_reason.items())),
+        "invalid_examples": run.invalid_examples,
+        "duplicates": sum(s.duplicates for s in run.sources),
+        "near_duplicates": int(near.sum()),
+        "decontaminated": int(contaminated.sum()),
+        "too_long": sum(s.too_long for s in run.sources),
+        "train_rows": n_train,
+        "heldout_rows": n_held,
+        "cutoff_len": cutoff_len,
+        "heldout_fraction": heldout_fraction,
+        "dedup": {
+            "near": run.near_dedup,
+            "decontaminate": run.decontaminate,
+            "threshold": run.near.threshold if run.near else None,
+            "num_perm": run.near.num_perm if run.near else None,
+            "lsh_bands": run.near.bands if run.near else None,
+            "lsh_rows_per_band": run.near.rows_per_band if run.near else None,
+        },
+        "length_histogram": _histogram(lengths, cutoff_len),
+        "max_tokens": int(np.flatnonzero(lengths).max()) if total_rows else 0,
+        "mean_tokens": round(float((np.arange(len(lengths)) * lengths).sum() / max(total_rows, 1)), 2),
+        "tasks_heldout": dict(tasks),
+        "tokenized": {"path": TOKENIZED_DIR, "splits": {"train": n_train, "validation": n_held}},
+        "fingerprint": fingerprint.hexdigest()[:16],
+        "seconds": round(elapsed, 2),
+        "rows_per_second": round(run.rows_read / elapsed, 1) if elapsed else None,
+    }
+    info = dataset_info(run.sides[False].columns, run.sides[True].columns)
+    write_json(tmp / "final" / "dataset_info.json", info)
+    _publish(tmp, out_dir)
     write_json(out_dir / "stats.json", stats)
     log.info(
-        "prepared %d train / %d held-out rows (%d invalid, %d duplicates, %d over %d tokens)",
-        len(train),
-        len(heldout),
+        "prepared %d train / %d held-out rows from %d read (%d invalid, %d duplicates, %d near-duplicates, "
+        "%d decontaminated, %d over %d tokens) in %.1f s",
+        n_train,
+        n_held,
+        run.rows_read,
         stats["invalid"],
         stats["duplicates"],
+        stats["near_duplicates"],
+        stats["decontaminated"],
         stats["too_long"],
         cutoff_len,
+        elapsed,
     )
     return stats
 
 
-def _weighted(rows: list[dict], weight: float, salt: str) -> list[dict]:
-    """Repeat rows int(weight) times, plus a hash-chosen share for the fractional part."""
-    whole, frac = int(weight), weight - int(weight)
-    out = [r for r in rows for _ in range(whole)]
-    out += [r for r in rows if frac and is_heldout(content_key(r), frac, salt + ":mix")]
-    return out
+def _publish(tmp: Path, out_dir: Path) -> None:
+    """Move finished outputs into place; the tokenized folder is replaced whole."""
+    final = tmp / "final"
+    shutil.move(str(tmp / "rejected.jsonl"), final / "rejected.jsonl")
+    for name in ("train.jsonl", "heldout.jsonl", "rejected.jsonl", "dataset_info.json"):
+        os.replace(final / name, out_dir / name)
+    target = out_dir / TOKENIZED_DIR
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(final / TOKENIZED_DIR, target)
 
 
-def fingerprint(train: list[dict], heldout: list[dict]) -> str:
-    h = hashlib.sha256()
-    for side, rows in (("train", train), ("heldout", heldout)):
-        h.update(side.encode())
-        for row in rows:
-            h.update(content_key(row).encode())
-    return h.hexdigest()[:16]
+def dataset_info(train_columns: set = frozenset(), heldout_columns: set = frozenset()) -> dict:
+    """LLaMA-Factory's dataset_info.json; system and history columns only where rows have them
+    (a declared column that no row has would fail LLaMA-Factory's loader)."""
 
+    def columns(extra: set) -> dict:
+        cols = {"prompt": "instruction", "query": "input", "response": "output"}
+        cols.update({k: k for k in ("system", "history") if k in extra})
+        return cols
 
-def dataset_info() -> dict:
-    columns = {"prompt": "instruction", "query": "input", "response": "output"}
     return {
-        TRAIN_NAME: {"file_name": "train.jsonl", "columns": columns},
-        HELDOUT_NAME: {"file_name": "heldout.jsonl", "columns": columns},
+        TRAIN_NAME: {"file_name": "train.jsonl", "columns": columns(train_columns)},
+        HELDOUT_NAME: {"file_name": "heldout.jsonl", "columns": columns(heldout_columns)},
     }

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from . import hardware, slurm
+from . import hardware, pretokenize, slurm
 from .config import layout
 from .io import atomic_path, read_json, read_jsonl, write_json, write_text
 
@@ -145,6 +145,13 @@ def llamafactory_args(
         # LLaMA-Factory's DDP default (True) costs an extra pass each step.
         args["ddp_find_unused_parameters"] = False
     args.update(sft["extra"])
+    # prepare_data tokenized the rows once, exactly as LLaMA-Factory would: load them instead of
+    # tokenizing on the GPU nodes, unless an argument changes what its preprocessing makes.
+    blocking = pretokenize.blockers(args)
+    if blocking:
+        log.info("not using the pre-tokenized data: %s change LLaMA-Factory's preprocessing", blocking)
+    else:
+        args["tokenized_path"] = f"{data_dir}/{pretokenize.TOKENIZED_DIR}"
     digest = hashlib.sha256(json.dumps(args, sort_keys=True, default=str).encode()).hexdigest()
     args["output_dir"] = f"{work_root}/sft-{digest[:12]}"
     return args

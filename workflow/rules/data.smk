@@ -33,6 +33,8 @@ rule prepare_data:
         heldout="results/{run}/data/heldout.jsonl",
         info="results/{run}/data/dataset_info.json",
         stats="results/{run}/data/stats.json",
+        rejected="results/{run}/data/rejected.jsonl",
+        tokenized=directory("results/{run}/data/tokenized"),
     log:
         "results/{run}/logs/prepare_data.log",
     benchmark:

@@ -28,6 +28,7 @@ rule sft:
         verify="results/{run}/env/verify.json",
         train="results/{run}/data/train.jsonl",
         heldout="results/{run}/data/heldout.jsonl",
+        tokenized="results/{run}/data/tokenized",
     output:
         model=directory("results/{run}/sft/model"),
         summary="results/{run}/sft/train_summary.json",

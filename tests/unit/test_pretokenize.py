@@ -1,0 +1,188 @@
+"""Our batched tokenization is LLaMA-Factory's own, row for row: against its template, its SFT
+processor, its whole preprocessing (load, align, tokenize), and its `tokenized_path` loader."""
+
+from dataclasses import fields
+
+import pytest
+import yaml
+from datasets import load_from_disk
+from llmft.assets import build_tiny_model, build_tokenizer, synthetic_rows
+from llmft.config import validate
+from llmft.data import prepare
+from llmft.pretokenize import PREPROCESSING_DEFAULTS, SFTEncoder, blockers, messages_of
+from llmft.sft import render
+
+from tests.conftest import REPO
+
+ROWS = synthetic_rows(120, seed=4) + [
+    {"instruction": "Say </s> and <s> literally", "input": "", "output": "ok </s>"},
+    {"instruction": "Café naïve 日本", "input": "déjà vu", "output": "ünïcödé"},
+    {"instruction": "Indent", "input": "", "output": "def f():\n    return 1"},
+    {"instruction": "q2", "input": "", "output": "a2", "system": "Be brief.", "history": [["q1", "a1"]]},
+    {"instruction": "q3", "input": "x", "output": "a3", "history": [["u1", "v1"], ["u2", "v2"]]},
+]
+# default/alpaca/chatml: plain; qwen: replaced EOS + default system; falcon: efficient EOS;
+# qwen3: a reasoning template (adds empty thought tokens).
+TEMPLATES = ["default", "alpaca", "chatml", "qwen", "falcon", "qwen3"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tok")
+    build_tokenizer(d, 512)
+    return d
+
+
+def rows_of(enc, i):
+    a, b = enc.offsets[i], enc.offsets[i + 1]
+    return enc.ids[a:b].tolist(), enc.labels[a:b].tolist()
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_equals_template_encode_oneturn(tokenizer_dir, template):
+    enc = SFTEncoder(tokenizer_dir, template)
+    single = [r for r in ROWS if not r.get("history")]
+    out = enc.encode(single)
+    for i, row in enumerate(single):
+        prompt, answer = enc.template.encode_oneturn(enc.tokenizer, messages_of(row), row.get("system"))
+        ids, labels = rows_of(out, i)
+        eos = [enc.tokenizer.eos_token_id] if enc.template.efficient_eos else []
+        assert ids == prompt + answer + eos, row
+        assert labels == [-100] * len(prompt) + answer + eos
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_equals_llamafactory_sft_processor_multiturn(tokenizer_dir, template):
+    from llamafactory.data.processor import SupervisedDatasetProcessor
+    from llamafactory.hparams import DataArguments
+
+    enc = SFTEncoder(tokenizer_dir, template)
+    proc = SupervisedDatasetProcessor(
+        template=enc.template,
+        tokenizer=enc.tokenizer,
+        processor=None,
+        data_args=DataArguments(template=template, cutoff_len=100_000),
+    )
+    batch = {k: [] for k in ("_prompt", "_response", "_system", "_tools", "_images", "_videos", "_audios")}
+    for row in ROWS:
+        msgs = messages_of(row)
+        batch["_prompt"].append(msgs[:-1])
+        batch["_response"].append(msgs[-1:])
+        batch["_system"].append(row.get("system", ""))
+        batch["_tools"].append("")
+        for k in ("_images", "_videos", "_audios"):
+            batch[k].append(None)
+    theirs = proc.preprocess_dataset(batch)
+    ours = enc.encode(ROWS)
+    for i in range(len(ROWS)):
+        assert rows_of(ours, i) == (theirs["input_ids"][i], theirs["labels"][i]), ROWS[i]
+
+
+def llamafactory_preprocess(tmp_path, data_dir, tokenizer_dir, cutoff, **extra):
+    """LLaMA-Factory's own get_dataset, with the arguments our rendered YAML gives it."""
+    from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
+    from llamafactory.hparams import get_train_args
+    from llamafactory.model import load_tokenizer
+
+    args = {
+        "model_name_or_path": str(tokenizer_dir),
+        "stage": "sft",
+        "do_train": True,
+        "finetuning_type": "full",
+        "dataset": "llmft_train",
+        "eval_dataset": "llmft_heldout",
+        "dataset_dir": str(data_dir),
+        "template": "default",
+        "cutoff_len": cutoff,
+        "preprocessing_num_workers": 1,
+        "output_dir": str(tmp_path / "lf_out"),
+        "cache_dir": str(tmp_path / "hf_cache"),
+        "overwrite_cache": True,
+        "report_to": "none",
+        **extra,
+    }
+    model_args, data_args, training_args, *_ = get_train_args(args)
+    module = load_tokenizer(model_args)
+    template = get_template_and_fix_tokenizer(module["tokenizer"], data_args)
+    return get_dataset(template, model_args, data_args, training_args, stage="sft", **module)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, tokenizer_dir):
+    """Alpaca JSONL + sharegpt JSON with system prompts and multi-turn rows, prepared by us."""
+    import json
+
+    tmp = tmp_path_factory.mktemp("prep")
+    (tmp / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    conversations = [
+        {
+            "conversations": [
+                {"from": "system", "value": f"System {i % 3}."},
+                {"from": "human", "value": f"first question {i}"},
+                {"from": "gpt", "value": f"first answer {i}"},
+                {"from": "human", "value": f"second question {i} owl cat"},
+                {"from": "gpt", "value": f"second answer {i}"},
+            ]
+        }
+        for i in range(40)
+    ]
+    (tmp / "s.json").write_text(json.dumps(conversations))
+    sources = [
+        {"path": str(tmp / "a.jsonl"), "weight": 2.0},
+        {"path": str(tmp / "s.json"), "format": "sharegpt"},
+    ]
+    stats = prepare(sources, tmp / "out", tokenizer_dir, "default", 96, 0.3, "s", "fail")
+    return tmp, stats
+
+
+def test_saved_dataset_equals_llamafactory_preprocessing(tmp_path, prepared, tokenizer_dir):
+    tmp, stats = prepared
+    assert stats["too_long"] == 0 or stats["train_rows"]  # rows over 96 tokens were dropped, not cut
+    theirs = llamafactory_preprocess(tmp_path, tmp / "out", tokenizer_dir, 96)
+    ours = load_from_disk(str(tmp / "out" / "tokenized"))
+    for split, lf in (("train", theirs["train_dataset"]), ("validation", theirs["eval_dataset"])):
+        assert ours[split].features == lf.features
+        assert len(ours[split]) == len(lf) > 10
+        assert ours[split][:] == lf[:]  # every column of every row
+    assert len(ours["train"]) == stats["train_rows"]
+
+
+def test_llamafactory_loads_it_through_tokenized_path(tmp_path, prepared, tokenizer_dir):
+    tmp, stats = prepared
+    path = tmp / "out" / "tokenized"
+    module = llamafactory_preprocess(tmp_path, tmp / "nowhere", tokenizer_dir, 96, tokenized_path=str(path))
+    assert len(module["train_dataset"]) == stats["train_rows"]
+    assert len(module["eval_dataset"]) == stats["heldout_rows"]
+    assert not (tmp / "nowhere").exists()  # it loaded ours, it did not look for raw data
+
+
+def test_preprocessing_defaults_match_llamafactory():
+    from llamafactory.hparams import DataArguments, ModelArguments
+    from transformers import Seq2SeqTrainingArguments
+
+    theirs = {f.name: f.default for cls in (DataArguments, ModelArguments) for f in fields(cls)}
+    theirs["predict_with_generate"] = next(
+        f.default for f in fields(Seq2SeqTrainingArguments) if f.name == "predict_with_generate"
+    )
+    assert {k: theirs[k] for k in PREPROCESSING_DEFAULTS} == PREPROCESSING_DEFAULTS
+
+
+def test_blockers():
+    assert blockers({"packing": False, "learning_rate": 1e-5, "train_on_prompt": False}) == []
+    assert blockers({"packing": True, "neat_packing": False, "mask_history": True}) == [
+        "mask_history",
+        "packing",
+    ]
+
+
+DEMO = validate(yaml.safe_load((REPO / "config/config.yaml").read_text()), base_dir=REPO)
+
+
+def test_rendered_yaml_points_sft_at_the_tokenized_data_unless_blocked(tmp_path):
+    model = tmp_path / "model"
+    build_tiny_model(model, 32, 1, 2, 512)
+    args = render(DEMO, str(model), "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w")
+    assert args["tokenized_path"] == "d/tokenized"
+    cfg = validate({**DEMO, "sft": {**DEMO["sft"], "extra": {"train_on_prompt": True}}}, base_dir=REPO)
+    args = render(cfg, str(model), "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w")
+    assert "tokenized_path" not in args

@@ -1,0 +1,307 @@
+"""Tokenize SFT rows exactly as LLaMA-Factory 0.9.5 does, in batches, and save them where its
+`tokenized_path` loads them.
+
+LLaMA-Factory encodes a row piece by piece: its template turns each message into strings and
+special tokens, and every string goes through `tokenizer.encode` on its own (a few calls a row, each
+wrapped in tens of microseconds of Python around a fast Rust call). Here the same template code runs
+against a recording tokenizer that only collects those strings; all strings of a chunk are then
+encoded in one batched call of the Rust tokenizer and spliced back. Because the template logic is
+LLaMA-Factory's own, every template (reasoning, efficient-EOS, replaced EOS) is reproduced; the tests
+compare the result with LLaMA-Factory's own preprocessing row by row.
+
+Rows longer than `cutoff_len` are dropped before this point, so LLaMA-Factory's truncation never
+applies and is not reproduced.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+IGNORE_INDEX = -100
+TOKENIZED_DIR = "tokenized"
+BPE_WORD_CACHE = 200_000
+
+# LLaMA-Factory arguments that change what its preprocessing produces, with their defaults. When
+# `sft.extra` sets one of them to another value, the pre-tokenized data would no longer be what
+# LLaMA-Factory makes, so sft tokenizes itself instead (tests check this table against LLaMA-Factory).
+PREPROCESSING_DEFAULTS = {
+    "train_on_prompt": False,
+    "mask_history": False,
+    "packing": None,
+    "neat_packing": False,
+    "tool_format": None,
+    "default_system": None,
+    "enable_thinking": True,
+    "preserve_thinking": False,
+    "streaming": False,
+    "max_samples": None,
+    "val_size": 0.0,
+    "mix_strategy": "concat",
+    "interleave_probs": None,
+    "eval_on_each_dataset": False,
+    "predict_with_generate": False,
+    "use_fast_tokenizer": True,
+    "split_special_tokens": False,
+    "add_tokens": None,
+    "add_special_tokens": None,
+    "new_special_tokens_config": None,
+}
+
+
+def blockers(extra: dict) -> list[str]:
+    """Keys of `sft.extra` that make the pre-tokenized data differ from LLaMA-Factory's own."""
+    out = []
+    for key, value in extra.items():
+        if key not in PREPROCESSING_DEFAULTS:
+            continue
+        default = PREPROCESSING_DEFAULTS[key]
+        if value == default or (key == "packing" and value is False):
+            continue
+        out.append(key)
+    return sorted(out)
+
+
+def load_tokenizer_and_template(tokenizer_dir: str | Path, template_name: str):
+    """The tokenizer as LLaMA-Factory loads it for training, fixed by the template (EOS, pad)."""
+    from llamafactory.data import get_template_and_fix_tokenizer
+    from llamafactory.hparams import DataArguments
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(tokenizer_dir), use_fast=True, split_special_tokens=False, padding_side="right"
+    )
+    template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template_name))
+    return tokenizer, template
+
+
+def messages_of(row: dict) -> list[dict]:
+    """The messages LLaMA-Factory's alpaca converter builds from a row (history, then the last turn)."""
+    msgs = []
+    for user, assistant in row.get("history") or ():
+        msgs.append({"role": "user", "content": user})
+        msgs.append({"role": "assistant", "content": assistant})
+    query = [t for t in (row["instruction"], row.get("input", "")) if t]
+    msgs.append({"role": "user", "content": "\n".join(query)})
+    msgs.append({"role": "assistant", "content": row["output"]})
+    return msgs
+
+
+class _Recorder:
+    """Stands in for the tokenizer inside the template: `encode` returns the text itself as a
+    placeholder; everything else (special token ids, EOS) is the real tokenizer's."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        # Read on every row by the template; transformers' attribute lookup is slow, so look once.
+        self.bos_token_id = tokenizer.bos_token_id
+        self.eos_token_id = tokenizer.eos_token_id
+        self._token_ids: dict[str, int] = {}
+
+    def convert_tokens_to_ids(self, token):
+        if not isinstance(token, str):
+            return self._tokenizer.convert_tokens_to_ids(token)
+        if token not in self._token_ids:
+            self._token_ids[token] = self._tokenizer.convert_tokens_to_ids(token)
+        return self._token_ids[token]
+
+    def encode(self, text: str, add_special_tokens: bool = False, **_) -> list:
+        if add_special_tokens:
+            raise AssertionError("LLaMA-Factory templates encode without special tokens")
+        return [text]
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
+@dataclass
+class Encoded:
+    """A chunk of rows as flat arrays: row i is ids[offsets[i]:offsets[i + 1]]."""
+
+    ids: np.ndarray  # int32, as LLaMA-Factory's dataset stores input_ids
+    labels: np.ndarray  # int64
+    offsets: np.ndarray  # int64, len(rows) + 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def select(self, keep: np.ndarray) -> Encoded:
+        """The rows where `keep` is true, in order."""
+        lengths = self.lengths[keep]
+        element_mask = np.repeat(keep, self.lengths)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return Encoded(self.ids[element_mask], self.labels[element_mask], offsets)
+
+
+class SFTEncoder:
+    """input_ids and labels of SFT rows, equal to LLaMA-Factory's SupervisedDatasetProcessor output."""
+
+    def __init__(self, tokenizer_dir: str | Path, template_name: str):
+        from tokenizers import Tokenizer, models
+
+        self.tokenizer, self.template = load_tokenizer_and_template(tokenizer_dir, template_name)
+        self._recorder = _Recorder(self.tokenizer)
+        self._eos = self.tokenizer.eos_token_id
+        if self.tokenizer.is_fast:
+            # A private copy of the Rust tokenizer, set up the way transformers' `encode` sets it up
+            # for every call: no truncation, no padding, special tokens split or not as configured.
+            backend = Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
+            backend.no_truncation()
+            backend.no_padding()
+            backend.encode_special_tokens = bool(self.tokenizer.split_special_tokens)
+            if isinstance(backend.model, models.BPE):
+                # BPE memoises words; its default 10k entries thrash on real vocabularies. A larger
+                # memo changes no output, only speed.
+                backend.model._resize_cache(BPE_WORD_CACHE)
+            self._backend = backend
+        else:
+            self._backend = None
+
+    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
+        if self._backend is None:  # slow tokenizers: what LLaMA-Factory does, one call per string
+            return [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        return [e.ids for e in self._backend.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def encode(self, rows: list[dict]) -> Encoded:
+        template, plugin = self.template, self.template.mm_plugin
+        plans = []
+        pieces: dict[str, int] = {}
+        for row in rows:
+            msgs = plugin.process_messages(messages_of(row), [], [], [], None)
+            prefix_ids, prefix_labels = plugin.process_token_ids([], [], [], [], [], self.tokenizer, None)
+            pairs = template.encode_multiturn(self._recorder, msgs, row.get("system") or "", "")
+            for src, tgt in pairs:
+                for part in (src, tgt):
+                    for elem in part:
+                        if isinstance(elem, str) and elem not in pieces:
+                            pieces[elem] = len(pieces)
+            plans.append((prefix_ids, prefix_labels, pairs))
+        encoded = self._encode_texts(list(pieces))
+
+        def expand(part: list) -> list[int]:
+            out: list[int] = []
+            for elem in part:
+                if isinstance(elem, str):
+                    out += encoded[pieces[elem]]
+                else:
+                    out.append(elem)
+            return out
+
+        efficient_eos = template.efficient_eos
+        all_ids: list[int] = []
+        all_labels: list[int] = []
+        offsets = [0]
+        for prefix_ids, prefix_labels, pairs in plans:
+            ids, labels = list(prefix_ids), list(prefix_labels)
+            for turn, (src, tgt) in enumerate(pairs):
+                src_ids, tgt_ids = expand(src), expand(tgt)
+                ids += src_ids + tgt_ids
+                if efficient_eos and turn != 0:
+                    labels += [self._eos] + [IGNORE_INDEX] * (len(src_ids) - 1)
+                else:
+                    labels += [IGNORE_INDEX] * len(src_ids)
+                labels += tgt_ids
+            if efficient_eos:
+                ids.append(self._eos)
+                labels.append(self._eos)
+            all_ids += ids
+            all_labels += labels
+            offsets.append(len(all_ids))
+        return Encoded(
+            np.array(all_ids, dtype=np.int32),
+            np.array(all_labels, dtype=np.int64),
+            np.array(offsets, dtype=np.int64),
+        )
+
+
+# -- the saved dataset: the layout `datasets.DatasetDict.save_to_disk` writes and LLaMA-Factory's
+#    `tokenized_path` loads, with the features LLaMA-Factory's preprocessing produces.
+
+
+def features():
+    from datasets import Features, List, Value
+
+    return Features(
+        {
+            "input_ids": List(Value("int32")),
+            "attention_mask": List(Value("int8")),
+            "labels": List(Value("int64")),
+            "images": Value("null"),
+            "videos": Value("null"),
+            "audios": Value("null"),
+        }
+    )
+
+
+def record_batch(enc: Encoded):
+    """One Arrow record batch of encoded rows, built from the flat arrays without Python loops."""
+    import pyarrow as pa
+
+    n = len(enc.offsets) - 1
+    offsets = pa.array(enc.offsets.astype(np.int32))
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.ListArray.from_arrays(offsets, pa.array(enc.ids, type=pa.int32())),
+            pa.ListArray.from_arrays(offsets, pa.array(np.ones(len(enc.ids), dtype=np.int8))),
+            pa.ListArray.from_arrays(offsets, pa.array(enc.labels, type=pa.int64())),
+            pa.nulls(n),
+            pa.nulls(n),
+            pa.nulls(n),
+        ],
+        schema=arrow_schema(),
+    )
+
+
+def arrow_schema():
+    return features().arrow_schema
+
+
+class SplitWriter:
+    """Streams record batches into one split folder of a saved DatasetDict."""
+
+    FILE = "data-00000-of-00001.arrow"
+
+    def __init__(self, folder: Path):
+        from datasets.arrow_writer import ArrowWriter
+
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self._writer = ArrowWriter(features=features(), path=str(folder / self.FILE))
+
+    def write(self, batch) -> None:
+        import pyarrow as pa
+
+        if batch.num_rows:
+            self._writer.write_table(pa.Table.from_batches([batch]))
+
+    def close(self) -> int:
+        from datasets import Dataset
+
+        rows, _ = self._writer.finalize()
+        self._writer.close()
+        ds = Dataset.from_file(str(self.folder / self.FILE))
+        # The two metadata files exactly as Dataset.save_to_disk writes them.
+        state = {k: ds.__dict__[k] for k in ("_fingerprint", "_format_columns", "_format_kwargs")}
+        state.update(
+            {
+                "_format_type": ds.__dict__["_format_type"],
+                "_output_all_columns": ds.__dict__["_output_all_columns"],
+                "_split": None,
+                "_data_files": [{"filename": self.FILE}],
+            }
+        )
+        (self.folder / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
+        info = asdict(ds.info)
+        (self.folder / "dataset_info.json").write_text(
+            json.dumps({k: info[k] for k in sorted(info)}, indent=2)
+        )
+        return rows
+
+
+def write_dataset_dict(folder: Path, splits: list[str]) -> None:
+    (folder / "dataset_dict.json").write_text(json.dumps({"splits": splits}))
