@@ -127,3 +127,34 @@ def test_charts_escape_names_and_mark_empty_ones():
     assert "<script>" not in chart and "&lt;script&gt;" in chart
     empty = svg_lines({"mfu": []}, "MFU", "step", na="n/a on CPU")
     assert "class='chart na'" in empty and "n/a on CPU" in empty
+
+
+def test_token_budget_caps_padded_tokens_per_batch():
+    lengths = [100, 90, 80, 10, 10, 10, 10, 10, 500]
+    plan = plan_batches(lengths, batch_size=4, max_tokens=200)
+    assert plan[0] == [8]  # longer than the budget alone: a batch of its own
+    assert all(len(b) * lengths[b[0]] <= 200 for b in plan[1:])
+    assert sorted(i for b in plan for i in b) == list(range(len(lengths)))
+
+
+@pytest.mark.parametrize("keep_logits", [True, False])
+def test_answer_nll_matches_each_row_scored_alone(keep_logits):
+    """Left padding, explicit positions and kept logits change nothing: each row's answer NLL
+    equals that of the row run alone, unpadded, with full logits."""
+    import torch
+    from llmft.evaluate import answer_nll
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    rows = [([5, 6, 7, 8, 9], [10, 11]), ([12], [13, 14, 15, 16]), ([17, 18, 19], [20])]
+    with torch.inference_mode():
+        got = answer_nll(model, rows, pad_id=0, device="cpu", keep_logits=keep_logits)
+        for (p, a), (nll, count) in zip(rows, got, strict=True):
+            logits = model(input_ids=torch.tensor([p + a])).logits[0]
+            ref = torch.nn.functional.cross_entropy(logits[len(p) - 1 : -1], torch.tensor(a), reduction="sum")
+            assert count == len(a)
+            assert nll == pytest.approx(float(ref), rel=1e-4)

@@ -16,6 +16,7 @@ greedy output is therefore the same whether the job has 1 GPU or 8.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
@@ -32,6 +33,11 @@ from .data import normalise
 from .io import read_jsonl, write_json, write_jsonl
 
 log = logging.getLogger("llmft.evaluate")
+
+# Logit elements one loss batch may produce (rows x tokens x vocabulary): 2^31 is 8 GiB in fp32
+# and 4 in bf16. With the tiny demo vocabulary this never binds; with a 128 k vocabulary it caps a
+# loss batch at 16 k padded tokens.
+LOGIT_BUDGET = 2**31
 
 # A model whose weights fill more than this share of one GPU is not replicated per GPU; it is
 # spread over all GPUs of the job in one process instead (KV cache and activations need the rest).
@@ -86,13 +92,24 @@ def prompt_text(row: dict) -> str:
     return row["instruction"] + ("\n" + row["input"] if row.get("input") else "")
 
 
-def plan_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
-    """Row indices sorted by length (longest first, ties by index) and cut into batches.
+def plan_batches(lengths: list[int], batch_size: int, max_tokens: int = 0) -> list[list[int]]:
+    """Row indices sorted by length (longest first, ties by index) and cut into batches of at most
+    `batch_size` rows and, when `max_tokens` is set, at most that many padded tokens (rows x the
+    batch's longest row; a longer row still gets a batch of its own).
 
     Longest first: a batch that does not fit in memory fails in the first seconds, not at the end.
     """
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        if cur and (len(cur) >= batch_size or (max_tokens and (len(cur) + 1) * lengths[cur[0]] > max_tokens)):
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
 
 
 def shard(batches: list[list[int]], n: int, k: int) -> list[list[int]]:
@@ -164,25 +181,11 @@ def run_shard(job: ShardJob) -> dict:
 
     t0 = time.perf_counter()
     row_nll: dict[int, tuple[float, int]] = {}
+    keep_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
     with torch.inference_mode():
         for batch in job.loss_batches:
-            seqs = [job.encoded[i] for i in batch]
-            width = max(len(p) + len(a) for p, a in seqs)
-            ids = torch.full((len(seqs), width), job.pad_id, dtype=torch.long)
-            labels = torch.full((len(seqs), width), -100, dtype=torch.long)
-            attn = torch.zeros((len(seqs), width), dtype=torch.long)
-            for j, (p, a) in enumerate(seqs):  # right padding: positions start at 0 for every row
-                ids[j, : len(p) + len(a)] = torch.tensor(p + a)
-                labels[j, len(p) : len(p) + len(a)] = torch.tensor(a)
-                attn[j, : len(p) + len(a)] = 1
-            logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits.float()
-            shift_labels = labels[:, 1:].to(logits.device)
-            nll = torch.nn.functional.cross_entropy(
-                logits[:, :-1].transpose(1, 2), shift_labels, ignore_index=-100, reduction="none"
-            ).sum(dim=1)
-            counts = (shift_labels != -100).sum(dim=1)
-            for j, i in enumerate(batch):
-                row_nll[i] = (float(nll[j]), int(counts[j]))
+            nll = answer_nll(model, [job.encoded[i] for i in batch], job.pad_id, device, keep_logits)
+            row_nll.update(zip(batch, nll, strict=True))
     loss_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -224,6 +227,41 @@ def run_shard(job: ShardJob) -> dict:
         "generate_seconds": gen_s,
         "peak_memory_gib": peak_gib,
     }
+
+
+def answer_nll(model, seqs: list[tuple[list[int], list[int]]], pad_id: int, device, keep_logits: bool):
+    """(summed NLL, token count) of each row's answer given its prompt.
+
+    Rows are left-padded so every answer ends in the last column; then only the last
+    (longest answer + 1) positions need logits. With a 128 k vocabulary, full logits of 64 rows of
+    4 k tokens would take ~130 GB in fp32; these take rows x answer x vocab, upcast one row at a time.
+    """
+    import torch
+
+    width = max(len(p) + len(a) for p, a in seqs)
+    keep = max(len(a) for _, a in seqs) + 1
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    for j, (p, a) in enumerate(seqs):
+        ids[j, width - len(p) - len(a) :] = torch.tensor(p + a)
+        labels[j, width - len(a) :] = torch.tensor(a)
+        attn[j, width - len(p) - len(a) :] = 1
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: each row's positions start at 0
+    extra = {"logits_to_keep": keep} if keep_logits else {}
+    logits = model(
+        input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=positions.to(device), **extra
+    ).logits
+    kept = logits.shape[1]
+    # The logits in column t predict the token in column t + 1.
+    targets = labels[:, width - kept + 1 :].to(logits.device)
+    out = []
+    for j in range(len(seqs)):
+        nll = torch.nn.functional.cross_entropy(
+            logits[j, :-1].float(), targets[j], ignore_index=-100, reduction="sum"
+        )
+        out.append((float(nll), int((targets[j] != -100).sum())))
+    return out
 
 
 def _spawned_worker(job: ShardJob) -> dict:
@@ -306,7 +344,8 @@ def evaluate(
     weights = safetensors_stats(model_dir)
     kind, n = plan_processes(processes, weights["weight_bytes"])
     bs = ecfg["batch_size"]
-    loss_plan = plan_batches([len(p) + len(a) for p, a in encoded], bs)
+    max_tokens = max(1, LOGIT_BUDGET // max(1, len(tokenizer)))
+    loss_plan = plan_batches([len(p) + len(a) for p, a in encoded], bs, max_tokens)
     gen_plan = plan_batches([len(p) for p, _ in encoded], bs)
     cpu_threads = threads or (max(1, (os.cpu_count() or 1) // n) if kind == "cpu" and n > 1 else 0)
     jobs = [

@@ -51,7 +51,7 @@ STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
 h1{font-size:1.5em} h2{font-size:1.15em;border-bottom:1px solid #ddd;margin-top:1.6em}
 table{border-collapse:collapse;margin:.5em 0} td,th{border:1px solid #ddd;padding:3px 8px;
-text-align:left;vertical-align:top;white-space:pre-wrap;word-break:break-word} th{background:#f4f4f4}
+text-align:left;vertical-align:top;white-space:pre-wrap;overflow-wrap:break-word} th{background:#f4f4f4}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 .charts{display:flex;flex-wrap:wrap;gap:8px} .chart{border:1px solid #eee;background:#fff}
 .t{font-weight:600;font-size:13px} .a{font-size:11px;fill:#555} .g{stroke:#eee}
@@ -339,22 +339,23 @@ def peak_flops(verify: dict) -> tuple[float | None, str]:
 # ---------------------------------------------------------------- sections
 
 
+def _numeric_leaves(value, prefix: str = "") -> list[tuple[str, float]]:
+    """(dotted key, number) for every numeric leaf of nested dicts; lists and text are skipped."""
+    if isinstance(value, (int, float)):
+        return [(prefix, value)]
+    if isinstance(value, dict):
+        return [
+            leaf for k, v in value.items() for leaf in _numeric_leaves(v, f"{prefix}.{k}" if prefix else k)
+        ]
+    return []
+
+
 def data_rows(stats: dict) -> list[list]:
     """Known stats first, then every other numeric value (nested dicts flattened with dots)."""
     rows = [[k, stats[k]] for k in DATA_KEYS if k in stats]
-
-    def walk(prefix: str, value):
-        if isinstance(value, bool):
-            rows.append([prefix, value])
-        elif isinstance(value, (int, float)):
-            rows.append([prefix, value])
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{prefix}.{k}", v)
-
     for key, value in stats.items():
         if key not in DATA_KEYS and key not in DATA_SHOWN_ELSEWHERE:
-            walk(key, value)
+            rows += [list(leaf) for leaf in _numeric_leaves(value, key)]
     return rows
 
 
@@ -372,7 +373,14 @@ def pick_samples(
         taken[task] = taken.get(task, 0) + 1
         b = base_by.get(t.get("index", i), {})
         out.append(
-            [task, t["prompt"], t["reference"], b.get("prediction", ""), t["prediction"], t["exact_match"]]
+            [
+                task,
+                t["prompt"],
+                t["reference"],
+                b.get("prediction", ""),
+                t["prediction"],
+                bool(t["exact_match"]),
+            ]
         )
         if len(out) >= cap:
             break
@@ -530,7 +538,7 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
         ],
         ["python", node.get("python")],
         ["platform", node.get("platform")],
-    ]
+    ] + [[f"measured {k}", v] for k, v in _numeric_leaves(verify.get("collectives") or {})]
 
     # ---- provenance
     git = git_state()
