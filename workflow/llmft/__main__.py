@@ -146,7 +146,7 @@ def cmd_nightly(args) -> int:
     cfg = _cfg(args)
     results = Path(args.results)
     run = args.run or run_name(results)
-    extra = ["--configfile", args.config] + (args.snakemake_args.split() if args.snakemake_args else [])
+    extra = ["--configfile", args.config, *[a for a in args.snakemake_args if a != "--"]]
     return nightly(cfg, args.profile, run, results, extra)
 
 
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p = add("nightly", cmd_nightly, "run:opt", help="one scheduled retrain (lock, skip, gate, retention)")
     p.add_argument("--profile", default="profiles/slurm")
     p.add_argument("--results", default="results")
-    p.add_argument("--snakemake-args", default="", help="extra snakemake arguments, space-separated")
+    p.add_argument("snakemake_args", nargs=argparse.REMAINDER, help="after --: extra snakemake arguments")
     p = add("nightly-schedule", cmd_nightly_schedule, help="print the scrontab / crontab entry")
     p.add_argument("--profile", default="profiles/slurm")
 
