@@ -18,8 +18,18 @@ BIN = Path(sys.executable).parent
 def snakemake(
     workdir: Path, *args: str, timeout: int = 900, profile: str = "local", env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """Run the real `snakemake` on the repo's Snakefile in `workdir`; never raises on failure."""
+    """Run the real `snakemake` on the repo's Snakefile in `workdir`; never raises on failure.
+
+    Past `timeout` seconds it gets SIGINT, which makes it cancel its Slurm jobs (it ignores SIGTERM
+    while jobs run); SIGKILL follows 60 s later if it still has not exited (exit code 124 or 137).
+    """
     cmd = [
+        "timeout",
+        "-s",
+        "INT",
+        "-k",
+        "60",
+        str(timeout),
         str(BIN / "snakemake"),
         "-s",
         str(REPO / "Snakefile"),
@@ -31,7 +41,9 @@ def snakemake(
     ]
     full_env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     full_env.update(env or {})
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=workdir)
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout + 90, env=full_env, cwd=workdir
+    )
 
 
 def make_workdir(path: Path, **overrides) -> Path:

@@ -60,11 +60,32 @@ def dataset_inputs(wildcards):
     ]
 
 
-def sft_command():
-    """One launcher per node: under srun on a multi-node allocation, directly otherwise."""
+def per_node_resources():
+    """Slurm resources of a stage that runs once per node (verify_env, sft).
+
+    On several nodes the job declares `mpi`: without it the Slurm plugin runs the rule under
+    `srun -n1`, on one node; with it the rule's own shell starts one task per node (per_node_launcher).
+    One node is a plain job: the plugin rejects `mpi` with a single task.
+    """
     if LAYOUT.nodes > 1:
-        return f"srun --nodes={LAYOUT.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1"
-    return ""
+        return {"nodes": LAYOUT.nodes, "tasks": LAYOUT.nodes, "mpi": "srun"}
+    return {"nodes": 1, "tasks": 1}
+
+
+def per_node_launcher(wildcards, resources, threads):
+    """Prefix that runs a stage's command once on every node of its job; "" on one node.
+
+    `--cpus-per-task` is repeated because since Slurm 22.05 srun no longer inherits it from the job
+    (and the jobstep plugin strips SRUN_CPUS_PER_TASK): without it each node's launcher, and all its
+    ranks, would be bound to one CPU on clusters that bind tasks to cores.
+    """
+    if LAYOUT.nodes == 1:
+        return ""
+    cpus = resources.get("cpus_per_task") or threads
+    return (
+        f"{resources.mpi} --nodes={LAYOUT.nodes} --ntasks-per-node=1 --cpus-per-task={cpus}"
+        " --kill-on-bad-exit=1"
+    )
 
 
 def eval_model(wildcards):

@@ -1,3 +1,5 @@
+# The same job shape and per-node launch as sft, so every node that will train is checked, through
+# the same srun path.
 rule verify_env:
     output:
         "results/{run}/env/verify.json",
@@ -8,8 +10,9 @@ rule verify_env:
     conda:
         "../../envs/llmft.yaml"
     resources:
-        nodes=LAYOUT.nodes,
+        **per_node_resources(),
     params:
         cfg=cfg_arg("hardware", "verify", "sft.flash_attn", "sft.zero_stage"),
+        launcher=per_node_launcher,
     shell:
-        "python -m llmft verify-env {params.cfg} --out {output} > {log} 2>&1"
+        "{params.launcher} python -m llmft verify-env {params.cfg} --out {output} > {log} 2>&1"

@@ -39,11 +39,10 @@ rule sft:
     conda:
         "../../envs/llmft.yaml"
     resources:
-        nodes=LAYOUT.nodes,
-        tasks=LAYOUT.nodes,
+        **per_node_resources(),
     params:
         cfg=cfg_arg("hardware", "verify"),
-        launcher=sft_command(),
+        launcher=per_node_launcher,
     shell:
         "(python -m llmft sft {params.cfg} --yaml {input.yaml} --verify {input.verify}"
         " --check-only && {params.launcher} python -m llmft sft {params.cfg}"
