@@ -131,6 +131,9 @@ def main() -> int:
     ]
     write_jsonl(data_dir / "heldout.jsonl", rows)
     columns = {"prompt": "instruction", "query": "input", "response": "output"}
+    # Multi-turn and system-prompt rows: declared only when present (LLaMA-Factory's loader fails on
+    # a declared column that no row has).
+    columns |= {k: k for k in ("system", "history") if any(k in r for r in rows)}
     write_json(
         data_dir / "dataset_info.json", {"heldout": {"file_name": "heldout.jsonl", "columns": columns}}
     )

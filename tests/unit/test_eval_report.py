@@ -158,3 +158,31 @@ def test_answer_nll_matches_each_row_scored_alone(keep_logits):
             ref = torch.nn.functional.cross_entropy(logits[len(p) - 1 : -1], torch.tensor(a), reduction="sum")
             assert count == len(a)
             assert nll == pytest.approx(float(ref), rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"instruction": "Add", "input": "1 2", "output": "3"},
+        {"instruction": "", "input": "only input", "output": "x"},
+        {"instruction": "no input", "input": "", "output": "y"},
+        {
+            "instruction": "and now?",
+            "input": "",
+            "output": "z",
+            "system": "You are terse.",
+            "history": [["hi", "hello"], ["how are you", "fine"]],
+        },
+    ],
+)
+def test_conversation_is_the_one_llamafactory_builds(row):
+    """Our messages and system prompt equal LLaMA-Factory's alpaca converter's, turn by turn."""
+    from llamafactory.data.converter import AlpacaDatasetConverter
+    from llamafactory.data.parser import DatasetAttr
+    from llamafactory.hparams import DataArguments
+    from llmft.evaluate import messages
+
+    attr = DatasetAttr("file", dataset_name="heldout", system="system", history="history")
+    converted = AlpacaDatasetConverter(attr, DataArguments())({"system": None, "history": None, **row})
+    assert messages(row) == converted["_prompt"] + converted["_response"]
+    assert (row.get("system") or None) == (converted["_system"] or None)

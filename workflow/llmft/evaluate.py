@@ -89,7 +89,19 @@ def exact_match(pred: str, ref: str) -> float:
 
 def prompt_text(row: dict) -> str:
     """The user turn, joined as LLaMA-Factory's alpaca converter joins instruction and input."""
-    return row["instruction"] + ("\n" + row["input"] if row.get("input") else "")
+    return "\n".join(part for part in (row.get("instruction"), row.get("input")) if part)
+
+
+def messages(row: dict) -> list[dict]:
+    """The conversation LLaMA-Factory's alpaca converter builds: earlier turns from `history`
+    (prepare_data keeps them for multi-turn sources), then this prompt and its answer."""
+    msgs = []
+    for old_prompt, old_answer in row.get("history") or []:
+        msgs += [{"role": "user", "content": old_prompt}, {"role": "assistant", "content": old_answer}]
+    return msgs + [
+        {"role": "user", "content": prompt_text(row)},
+        {"role": "assistant", "content": row["output"]},
+    ]
 
 
 def plan_batches(lengths: list[int], batch_size: int, max_tokens: int = 0) -> list[list[int]]:
@@ -307,11 +319,7 @@ def encode(rows: list[dict], model_dir: str, template_name: str):
     template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template_name))
     encoded = []
     for row in rows:
-        msgs = [
-            {"role": "user", "content": prompt_text(row)},
-            {"role": "assistant", "content": row["output"]},
-        ]
-        prompt_ids, answer_ids = template.encode_oneturn(tokenizer, msgs)
+        prompt_ids, answer_ids = template.encode_oneturn(tokenizer, messages(row), row.get("system") or None)
         if template.efficient_eos:  # LLaMA-Factory appends EOS to such answers when training
             answer_ids = answer_ids + [tokenizer.eos_token_id]
         encoded.append((prompt_ids, answer_ids))

@@ -33,6 +33,8 @@ DATA_KEYS = [
     "rows_read",
     "invalid",
     "duplicates",
+    "near_duplicates",
+    "decontaminated",
     "too_long",
     "train_rows",
     "heldout_rows",
@@ -257,6 +259,13 @@ def _benchmarks(run_dir: Path) -> dict[str, dict]:
         if rows:
             out[path.stem] = {"seconds": _num(rows[-1].get("s")), "max_rss_mb": _num(rows[-1].get("max_rss"))}
     return out
+
+
+def _cell(value):
+    """A table cell from any JSON value: scalars as they are, None empty, the rest as JSON."""
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _num(value):
@@ -512,13 +521,13 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
 
     # ---- data
     hist = stats.get("length_histogram") or {}
-    source_rows = [
-        [s.get("path"), s.get("weight"), s.get("rows"), s.get("kept")] for s in stats.get("sources", [])
-    ]
-    invalid_examples = [
-        [i + 1, e if isinstance(e, str) else json.dumps(e)]
-        for i, e in enumerate(stats.get("invalid_examples", []))
-    ]
+    # Sources and invalid rows: whatever fields prepare_data records, as columns, in its order.
+    sources = [src for src in stats.get("sources", []) if isinstance(src, dict)]
+    source_header = list(dict.fromkeys(k for src in sources for k in src))
+    source_rows = [[src.get(k) for k in source_header] for src in sources]
+    invalid = [e if isinstance(e, dict) else {"message": e} for e in stats.get("invalid_examples", [])]
+    invalid_header = list(dict.fromkeys(k for e in invalid for k in e))
+    invalid_examples = [[i + 1] + [_cell(e.get(k)) for k in invalid_header] for i, e in enumerate(invalid)]
 
     # ---- environment
     node = (verify.get("nodes") or [{}])[0]
@@ -606,9 +615,9 @@ whitespace and case normalisation; ROUGE-L F1 and smoothed sentence BLEU over wh
 <h2 id="data">Data</h2>
 <div class="charts">{fig["length_histogram"]}</div>
 {table(["what", "value"], data_rows(stats))}
-{table(["source", "weight", "rows read", "rows kept"], source_rows) if source_rows else ""}
+{table(source_header, source_rows) if source_rows else ""}
 <h3>Invalid rows ({esc(stats.get("invalid", 0))})</h3>
-{table(["#", "row and reason"], invalid_examples) if invalid_examples else "<p class='muted'>none</p>"}
+{table(["#", *invalid_header], invalid_examples) if invalid_examples else "<p class='muted'>none</p>"}
 <p class="muted">Length histogram bin width: {esc(hist.get("bin_width", ""))} tokens; cutoff
 {esc(stats.get("cutoff_len", ""))}.</p>
 <h2 id="environment">Environment (verify_env: {"passed" if verify.get("ok") else "FAILED or missing"})</h2>
