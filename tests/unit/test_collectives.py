@@ -180,3 +180,32 @@ def test_judge_run_prefixes_nodes_and_checks_the_allocation():
     assert thr.allreduce_busbw_gbs == hardware.MIN_INTERNODE_BUSBW_GBS
     findings, _ = judge_run([MI300X], coll(), ROCM8, "rocm", 2)
     assert "allocation" in failed(findings)
+
+
+# Recorded on the device machine (2 x H200, NVLink): bench/results/verify_env_h200x2.md.
+H200_FACTS = json.loads((FIX / "facts_h200x2.json").read_text())
+H200_RUN = json.loads((REPO / "bench/results/verify_env_h200x2.json").read_text())
+P2P_OFF = json.loads((REPO / "bench/results/verify_env_h200x2_p2p_off.json").read_text())
+CUDA2 = validate({"hardware": {"vendor": "cuda", "gpus_per_node": 2}})
+
+
+def test_recorded_h200_nccl_logs():
+    tr = summarize_transport([parse_nccl_log((FIX / "nccl_h200x2.log").read_text())], "nccl")
+    assert tr["intra"] == "NVLink" and set(tr["via"]) == {"P2P/CUMEM"}
+    assert tr["version"].startswith("NCCL 2.28.9")
+    off = summarize_transport([parse_nccl_log((FIX / "nccl_h200x2_p2p_off.log").read_text())], "nccl")
+    assert off["intra_path_types"] == ["PHB"] and set(off["via"]) == {"SHM/direct/direct"}
+
+
+def test_recorded_h200_run_passes_and_its_p2p_off_run_fails():
+    assert [d["arch"] for d in H200_FACTS["devices"]] == ["sm_90", "sm_90"]
+    findings, thr = judge_run([H200_FACTS], H200_RUN["collectives"], CUDA2, "cuda", 1)
+    assert failed(findings) == {} and thr.allreduce_busbw_gbs == 120 and thr.gemm_tflops == 500
+    bad = failed(judge_run(P2P_OFF["nodes"], P2P_OFF["collectives"], CUDA2, "cuda", 1)[0])
+    assert set(bad) == {"bandwidth:all_reduce", "bandwidth:all_gather", "transport"}
+    assert all("NCCL_P2P_DISABLE=1 is set on the node" in f.fix for f in bad.values())
+    # The same bandwidth without the variable set points at the fabric instead.
+    nodes = copy.deepcopy(P2P_OFF["nodes"])
+    nodes[0]["env"]["NCCL_P2P_DISABLE"] = None
+    fix = failed(judge_run(nodes, P2P_OFF["collectives"], CUDA2, "cuda", 1)[0])["transport"].fix
+    assert "nvidia-smi topo -m" in fix
