@@ -20,6 +20,9 @@ ROWS = synthetic_rows(120, seed=4) + [
     {"instruction": "Indent", "input": "", "output": "def f():\n    return 1"},
     {"instruction": "q2", "input": "", "output": "a2", "system": "Be brief.", "history": [["q1", "a1"]]},
     {"instruction": "q3", "input": "x", "output": "a3", "history": [["u1", "v1"], ["u2", "v2"]]},
+    # Texts that the per-shape plan must not take (formatter placeholders, its marker character).
+    {"instruction": "Write {{content}} and {{idx}} literally", "input": "", "output": "{{content}}"},
+    {"instruction": "nul \x00 inside", "input": "", "output": "ok\x001\x00"},
 ]
 # default/alpaca/chatml: plain; qwen: replaced EOS + default system; falcon: efficient EOS;
 # qwen3: a reasoning template (adds empty thought tokens).
@@ -30,6 +33,26 @@ TEMPLATES = ["default", "alpaca", "chatml", "qwen", "falcon", "qwen3"]
 def tokenizer_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("tok")
     build_tokenizer(d, 512)
+    return d
+
+
+@pytest.fixture(scope="module")
+def metaspace_dir(tmp_path_factory):
+    """A SentencePiece-style tokenizer: the ASCII shortcut declines it, the Rust tokenizer runs."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<pad>", "<s>", "</s>"], show_progress=False
+    )
+    tok.train_from_iterator([f"{r['instruction']} {r['output']}" for r in ROWS] * 5, trainer=trainer)
+    d = tmp_path_factory.mktemp("metaspace")
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    ).save_pretrained(d)
     return d
 
 
@@ -52,11 +75,14 @@ def test_equals_template_encode_oneturn(tokenizer_dir, template):
 
 
 @pytest.mark.parametrize("template", TEMPLATES)
-def test_equals_llamafactory_sft_processor_multiturn(tokenizer_dir, template):
+@pytest.mark.parametrize("kind", ["bytelevel", "metaspace"])
+def test_equals_llamafactory_sft_processor_multiturn(tokenizer_dir, metaspace_dir, template, kind):
     from llamafactory.data.processor import SupervisedDatasetProcessor
     from llamafactory.hparams import DataArguments
 
-    enc = SFTEncoder(tokenizer_dir, template)
+    enc = SFTEncoder(tokenizer_dir if kind == "bytelevel" else metaspace_dir, template)
+    assert (enc._fast is not None) == (kind == "bytelevel")  # both tokenizer paths are exercised
+    assert enc._plain == (template != "qwen3")  # and both template paths
     proc = SupervisedDatasetProcessor(
         template=enc.template,
         tokenizer=enc.tokenizer,

@@ -67,6 +67,7 @@ def cmd_prepare_data(args) -> int:
         d["split_salt"],
         d["invalid_rows"],
         dedup=d["dedup"],
+        workers=int(args.workers or 0),
     )
     return 0
 
@@ -181,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     add("check-config", cmd_check_config, help="validate and print the config with defaults")
     add("base-model", cmd_base_model, "out", help="build the tiny random-init model offline")
     add("synthetic", cmd_synthetic, "out", help="write the synthetic demo dataset")
-    add("prepare-data", cmd_prepare_data, "tokenizer", "out-dir", "synthetic:opt")
+    p = add("prepare-data", cmd_prepare_data, "tokenizer", "out-dir", "synthetic:opt")
+    p.add_argument("--workers", default="0", help="tokenizing processes (0 = one per core)")
     add("verify-env", cmd_verify_env, "out")
     add(
         "render-sft",

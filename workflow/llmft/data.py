@@ -2,8 +2,9 @@
 token count, split stably, and tokenize once for LLaMA-Factory.
 
 Rows stream through in chunks: memory holds a few chunks plus ~30 bytes of bookkeeping a row, never
-the dataset. Tokenization and MinHash of one chunk run in a worker thread (the Rust tokenizer and
-numpy release the GIL) while the main thread reads and validates the next.
+the dataset. Worker processes (forked, one per core) tokenize chunks and compute their MinHash while
+the main process reads, validates and writes. Processes, not the tokenizer's own thread pool: its
+threads wait for each other and lose their speed-up on a busy machine; separate processes do not.
 
 A row's side of the split is decided by a hash of its normalised content, so appending rows for the
 next nightly retrain never moves an existing row between train and held-out. Near-duplicate and
@@ -17,11 +18,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
 import shutil
 import time
 from collections import Counter, deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,9 @@ CHUNK_ROWS = 2048
 EXAMPLES_KEPT = 20
 # Under `invalid_rows: drop` the log names this many bad rows; rejected.jsonl names all of them.
 LOGGED_DROPS = 200
+
+# What forked worker processes use, set before the pool starts: (SFTEncoder, MinHasher or None).
+_WORKER: tuple | None = None
 
 __all__ = ["DataError", "content_key", "is_heldout", "normalise", "prepare", "FORMATS"]
 
@@ -109,7 +113,9 @@ class _Side:
 
 
 class _Preparer:
-    def __init__(self, out_dir: Path, encoder, cutoff_len, heldout_fraction, split_salt, invalid_rows, dedup):
+    def __init__(
+        self, out_dir: Path, encoder, cutoff_len, heldout_fraction, split_salt, invalid_rows, dedup, workers
+    ):
         from .pretokenize import SplitWriter
 
         self.out_dir = out_dir
@@ -143,7 +149,10 @@ class _Preparer:
         self.invalid_by_reason: Counter = Counter()
         self.invalid_examples: list[dict] = []
         self.invalid_total = 0
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmft-encode")
+        global _WORKER
+        _WORKER = (encoder, self.near.hasher if self.near else None)
+        self.workers = max(1, workers)
+        self.pool = multiprocessing.get_context("fork").Pool(self.workers, initializer=_init_worker)
         self.pending: deque = deque()
         self.started = time.perf_counter()
         self.rows_read = 0
@@ -219,21 +228,16 @@ class _Preparer:
             dtype=np.int32,
         )
         rows = [row for _, row in chunk]
-        future = self.pool.submit(self._work, rows, payloads, keys[keep])
+        future = self.pool.apply_async(_encode_chunk, (rows, payloads, keys[keep]))
         self.pending.append((index, stats, chunk, heldout, repeats, keys[keep], future))
-        # Two chunks in flight: the worker never waits for the reader, memory stays bounded.
-        while len(self.pending) > 2:
+        # Two chunks in flight per worker: no worker waits for the reader, memory stays bounded.
+        while len(self.pending) > 2 * self.workers:
             self._finish(*self.pending.popleft())
-
-    def _work(self, rows, payloads, keys):
-        enc = self.encoder.encode(rows)
-        sig = self.near.hasher.signatures(payloads, keys) if self.near else None
-        return enc, sig
 
     def _finish(self, index, stats, chunk, heldout, repeats, keys, future) -> None:
         from .pretokenize import record_batch
 
-        enc, sig = future.result()
+        enc, sig = future.get()
         lengths = enc.lengths
         top = int(lengths.max()) + 1
         if top > len(self.length_counts):
@@ -279,11 +283,15 @@ class _Preparer:
     def drain(self) -> None:
         while self.pending:
             self._finish(*self.pending.popleft())
-        self.pool.shutdown()
+        self.pool.close()
+        self.pool.join()
 
     def close(self) -> None:
         """Stop the worker and remove the spool, on success and on error alike."""
-        self.pool.shutdown(cancel_futures=True)
+        global _WORKER
+        self.pool.terminate()
+        self.pool.join()
+        _WORKER = None
         for side in self.sides.values():
             side.jsonl.close()
         self.rejected.close()
@@ -314,6 +322,16 @@ class _Preparer:
         return near, contaminated & ~near
 
 
+def _init_worker() -> None:
+    # One worker process is one thread of tokenizing: the pool provides the parallelism.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def _encode_chunk(rows: list[dict], payloads: list[str], keys: np.ndarray):
+    encoder, hasher = _WORKER
+    return encoder.encode(rows), (hasher.signatures(payloads, keys) if hasher is not None else None)
+
+
 def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
@@ -333,8 +351,9 @@ def _rewrite_side(
     writer = SplitWriter(out_tok)
     start = 0
     source = side_dir / SplitWriter.FILE
-    with pa.memory_map(str(source)) as mm:
-        reader = pa.ipc.open_stream(mm)
+    # Plain reads, not a memory map: mapped pages would count as resident and grow with the data.
+    with pa.OSFile(str(source)) as fh:
+        reader = pa.ipc.open_stream(fh)
         for batch in reader:
             reps = keep_repeats[start : start + batch.num_rows]
             start += batch.num_rows
@@ -372,18 +391,21 @@ def prepare(
     split_salt: str,
     invalid_rows: str = "fail",
     dedup: dict | None = None,
+    workers: int = 0,
 ) -> dict:
     """Run the whole preparation; write train/heldout JSONL, the tokenized dataset, rejected.jsonl,
     dataset_info.json and stats.json into `out_dir`.
 
     `dedup`: {near: bool, decontaminate: bool, threshold: float, num_perm: int} (config data.dedup).
+    `workers`: tokenizing processes; 0 = one per core this process may use.
     """
     from .pretokenize import SFTEncoder
 
     out_dir = Path(out_dir)
     dedup = {"near": False, "decontaminate": True, "threshold": 0.8, "num_perm": 64, **(dedup or {})}
     encoder = SFTEncoder(tokenizer_dir, template)
-    run = _Preparer(out_dir, encoder, cutoff_len, heldout_fraction, split_salt, invalid_rows, dedup)
+    workers = workers or len(os.sched_getaffinity(0))
+    run = _Preparer(out_dir, encoder, cutoff_len, heldout_fraction, split_salt, invalid_rows, dedup, workers)
     try:
         for index, src in enumerate(sources):
             run.run_source(index, src)

@@ -16,10 +16,16 @@ applies and is not reproduced.
 from __future__ import annotations
 
 import json
+import logging
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .fasttok import FastPath
+
+log = logging.getLogger("llmft.pretokenize")
 
 IGNORE_INDEX = -100
 TOKENIZED_DIR = "tokenized"
@@ -138,10 +144,27 @@ class Encoded:
         return Encoded(self.ids[element_mask], self.labels[element_mask], offsets)
 
 
+def _fill(part: list, values: list[str]) -> list:
+    """A planned element list with the row's texts in place; empty strings dropped, as the
+    template drops them."""
+    out = []
+    for elem in part:
+        if type(elem) is tuple:
+            elem = elem[0] + values[elem[1]] + elem[2]
+            if elem:
+                out.append(elem)
+        else:
+            out.append(elem)
+    return out
+
+
 class SFTEncoder:
     """input_ids and labels of SFT rows, equal to LLaMA-Factory's SupervisedDatasetProcessor output."""
 
     def __init__(self, tokenizer_dir: str | Path, template_name: str):
+        from llamafactory.data.formatter import EmptyFormatter, StringFormatter
+        from llamafactory.data.mm_plugin import BasePlugin
+        from llamafactory.data.template import Template
         from tokenizers import Tokenizer, models
 
         self.tokenizer, self.template = load_tokenizer_and_template(tokenizer_dir, template_name)
@@ -159,22 +182,115 @@ class SFTEncoder:
                 # memo changes no output, only speed.
                 backend.model._resize_cache(BPE_WORD_CACHE)
             self._backend = backend
+            self._fast, why = FastPath.for_tokenizer(backend)
+            log.info("ASCII shortcut %s: %s", "on" if self._fast else "off", why)
+            self._fast_checked = False
         else:
-            self._backend = None
+            self._backend = self._fast = None
+        # Plain templates (formatters that only substitute texts, no media plugin) can be planned
+        # once per row shape instead of run per row.
+        tpl = self.template
+        self._plain = (
+            type(tpl) is Template
+            and type(tpl.mm_plugin) is BasePlugin
+            and all(
+                type(f) in (StringFormatter, EmptyFormatter)
+                for f in (tpl.format_user, tpl.format_assistant, tpl.format_system, tpl.format_prefix)
+            )
+        )
+        self._plans: dict[tuple[int, bool], list] = {}
 
     def _encode_texts(self, texts: list[str]) -> list[list[int]]:
         if self._backend is None:  # slow tokenizers: what LLaMA-Factory does, one call per string
             return [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
-        return [e.ids for e in self._backend.encode_batch_fast(texts, add_special_tokens=False)]
+        fast = self._fast
+        if fast is not None and not self._fast_checked:
+            # Once per process, on the probes and this chunk's own texts: any difference, no shortcut.
+            self._fast_checked = True
+            differ = fast.check(self._backend, texts[:256])
+            if differ:
+                log.warning("ASCII shortcut off: differs from the tokenizer on %r", differ[0][:200])
+                self._fast = fast = None
+        if fast is None:
+            return [e.ids for e in self._backend.encode_batch_fast(texts, add_special_tokens=False)]
+        out: list = [None] * len(texts)
+        rest = []
+        for i, text in enumerate(texts):
+            if fast.takes(text):
+                out[i] = fast.encode(text)
+            else:
+                rest.append(i)
+        if rest:
+            encoded = self._backend.encode_batch_fast([texts[i] for i in rest], add_special_tokens=False)
+            for i, enc in zip(rest, encoded, strict=True):
+                out[i] = enc.ids
+        return out
+
+    def _template_pairs(self, row: dict) -> tuple[list, list, list]:
+        """(prefix ids, prefix labels, [(prompt elements, answer elements)]) by running the template."""
+        plugin = self.template.mm_plugin
+        msgs = plugin.process_messages(messages_of(row), [], [], [], None)
+        prefix_ids, prefix_labels = plugin.process_token_ids([], [], [], [], [], self.tokenizer, None)
+        pairs = self.template.encode_multiturn(self._recorder, msgs, row.get("system") or "", "")
+        return prefix_ids, prefix_labels, pairs
+
+    def _planned_pairs(self, row: dict) -> tuple[list, list, list] | None:
+        """The same from a per-shape plan: the template run once with markers in place of the texts,
+        the markers then replaced by each row's texts. Exact for plain templates, whose formatters
+        only substitute {{content}}; None (run the template) for anything else."""
+        if not self._plain:
+            return None
+        contents = [c for pair in row.get("history") or () for c in pair]
+        contents += ["\n".join(t for t in (row["instruction"], row.get("input", "")) if t), row["output"]]
+        system = row.get("system") or ""
+        # A text holding a marker or a placeholder would be read differently by the formatters.
+        if any("\x00" in c or "{{" in c for c in (*contents, system)):
+            return None
+        key = (len(contents), bool(system))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._make_plan(*key)
+        values = contents + [system]
+        pairs = []
+        for src, tgt in plan:
+            pairs.append(tuple(_fill(part, values) for part in (src, tgt)))
+        return [], [], pairs
+
+    def _make_plan(self, n_messages: int, has_system: bool) -> list:
+        msgs = [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": f"\x00{i}\x00"}
+            for i in range(n_messages)
+        ]
+        system_marker = f"\x00{n_messages}\x00" if has_system else ""
+        pairs = self.template.encode_multiturn(self._recorder, msgs, system_marker, "")
+        marker = re.compile(r"\x00(\d+)\x00")
+        plan = []
+        for src, tgt in pairs:
+            compiled = []
+            for part in (src, tgt):
+                out = []
+                for elem in part:
+                    if not isinstance(elem, str):
+                        out.append(elem)
+                        continue
+                    found = marker.findall(elem)
+                    if len(found) > 1:
+                        raise AssertionError(f"two texts in one template string: {elem!r}")
+                    if found:
+                        head, tail = marker.split(elem)[0], marker.split(elem)[2]
+                        out.append((head, int(found[0]), tail))
+                    else:
+                        out.append(elem)
+                compiled.append(out)
+            plan.append(tuple(compiled))
+        return plan
 
     def encode(self, rows: list[dict]) -> Encoded:
-        template, plugin = self.template, self.template.mm_plugin
+        template = self.template
         plans = []
         pieces: dict[str, int] = {}
         for row in rows:
-            msgs = plugin.process_messages(messages_of(row), [], [], [], None)
-            prefix_ids, prefix_labels = plugin.process_token_ids([], [], [], [], [], self.tokenizer, None)
-            pairs = template.encode_multiturn(self._recorder, msgs, row.get("system") or "", "")
+            prefix_ids, prefix_labels, pairs = self._planned_pairs(row) or self._template_pairs(row)
             for src, tgt in pairs:
                 for part in (src, tgt):
                     for elem in part:

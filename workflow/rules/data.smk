@@ -41,9 +41,12 @@ rule prepare_data:
         "results/{run}/benchmarks/prepare_data.tsv"
     conda:
         "../../envs/llmft.yaml"
+    # One tokenizing process per thread; Snakemake lowers it to the cores it has (CPU job on Slurm).
+    threads: 8
     params:
         cfg=cfg_arg("data", "model.template"),
         synthetic=lambda wc: f"--synthetic results/{wc.run}/data/synthetic.jsonl",
     shell:
         "python -m llmft prepare-data {params.cfg} --tokenizer {input.tokenizer}"
-        " --out-dir results/{wildcards.run}/data {params.synthetic} > {log} 2>&1"
+        " --out-dir results/{wildcards.run}/data {params.synthetic} --workers {threads}"
+        " > {log} 2>&1"
