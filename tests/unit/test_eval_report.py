@@ -46,13 +46,14 @@ def test_safetensors_stats_counts_without_loading(tmp_path):
     assert stats == {"n_params": 17, "weight_bytes": 12 * 4 + 5 * 2}
 
 
-def test_throughput_is_per_interval_and_per_gpu():
+def test_throughput_is_per_interval_and_per_gpu_without_eval_time():
     history = [
         {"step": 10, "loss": 3.0, "num_input_tokens_seen": 8000, "train_runtime": 2.0},
         {"step": 20, "loss": 2.0, "num_input_tokens_seen": 24000, "train_runtime": 4.0},
-        {"step": 20, "eval_loss": 2.1, "num_input_tokens_seen": 24000},
-        {"step": 30, "loss": 1.5, "num_input_tokens_seen": 28000, "train_runtime": 6.0},
+        {"step": 20, "eval_loss": 2.1, "eval_runtime": 1.0, "num_input_tokens_seen": 24000},
+        {"step": 30, "loss": 1.5, "num_input_tokens_seen": 28000, "train_runtime": 7.0},
     ]
+    # Steps 20-30 took 3 s of which 1 s was the held-out evaluation after step 20.
     assert throughput_series(history, world=2) == [(10, 2000.0), (20, 4000.0), (30, 1000.0)]
 
 

@@ -318,16 +318,24 @@ def throughput_series(history: list[dict], world: int) -> list[tuple[float, floa
 
     `num_input_tokens_seen` is summed over all ranks by the Trainer; `train_runtime` in each log
     entry is the wall clock since training started. Their differences give the rate of each
-    interval, not the running average that `train_tokens_per_second` holds.
+    interval, not the running average that `train_tokens_per_second` holds. A held-out evaluation
+    runs right after the step it is logged at, inside the next interval: its `eval_runtime` is
+    taken out of that interval, so evaluations do not show as training slowdowns.
     """
+    eval_time: dict[int, float] = {}
+    for h in history:
+        if "eval_runtime" in h:
+            eval_time[h["step"]] = eval_time.get(h["step"], 0.0) + h["eval_runtime"]
     logs = [h for h in history if "loss" in h and "num_input_tokens_seen" in h]
     out = []
-    prev_tokens, prev_time = 0, 0.0
+    prev_step, prev_tokens, prev_time = 0, 0, 0.0
     for h in logs:
         tokens, t = h["num_input_tokens_seen"], h.get("train_runtime")
         if t is not None and t > prev_time:
-            out.append((h["step"], (tokens - prev_tokens) / (t - prev_time) / world))
-            prev_tokens, prev_time = tokens, t
+            busy = (t - prev_time) - sum(v for s, v in eval_time.items() if prev_step <= s < h["step"])
+            if busy > 0:
+                out.append((h["step"], (tokens - prev_tokens) / busy / world))
+            prev_step, prev_tokens, prev_time = h["step"], tokens, t
         elif h.get("train_tokens_per_second"):
             out.append((h["step"], h["train_tokens_per_second"] / world))
     return out
@@ -513,6 +521,7 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
             "peak accelerator memory (GiB)",
             train.get("peak_vram_gib") if train.get("peak_vram_gib") else "n/a (CPU run)",
         ],
+        ["memory planner's predicted peak per GPU (GiB)", train.get("predicted_peak_gib") or "n/a"],
         ["peak host memory of sft (MB RSS)", sft_bench.get("max_rss_mb")],
     ] + [
         [f"stage {name}: wall s / peak RSS MB", f"{fmt(b['seconds'])} / {fmt(b['max_rss_mb'])}"]
