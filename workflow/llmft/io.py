@@ -26,6 +26,8 @@ def atomic_path(target: str | Path, directory: bool = False) -> Iterator[Path]:
         fd, name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
         os.close(fd)
         tmp = Path(name)
+        # mkstemp creates 0600; outputs are shared (cluster users, web servers): honour the umask.
+        tmp.chmod(0o666 & ~_umask())
     try:
         yield tmp
         if directory and target.exists():
@@ -37,6 +39,12 @@ def atomic_path(target: str | Path, directory: bool = False) -> Iterator[Path]:
         else:
             tmp.unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_text(target: str | Path, text: str) -> None:
