@@ -30,7 +30,7 @@ def test_demo_config_is_valid_and_filled():
 
 def test_empty_config_takes_every_default():
     cfg = validate({})
-    assert cfg["sft"]["zero_stage"] == 3 and cfg["sft"]["precision"] == "bf16"
+    assert cfg["sft"]["zero_stage"] == "auto" and cfg["sft"]["precision"] == "bf16"
 
 
 BAD = [

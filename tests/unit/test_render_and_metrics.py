@@ -1,8 +1,12 @@
 """Rendering the LLaMA-Factory YAML / DeepSpeed JSON, metrics, report escaping."""
 
+import json
+
+import pytest
 import yaml
 from llmft.config import validate
 from llmft.evaluate import bleu, exact_match, rouge_l
+from llmft.plan import resolve
 from llmft.report import esc, svg_lines, table
 from llmft.sft import deepspeed_config, launch_env, render
 from llmft.slurm import Allocation
@@ -12,30 +16,68 @@ from tests.conftest import REPO
 DEMO = validate(yaml.safe_load((REPO / "config/config.yaml").read_text()), base_dir=REPO)
 
 
-def test_render_writes_yaml_and_zero3(tmp_path):
-    args = render(DEMO, "m", "d", str(tmp_path / "lf.yaml"), str(tmp_path / "ds.json"), "w")
+@pytest.fixture
+def tiny(tmp_path):
+    """config.json of the demo's builtin tiny model: all the planner reads."""
+    t = DEMO["model"]["tiny"]
+    shape = {
+        "model_type": "llama",
+        "hidden_size": t["hidden_size"],
+        "num_hidden_layers": t["num_layers"],
+        "num_attention_heads": t["num_heads"],
+        "intermediate_size": 4 * t["hidden_size"],
+        "vocab_size": t["vocab_size"],
+    }
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "config.json").write_text(json.dumps(shape))
+    return str(tmp_path / "tiny")
+
+
+def test_render_writes_yaml_and_zero3(tmp_path, tiny):
+    args = render(DEMO, tiny, "d", str(tmp_path / "lf.yaml"), str(tmp_path / "ds.json"), "w")
     on_disk = yaml.safe_load((tmp_path / "lf.yaml").read_text())
     assert on_disk == args
     assert args["overwrite_output_dir"] is False
+    assert args["logging_nan_inf_filter"] is False  # NaN must reach the divergence guard
     assert args["ddp_timeout"] == DEMO["sft"]["collective_timeout_minutes"] * 60
     assert args["deepspeed"] == str(tmp_path / "ds.json")
-    ds = deepspeed_config(DEMO)
+    # the demo's explicit settings pass through the planner unchanged
+    assert (args["per_device_train_batch_size"], args["gradient_accumulation_steps"]) == (16, 1)
+    assert args["disable_gradient_checkpointing"] is True and "neat_packing" not in args
+    assert args["llmft"]["plan"]["zero_stage"] == 3
+    ds = json.loads((tmp_path / "ds.json").read_text())
     assert ds["zero_optimization"]["stage"] == 3
     assert ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
 
 
-def test_extra_passes_through_and_changes_work_dir(tmp_path):
+def test_extra_passes_through_and_changes_work_dir(tmp_path, tiny):
     cfg = validate({**DEMO, "sft": {**DEMO["sft"], "extra": {"packing": True}}}, base_dir=REPO)
-    a = render(DEMO, "m", "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w")
-    b = render(cfg, "m", "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w")
+    a = render(DEMO, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w")
+    b = render(cfg, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w")
     assert b["packing"] is True and "packing" not in a
     assert a["output_dir"] != b["output_dir"]  # a new config never resumes an old checkpoint
 
 
-def test_zero0_has_no_deepspeed_and_no_unused_param_search(tmp_path):
+def test_zero0_has_no_deepspeed_and_no_unused_param_search(tmp_path, tiny):
     cfg = validate({**DEMO, "sft": {**DEMO["sft"], "zero_stage": 0}}, base_dir=REPO)
-    args = render(cfg, "m", "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w")
+    args = render(cfg, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w")
     assert "deepspeed" not in args and args["ddp_find_unused_parameters"] is False
+
+
+def test_gpu_auto_render_uses_the_plan(tmp_path, tiny):
+    cfg = validate({"hardware": {"vendor": "cuda", "gpus_per_node": 8, "gpu_model": "h100"}})
+    args = render(cfg, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w")
+    assert args["neat_packing"] is True and args["flash_attn"] == "sdpa"  # sdpa loads, varlen runs
+    assert args["llmft"]["attention"] == "varlen"
+    assert args["include_num_input_tokens_seen"] == "non_padding"
+    assert args["disable_gradient_checkpointing"] is True and args["ddp_find_unused_parameters"] is False
+    plan = args["llmft"]["plan"]
+    assert plan["zero_stage"] == 0 and plan["tokens_per_step"] == cfg["sft"]["tokens_per_step"]
+    zero3 = validate({**cfg, "sft": {"zero_stage": 3}})
+    render(zero3, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w")
+    ds = deepspeed_config(zero3, resolve(zero3, tiny, "cuda"))
+    assert ds["zero_optimization"]["overlap_comm"] is True
+    assert ds["zero_optimization"]["stage3_prefetch_bucket_size"] >= 5e7  # not HF's h^2
 
 
 def test_launch_env_rocm_preset():

@@ -87,6 +87,17 @@ def cmd_render_sft(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    """Print what `sft` would run with and the memory it needs; exit 2 if it cannot fit."""
+    from .plan import describe, resolve
+    from .sft import resolve_vendor
+
+    cfg = _cfg(args)
+    plan = resolve(cfg, args.model or cfg["model"]["name_or_path"], resolve_vendor(cfg))
+    print(json.dumps(plan.to_json(), indent=2) if args.json else describe(plan))
+    return 0
+
+
 def cmd_sft(args) -> int:
     """Gate on verify_env, launch this node's torchrun, publish the model: one step or all."""
     from .envcheck import gate
@@ -194,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         "out-deepspeed",
         "work-root",
     )
+    p = add(
+        "plan", cmd_plan, "model:opt", help="per-GPU memory plan for the sft config; refuse if it cannot fit"
+    )
+    p.add_argument("--json", action="store_true", help="the whole plan as JSON")
     p = add("sft", cmd_sft, "yaml", "model-out:opt", "summary-out:opt", "verify:opt")
     p.add_argument("--check-only", action="store_true", help="only the verify_env gate")
     p.add_argument("--launch-only", action="store_true", help="one node's launcher (under srun)")

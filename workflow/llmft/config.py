@@ -150,8 +150,8 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
             f"config key sft.extra: {reserved} are set by the pipeline itself; "
             "use the matching llmft key (model.*, data.*, sft.*) instead"
         )
-    if cfg["sft"]["offload"] and cfg["sft"]["zero_stage"] != 3:
-        raise ConfigError("config key sft.offload: offload needs sft.zero_stage: 3")
+    if cfg["sft"]["offload"] is True and cfg["sft"]["zero_stage"] not in (3, "auto"):
+        raise ConfigError("config key sft.offload: offload needs sft.zero_stage: 3 (or auto)")
 
 
 @dataclass(frozen=True)

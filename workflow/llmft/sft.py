@@ -1,19 +1,26 @@
-"""SFT: render the LLaMA-Factory YAML and DeepSpeed JSON, launch one torchrun per node, publish.
+"""SFT: plan, render the LLaMA-Factory YAML and DeepSpeed JSON, launch one torchrun per node, publish.
 
-Checkpoints go to a work folder keyed by a hash of the rendered config, outside the declared
-outputs (Snakemake deletes the outputs of a failed job): a retried or requeued job with the same
-config resumes from its last checkpoint; a changed config starts fresh.
+`auto` settings come from the memory planner (plan.py), which also refuses a config that cannot
+fit before anything is submitted. Checkpoints go to a work folder keyed by a hash of the rendered
+config, outside the declared outputs (Snakemake deletes the outputs of a failed job): a retried or
+requeued job with the same config resumes from its last checkpoint; a changed config starts fresh.
+Each node runs torchrun over llmft.train (LLaMA-Factory's run_exp plus our callbacks); a SIGUSR1 or
+SIGTERM makes the workers save a checkpoint and stop, and node 0 requeues the Slurm job.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -21,6 +28,7 @@ import yaml
 from . import hardware, pretokenize, slurm
 from .config import layout
 from .io import atomic_path, read_json, read_jsonl, write_json, write_text
+from .plan import Plan, describe, resolve
 
 log = logging.getLogger("llmft.sft")
 
@@ -44,37 +52,37 @@ def resolve_vendor(cfg: dict) -> str:
     return "rocm" if getattr(torch.version, "hip", None) else "cuda"
 
 
-def deepspeed_config(cfg: dict) -> dict | None:
+def deepspeed_config(cfg: dict, plan: Plan) -> dict | None:
     """DeepSpeed JSON; batch size, LR and precision stay "auto" so the LLaMA-Factory YAML owns them."""
-    sft = cfg["sft"]
-    stage = sft["zero_stage"]
+    stage = plan.zero_stage
     if stage == 0:
         return None
     gpu = resolve_vendor(cfg) != "cpu"
+    buckets = plan.buckets
     zero: dict = {
         "stage": stage,
         # overlap needs a side stream: only on GPUs.
         "overlap_comm": gpu,
         "contiguous_gradients": True,
         "reduce_scatter": True,
-        "reduce_bucket_size": 5e8 if gpu else "auto",
+        "reduce_bucket_size": buckets["reduce"],
     }
-    if stage == 2:
+    if stage in (1, 2):
         zero["allgather_partitions"] = True
-        zero["allgather_bucket_size"] = 5e8 if gpu else "auto"
+        zero["allgather_bucket_size"] = buckets["gather"]
     if stage == 3:
         zero.update(
             {
                 "sub_group_size": 1e9,
-                "stage3_prefetch_bucket_size": 5e8 if gpu else "auto",
-                "stage3_param_persistence_threshold": "auto",
+                "stage3_prefetch_bucket_size": buckets["gather"],
+                "stage3_param_persistence_threshold": buckets["persistence"],
                 "stage3_max_live_parameters": 1e9,
                 "stage3_max_reuse_distance": 1e9,
                 # Save a loadable 16-bit model, not only sharded ZeRO checkpoints.
                 "stage3_gather_16bit_weights_on_model_save": True,
             }
         )
-        if sft["offload"]:
+        if plan.offload:
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
             zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     return {
@@ -90,7 +98,7 @@ def deepspeed_config(cfg: dict) -> dict | None:
 
 
 def llamafactory_args(
-    cfg: dict, base_model: str, data_dir: str, deepspeed_path: str | None, work_root: str
+    cfg: dict, base_model: str, data_dir: str, deepspeed_path: str | None, work_root: str, plan: Plan
 ) -> dict:
     """The LLaMA-Factory training arguments; `sft.extra` wins over our defaults."""
     sft = cfg["sft"]
@@ -107,16 +115,18 @@ def llamafactory_args(
         "template": cfg["model"]["template"],
         "cutoff_len": cfg["data"]["cutoff_len"],
         "preprocessing_num_workers": 1 if vendor == "cpu" else 8,
-        "dataloader_num_workers": 0 if vendor == "cpu" else 2,
+        "dataloader_num_workers": 0 if vendor == "cpu" else 4,
         "logging_steps": sft["logging_steps"],
+        # NaN/inf losses must reach the divergence guard, not be averaged away.
+        "logging_nan_inf_filter": False,
         "save_steps": sft["save_steps"],
         "save_total_limit": 2,
         "plot_loss": False,
         # false: a requeued job resumes from the last checkpoint (true deletes it and the log).
         "overwrite_output_dir": False,
         "report_to": "none",
-        "per_device_train_batch_size": sft["per_device_train_batch_size"],
-        "gradient_accumulation_steps": sft["gradient_accumulation_steps"],
+        "per_device_train_batch_size": plan.micro_batch,
+        "gradient_accumulation_steps": plan.gradient_accumulation,
         "learning_rate": sft["learning_rate"],
         "num_train_epochs": sft["num_train_epochs"],
         "max_steps": sft["max_steps"],
@@ -126,13 +136,23 @@ def llamafactory_args(
         "max_grad_norm": sft["max_grad_norm"],
         "seed": sft["seed"],
         "ddp_timeout": sft["collective_timeout_minutes"] * 60,
-        "flash_attn": sft["flash_attn"],
-        "disable_gradient_checkpointing": not sft["gradient_checkpointing"],
-        "per_device_eval_batch_size": max(1, sft["per_device_train_batch_size"]),
+        # varlen is ours (llmft.train switches the model to it); LLaMA-Factory loads SDPA.
+        "flash_attn": "sdpa" if plan.attention == "varlen" else plan.attention,
+        "disable_gradient_checkpointing": not plan.gradient_checkpointing,
+        "per_device_eval_batch_size": plan.micro_batch,
         "eval_strategy": "steps",
-        "include_num_input_tokens_seen": True,
+        # LLaMA-Factory's neat-packing mask holds sample indices, not 0/1: count all tokens then.
+        "include_num_input_tokens_seen": (
+            "all" if plan.packing == "neat" and plan.attention != "varlen" else "non_padding"
+        ),
         "eval_steps": sft["logging_steps"] * 5,
     }
+    if plan.packing == "neat":
+        args["neat_packing"] = True
+    elif plan.packing == "plain":
+        args["packing"] = True
+    if plan.liger:
+        args["enable_liger_kernel"] = True
     if sft["precision"] == "bf16":
         args["bf16"] = True
     elif sft["precision"] == "fp16":
@@ -158,14 +178,28 @@ def llamafactory_args(
 
 
 def render(cfg: dict, base_model: str, data_dir: str, out_yaml: str, out_ds: str, work_root: str):
-    """Write llamafactory.yaml and deepspeed.json (the latter `{}`-free when ZeRO is off)."""
-    ds = deepspeed_config(cfg)
+    """Plan, then write llamafactory.yaml (+ the launcher's `llmft:` block) and deepspeed.json."""
+    plan = resolve(cfg, base_model, resolve_vendor(cfg))
+    log.info("%s", describe(plan))
+    ds = deepspeed_config(cfg, plan)
     write_json(out_ds, ds or {"zero_optimization": {"stage": 0}, "disabled": True})
-    args = llamafactory_args(cfg, base_model, data_dir, out_ds if ds else None, work_root)
+    args = llamafactory_args(cfg, base_model, data_dir, out_ds if ds else None, work_root, plan)
+    args["llmft"] = {
+        "attention": plan.attention,
+        "divergence_factor": cfg["sft"]["divergence_factor"],
+        "requeue_on_preempt": cfg["sft"]["requeue_on_preempt"],
+        "precision": cfg["sft"]["precision"],
+        "finetuning_type": cfg["sft"]["finetuning_type"],
+        "cutoff_len": cfg["data"]["cutoff_len"],
+        "plan": plan.to_json(),
+    }
+    lay = layout(cfg)
     header = (
         "# Rendered by llmft from config/config.yaml: edit the config, not this file.\n"
-        f"# world size {layout(cfg).world_size} = {layout(cfg).nodes} node(s) x "
-        f"{layout(cfg).processes_per_node} process(es)\n"
+        f"# world size {lay.world_size} = {lay.nodes} node(s) x {lay.processes_per_node} process(es)\n"
+        + "".join(f"# {line}\n" for line in describe(plan).splitlines())
+        + "# The `llmft:` block is read by llmft's launcher (python -m llmft sft) and removed before\n"
+        "# LLaMA-Factory parses the rest; delete it to run this file with plain llamafactory-cli.\n"
     )
     write_text(out_yaml, header + yaml.safe_dump(args, sort_keys=False))
     return args
@@ -195,28 +229,138 @@ def launch_env(cfg: dict, alloc: slurm.Allocation, base_env: dict | None = None)
         # One compute thread per process: 2 processes on 2 cores don't fight.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // lay.processes_per_node)))
         env["CUDA_VISIBLE_DEVICES"] = ""
+    if vendor != "cpu":
+        # What LLaMA-Factory's own launcher sets (OPTIM_TORCH): less fragmentation, no
+        # record_stream bookkeeping for NCCL.
+        env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+        env.setdefault("TORCH_NCCL_AVOID_RECORD_STREAMS", "1")
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    # The workers import llmft.train: make the package importable however it was installed.
+    package_root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     return env
 
 
+def worker_pids(parent: int) -> list[int]:
+    """All descendants of a process (torchrun's workers), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [parent]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def torchrun_command(alloc: slurm.Allocation, nproc: int, yaml_path: str) -> list[str]:
+    """The torchrun that LLaMA-Factory's launcher builds for FORCE_TORCHRUN, over llmft.train."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(alloc.nnodes),
+        "--node_rank",
+        str(alloc.node_rank),
+        "--nproc_per_node",
+        str(nproc),
+        "--master_addr",
+        alloc.master_addr,
+        "--master_port",
+        str(alloc.master_port),
+        "-m",
+        "llmft.train",
+        yaml_path,
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ignore_usr1() -> None:
+    # torchrun has no SIGUSR1 handler and would die of it; ignoring is inherited through exec,
+    # and llmft.train installs its own handler in the workers.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
 def launch(cfg: dict, yaml_path: str) -> int:
-    """Run `llamafactory-cli train` on this node (one call per node; rank from the allocation)."""
+    """Run this node's torchrun over llmft.train; forward stop signals; requeue after preemption."""
+    # imported here: callbacks pull in transformers, which rendering and planning do not need
+    from .callbacks import DIVERGENCE_FILE, EXIT_DIVERGED, EXIT_PREEMPTED, PREEMPTED_FILE, STOP_REQUEST_FILE
+
     alloc = slurm.current_allocation()
     if alloc.nnodes != cfg["hardware"]["nodes"]:
         raise RuntimeError(
             f"the job has {alloc.nnodes} node(s) {alloc.nodes} but hardware.nodes is "
             f"{cfg['hardware']['nodes']}: the Slurm resources and the config disagree"
         )
+    if not alloc.job_id:
+        # Outside Slurm one node rendezvouses with itself: any free port (or MASTER_PORT), so runs
+        # side by side on one machine never collide on a fixed one.
+        port = int(os.environ.get("MASTER_PORT") or _free_port())
+        alloc = dataclasses.replace(alloc, master_port=port)
+    args = yaml.safe_load(Path(yaml_path).read_text())
+    ours = args.get("llmft") or {}
+    work = Path(args["output_dir"])
+    work.mkdir(parents=True, exist_ok=True)
+    for stale in (STOP_REQUEST_FILE, PREEMPTED_FILE, DIVERGENCE_FILE):
+        (work / stale).unlink(missing_ok=True)
     env = launch_env(cfg, alloc)
     host = os.environ.get("SLURMD_NODENAME", alloc.nodes[alloc.node_rank])
     print(
         f"[llmft] node {host} rank {alloc.node_rank}/{alloc.nnodes} "
-        f"master {alloc.master_addr}:{alloc.master_port} nproc {env['NPROC_PER_NODE']}",
+        f"master {alloc.master_addr}:{alloc.master_port} nproc {env['NPROC_PER_NODE']} work {work}",
         flush=True,
     )
-    cmd = [str(Path(sys.executable).parent / "llamafactory-cli"), "train", yaml_path]
-    return subprocess.call(cmd, env=env)
+    proc = subprocess.Popen(
+        torchrun_command(alloc, int(env["NPROC_PER_NODE"]), yaml_path), env=env, preexec_fn=_ignore_usr1
+    )
+
+    def on_signal(signum, _frame):
+        name = signal.Signals(signum).name
+        print(f"[llmft] {name}: asking the trainer to save a checkpoint and stop", flush=True)
+        request = work / STOP_REQUEST_FILE
+        if not request.exists():
+            request.write_text(json.dumps({"signal": name, "host": host, "time": time.time()}))
+        for pid in worker_pids(proc.pid):
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except OSError:
+                pass
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGUSR1, signal.SIGTERM)}
+    try:
+        rc = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    # torchrun reports any worker failure as 1: the workers' marker files say what happened.
+    if (work / DIVERGENCE_FILE).exists():
+        print(f"[llmft] {json.loads((work / DIVERGENCE_FILE).read_text())['message']}", flush=True)
+        return EXIT_DIVERGED
+    if (work / PREEMPTED_FILE).exists():
+        info = json.loads((work / PREEMPTED_FILE).read_text())
+        print(
+            f"[llmft] checkpoint saved at step {info['step']} ({info['why']}); exiting to resume", flush=True
+        )
+        if ours.get("requeue_on_preempt") and alloc.job_id and alloc.node_rank == 0:
+            req = subprocess.run(["scontrol", "requeue", alloc.job_id], capture_output=True, text=True)
+            print(
+                f"[llmft] scontrol requeue {alloc.job_id}: rc {req.returncode} {req.stderr.strip()}",
+                flush=True,
+            )
+        return EXIT_PREEMPTED
+    return rc
 
 
 def finalize(yaml_path: str, model_out: str, summary_out: str, world_size: int) -> dict:
@@ -246,6 +390,7 @@ def finalize(yaml_path: str, model_out: str, summary_out: str, world_size: int) 
         or (entries[-1].get("total_tokens") if entries else None),
         "tokens_per_second": entries[-1].get("throughput") if entries else None,
         "peak_vram_gib": max((e.get("vram_allocated", 0) for e in entries), default=0) or None,
+        "predicted_peak_gib": (args.get("llmft") or {}).get("plan", {}).get("memory", {}).get("peak"),
         "eval_loss": results.get("eval_loss"),
         "history": history,
     }

@@ -1,3 +1,16 @@
+# A config that cannot fit on the GPUs stops here, before any job is submitted, naming the keys to
+# change (sft.* auto values are resolved by the same planner when the config is rendered). A
+# builtin:tiny model does not exist yet at this point; it always fits.
+if CFG["model"]["name_or_path"] != BUILTIN_MODEL:
+    from llmft.plan import resolve
+    from llmft.sft import resolve_vendor
+
+    try:
+        resolve(CFG, CFG["model"]["name_or_path"], resolve_vendor(CFG))
+    except ConfigError as exc:
+        raise WorkflowError(f"llmft config error: {exc}") from None
+
+
 rule render_sft_config:
     input:
         base_model=base_model_dir,

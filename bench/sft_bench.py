@@ -1,0 +1,411 @@
+"""GPU SFT benchmark: the seed's recipe, the best hand-tuned LLaMA-Factory config and llmft's own
+choices, side by side on the same data, each through llmft's render path and launcher.
+
+    python bench/sft_bench.py lengths DATA_DIR TOKENIZER           # here: token length per train row
+    python bench/sft_bench.py run NAME --out OUT [--max-steps N]   # on the GPU machine, one variant
+    python bench/sft_bench.py check-varlen --out OUT               # varlen kernel vs reference
+    python bench/sft_bench.py report OUT --json RESULT.json        # table + JSON of all variants
+
+Each run renders an llmft config (`python -m llmft render-sft`), launches `python -m llmft sft
+--launch-only` (torchrun over llmft.train on 2 GPUs) and is stopped once its last step is logged,
+so the final model save is not timed. Throughput is steady state: tokens seen (without padding)
+between a warm-up step and the last step, over wall time, per GPU. MFU counts 6 N FLOPs per token
+plus causal attention over the span each token attends to (its own sample for unpacked rows and
+neat packing, the whole 2048-token pack for plain packing), against 989 TFLOP/s (H200 bf16 dense;
+hardware.py). Peak memory is LLaMA-Factory's RECORD_VRAM (torch's max allocated, rank 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "workflow"))
+
+from llmft import hardware  # noqa: E402
+from llmft.plan import model_shape  # noqa: E402
+from llmft.sft import worker_pids  # noqa: E402
+
+WORK = REPO / "bench/work/sft"
+MODELS = Path(os.environ.get("BENCH_MODELS", "/tmp/models"))
+RUNS = Path(os.environ.get("BENCH_RUNS", "/tmp/bench_runs"))
+SEQ = 2048
+
+RECIPE = {  # the seed article's verified config, as LLaMA-Factory's example runs it
+    "zero_stage": 3,
+    "offload": False,
+    "per_device_train_batch_size": 1,
+    "gradient_accumulation_steps": 4,
+    "gradient_checkpointing": True,
+    "packing": "off",
+    "flash_attn": "sdpa",
+    "liger_kernel": False,
+    "zero_bucket_size": "hf",
+}
+PLAIN = {"packing": "plain", "flash_attn": "sdpa", "liger_kernel": False, "gradient_checkpointing": False}
+# FACTS.md's best hand-tuned LLaMA-Factory configs: 1 B plain DDP, 8 B ZeRO-2 with 5e8 buckets
+HAND_1B = {**PLAIN, "zero_stage": 0, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}
+HAND_8B = {**PLAIN, "zero_stage": 2, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 4,
+           "zero_bucket_size": 500000000, "offload": False}  # fmt: skip
+VARIANTS = {
+    # name: (model size, sft overrides, default max steps, warm-up steps left out of the timing)
+    "recipe_1b": ("1b", RECIPE, 10, 3),
+    "hand_1b": ("1b", HAND_1B, 24, 5),
+    "ours_1b": ("1b", {}, 24, 5),
+    "ours_1b_noliger": ("1b", {"liger_kernel": False}, 24, 5),
+    "ours_1b_sdpamask": ("1b", {"flash_attn": "sdpa"}, 24, 5),
+    "ours_1b_zero2": ("1b", {"zero_stage": 2}, 24, 5),
+    "recipe_8b": ("8b", RECIPE, 5, 2),
+    "hand_8b": ("8b", HAND_8B, 10, 3),
+    # the hand-tuned run's global batch (1 x 4 x 2 GPUs x 2048 tokens), so the losses compare step by step
+    "ours_8b": ("8b", {"tokens_per_step": 16384}, 10, 3),
+}  # fmt: skip
+
+
+def config_for(name: str, max_steps: int) -> dict:
+    size, overrides, _, _ = VARIANTS[name]
+    sft = {
+        "precision": "bf16",
+        "learning_rate": 1.0e-5,
+        "lr_scheduler_type": "cosine",
+        "warmup_ratio": 0.1,
+        "logging_steps": 1,
+        "save_steps": 100000,
+        "max_steps": max_steps,
+        "extra": {"eval_strategy": "no", "disable_tqdm": True, "preprocessing_num_workers": 16},
+    }
+    sft.update(overrides)
+    hw = {"vendor": "cuda", "nodes": 1, "gpus_per_node": 2, "gpu_model": "h200"}
+    if os.environ.get("BENCH_DRY_RUN"):
+        # The same path on 2 CPU processes and a tiny model, to catch mistakes before device time;
+        # neat packing + varlen are forced since auto keeps them for GPUs.
+        hw = {"vendor": "cpu", "nodes": 1, "gpus_per_node": 0, "processes_per_node": 2}
+        sft["precision"] = "fp32"
+        if name.startswith("ours"):
+            sft = {"packing": "neat", "flash_attn": "varlen", **sft}
+    return {
+        "run": "bench",
+        "hardware": hw,
+        "model": {"name_or_path": str(MODELS / f"llama{size}"), "template": "default"},
+        "data": {"sources": [{"path": str(WORK / "data/train.jsonl")}], "cutoff_len": SEQ},
+        "sft": sft,
+    }
+
+
+def _smi_sampler(stop: threading.Event, peaks: dict) -> None:
+    cmd = ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]
+    while not stop.is_set():
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout
+            for line in out.strip().splitlines():
+                i, used = (int(x) for x in line.split(","))
+                peaks[i] = max(peaks.get(i, 0), used)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            pass
+        stop.wait(0.5)
+
+
+def _wait_gpus_free(limit: float = 30.0) -> None:
+    """The next variant must start on idle GPUs: wait for (and end) any process still on them."""
+    query = ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]
+    end = time.time() + limit
+    while time.time() < end:
+        try:
+            pids = [int(x) for x in subprocess.run(query, capture_output=True, text=True).stdout.split()]
+        except (OSError, ValueError):
+            return
+        if not pids:
+            return
+        if time.time() > end - limit / 2:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        time.sleep(1)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> dict:
+    size, _, default_steps, _ = VARIANTS[name]
+    steps = max_steps or int(os.environ.get("BENCH_MAX_STEPS", 0)) or default_steps
+    rd = out / name
+    rd.mkdir(parents=True, exist_ok=True)
+    cfg_path = rd / "config.yaml"
+    cfg_path.write_text(yaml.safe_dump(config_for(name, steps), sort_keys=False))
+    py = sys.executable
+    common = ["--config", str(cfg_path)]
+    render = [py, "-m", "llmft", "render-sft", *common, "--base-model", str(MODELS / f"llama{size}")]
+    render += ["--data-dir", str(WORK / "data"), "--out-yaml", str(rd / "llamafactory.yaml")]
+    render += ["--out-deepspeed", str(rd / "deepspeed.json"), "--work-root", str(RUNS)]
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "workflow"), os.environ.get("PYTHONPATH", "")])
+    )
+    t0 = time.time()
+    r = subprocess.run(render, capture_output=True, text=True, env=env, cwd=REPO)
+    (rd / "render.log").write_text(r.stdout + r.stderr)
+    if r.returncode:
+        result = {"name": name, "status": "render failed", "error": (r.stdout + r.stderr)[-1500:]}
+        (rd / "result.json").write_text(json.dumps(result, indent=2))
+        return result
+    args = yaml.safe_load((rd / "llamafactory.yaml").read_text())
+    work = Path(args["output_dir"])
+    subprocess.run(["rm", "-rf", str(work)])
+    launch = [py, "-m", "llmft", "sft", *common, "--yaml", str(rd / "llamafactory.yaml"), "--launch-only"]
+    peaks: dict = {}
+    stop = threading.Event()
+    sampler = threading.Thread(target=_smi_sampler, args=(stop, peaks), daemon=True)
+    sampler.start()
+    with open(rd / "train.log", "w") as log:
+        proc = subprocess.Popen(
+            launch, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
+        )
+        status = "timeout"
+        while time.time() - t0 < timeout:
+            if proc.poll() is not None:
+                status = "exited" if proc.returncode == 0 else f"failed rc={proc.returncode}"
+                break
+            done = [
+                e for e in _read_jsonl(work / "llmft_steps.jsonl") if e.get("step") == steps and "loss" in e
+            ]
+            if done:
+                time.sleep(2)  # LLaMA-Factory's log thread writes trainer_log.jsonl
+                status = "ok"
+                break
+            time.sleep(0.5)
+        if proc.poll() is None:
+            # The last step is in: stop before the final save (not part of training throughput).
+            # torchrun puts its workers in sessions of their own: kill the whole tree, not the group.
+            for pid in [*worker_pids(proc.pid), proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            proc.wait()
+    _wait_gpus_free()
+    stop.set()
+    sampler.join(timeout=5)
+    for f in ("llmft_steps.jsonl", "trainer_log.jsonl", "llmft_divergence.json"):
+        if (work / f).exists():
+            (rd / f).write_text((work / f).read_text())
+    subprocess.run(["rm", "-rf", str(work)])
+    result = {"name": name, "status": status, "wall_s": round(time.time() - t0, 1), "smi_peak_mib": peaks}
+    if status != "ok":
+        result["error"] = (rd / "train.log").read_text()[-3000:]
+    (rd / "result.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _throughput(steps: list[dict], skip: int) -> tuple[float, int, float]:
+    timing = [e for e in steps if "time" in e]
+    last = timing[-1]
+    skip = min(skip, last["step"] - 1)
+    first = next((e for e in timing if e["step"] == skip), timing[0])
+    tokens = last["tokens"] - first["tokens"]
+    seconds = last["time"] - first["time"]
+    return tokens / seconds, last["step"] - first["step"], seconds
+
+
+def summarise(out: Path, name: str, lengths: list[int]) -> dict:
+    rd = out / name
+    size, _, _, skip = VARIANTS[name]
+    base = (
+        json.loads((rd / "result.json").read_text())
+        if (rd / "result.json").exists()
+        else {"status": "not run"}
+    )
+    res = {"name": name, "size": size, **base}
+    steps = _read_jsonl(rd / "llmft_steps.jsonl")
+    if sum("time" in e for e in steps) < 2:
+        return res
+    args = yaml.safe_load((rd / "llamafactory.yaml").read_text())
+    plan = args["llmft"]["plan"]
+    shape = model_shape(MODELS / f"llama{size}")
+    tps, n_steps, seconds = _throughput(steps, skip)
+    tps_gpu = tps / plan["world_size"]
+    packed = args.get("packing") and not args.get("neat_packing")
+    # span each token attends over: its sample (unpacked, neat) or the whole pack (plain)
+    context = SEQ if packed else sum(n * n for n in lengths) / sum(lengths)
+    attn = shape.attention_flops_per_token(context)
+    peak = hardware.GPUS["h200"].peak_bf16_tflops
+    log = _read_jsonl(rd / "trainer_log.jsonl")
+    vram = max((e.get("vram_allocated", 0) for e in log), default=0) or None
+    reserved = max((e.get("vram_reserved", 0) for e in log), default=0) or None
+    predicted = plan["memory"]["peak"]
+    res.update(
+        {
+            "params": shape.params,
+            "settings": {
+                "zero_stage": plan["zero_stage"],
+                "micro_batch": plan["micro_batch"],
+                "gradient_accumulation": plan["gradient_accumulation"],
+                "tokens_per_step": plan["tokens_per_step"],
+                "gradient_checkpointing": plan["gradient_checkpointing"],
+                "packing": plan["packing"],
+                "attention": plan["attention"],
+                "liger": plan["liger"],
+                "buckets": plan["buckets"],
+            },
+            "measured_steps": n_steps,
+            "measured_seconds": round(seconds, 2),
+            "tokens_per_s_per_gpu": round(tps_gpu, 1),
+            "attention_context_tokens": round(context, 1),
+            "mfu": round(hardware.mfu(tps_gpu, shape.params, peak, attn), 4),
+            "mfu_6n": round(hardware.mfu(tps_gpu, shape.params, peak), 4),
+            "peak_vram_allocated_gib": vram,
+            "peak_vram_reserved_gib": reserved,
+            "predicted_peak_gib": predicted,
+            "prediction_error": round((predicted - vram) / vram, 3) if vram else None,
+            "loss": {e["step"]: round(e["loss"], 4) for e in steps if "loss" in e},
+        }
+    )
+    return res
+
+
+def report(out: Path, json_path: Path | None, command: str) -> dict:
+    lengths = json.loads((WORK / "lengths.json").read_text())
+    runs = {name: summarise(out, name, lengths) for name in VARIANTS if (out / name).exists()}
+    for name, r in runs.items():
+        size = r["size"]
+        for ref in ("recipe", "hand"):
+            other = runs.get(f"{ref}_{size}", {})
+            if r.get("tokens_per_s_per_gpu") and other.get("tokens_per_s_per_gpu"):
+                key = "speedup_vs_recipe" if ref == "recipe" else "speedup_vs_hand_tuned"
+                r[key] = round(r["tokens_per_s_per_gpu"] / other["tokens_per_s_per_gpu"], 2)
+        hand = runs.get(f"hand_{size}", {})
+        if name.startswith("ours") and r.get("loss") and hand.get("loss"):
+            common = [s for s in r["loss"] if s in hand["loss"]]
+            diffs = [abs(r["loss"][s] - hand["loss"][s]) / hand["loss"][s] for s in common]
+            r["loss_vs_hand_tuned"] = {
+                "steps": len(common),
+                "max_rel_diff": round(max(diffs), 4) if diffs else None,
+                "mean_rel_diff": round(sum(diffs) / len(diffs), 4) if diffs else None,
+            }
+
+    def load(name):
+        try:
+            return json.loads((out / name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    doc = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "machine": load("env.json"),
+        "varlen_check": load("varlen_check.json"),
+        "peak_tflops": hardware.GPUS["h200"].peak_bf16_tflops,
+        "runs": runs,
+    }
+    cols = ["name", "status", "tokens_per_s_per_gpu", "mfu", "speedup_vs_recipe", "speedup_vs_hand_tuned"]
+    cols += ["peak_vram_allocated_gib", "predicted_peak_gib", "prediction_error"]
+    print(" | ".join(cols))
+    for r in runs.values():
+        print(" | ".join(str(r.get(c, "")) for c in cols))
+    if json_path:
+        json_path.write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
+
+
+def token_lengths(data_dir: Path, tokenizer: str) -> list[int]:
+    from llmft.data import _length_counter
+
+    count = _length_counter(tokenizer, "default")
+    return [count(json.loads(line)) for line in (data_dir / "train.jsonl").read_text().splitlines()]
+
+
+def check_varlen(out: Path) -> dict:
+    """The GPU kernel against the per-sample SDPA reference in fp32: outputs and gradients."""
+    import torch
+    from llmft import varlen
+
+    torch.manual_seed(0)
+    b, t, h, kv, d = 2, 1024, 32, 8, 64
+    seg = torch.zeros(b, t, dtype=torch.long)
+    for row in range(b):
+        pos, idx = 0, 1
+        while pos < t - 40:
+            n = int(torch.randint(16, 400, ()).item())
+            seg[row, pos : pos + n] = idx
+            pos, idx = pos + n, idx + 1
+    _, cu, max_len = varlen.segments_to_varlen(seg)
+    q, k, v = (torch.randn(b, n, t, d, device="cuda", dtype=torch.bfloat16) for n in (h, kv, kv))
+    kwargs = {"cu_seq_lens_q": cu.cuda(), "max_length_q": max_len}
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out_gpu, _ = varlen.attention(None, *leaves, None, scaling=d**-0.5, **kwargs)
+    grad = torch.randn_like(out_gpu)
+    out_gpu.backward(grad)
+    ref_leaves = [x.detach().float().cpu().requires_grad_() for x in (q, k, v)]
+    out_ref, _ = varlen.attention(None, *ref_leaves, None, scaling=d**-0.5, **{**kwargs, "cu_seq_lens_q": cu})
+    out_ref.backward(grad.float().cpu())
+
+    def rel(a, r):
+        return float((a.float().cpu() - r).norm() / r.norm())
+
+    res = {
+        "available": varlen.available(),
+        "output_rel_err": rel(out_gpu.detach(), out_ref.detach()),
+        "grad_rel_err": [rel(a.grad, r.grad) for a, r in zip(leaves, ref_leaves, strict=True)],
+    }
+    res["ok"] = res["output_rel_err"] < 2e-2 and max(res["grad_rel_err"]) < 2e-2
+    (out / "varlen_check.json").write_text(json.dumps(res, indent=2))
+    print(json.dumps(res))
+    return res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("lengths")
+    p.add_argument("data_dir")
+    p.add_argument("tokenizer")
+    p = sub.add_parser("run")
+    p.add_argument("name", choices=sorted(VARIANTS))
+    p.add_argument("--out", required=True)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--timeout", type=int, default=300)
+    p = sub.add_parser("check-varlen")
+    p.add_argument("--out", required=True)
+    p = sub.add_parser("report")
+    p.add_argument("out")
+    p.add_argument("--json", default=None)
+    p.add_argument("--command", default="")
+    args = parser.parse_args()
+    if args.cmd == "lengths":
+        lengths = token_lengths(Path(args.data_dir), args.tokenizer)
+        (WORK / "lengths.json").write_text(json.dumps(lengths))
+        print(f"{len(lengths)} rows, mean {sum(lengths) / len(lengths):.1f} tokens")
+    elif args.cmd == "run":
+        print(json.dumps(run_variant(args.name, Path(args.out), args.max_steps, args.timeout))[:2000])
+    elif args.cmd == "check-varlen":
+        check_varlen(Path(args.out))
+    else:
+        report(Path(args.out), Path(args.json) if args.json else None, args.command or shlex.join(sys.argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+#!/bin/bash
+# GPU SFT benchmark, one device run (nvidia-h200-x2): recipe vs hand-tuned vs llmft's own choices.
+#   bash bench/sft_gpu.sh                      # every variant, most important first, within DEADLINE
+#   bash bench/sft_gpu.sh ours_1b:60:14 hand_1b:60  # NAME:ESTIMATED_SECONDS[:MAX_STEPS] ...
+# Needs, carried from the checkout: .whl/ (LLaMA-Factory + DeepSpeed + liger-kernel + jsonschema
+# wheels for the image's Python 3.12) and bench/work/sft/ (tokenizer, data, token lengths) made by
+#   python bench/sft_models.py data bench/work/sft/alpaca_synth.json
+#   python -m llmft prepare-data ... --out-dir bench/work/sft/data; python bench/sft_bench.py lengths ...
+# Results: $OUT/sft_h200x2.json (+ sft_runs.tar.gz with every run's logs, YAML and curves).
+set -u
+# Never NVLink multicast on the shared host.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RECORD_VRAM=1
+export TOKENIZERS_PARALLELISM=false
+DEADLINE=${DEADLINE:-560}
+T0=$(date +%s)
+el() { echo $(($(date +%s) - T0)); }
+OUT=${OUT:-/tmp/out}
+R=${BENCH_OUT:-/tmp/sft_bench}
+export BENCH_MODELS=${BENCH_MODELS:-/tmp/models} BENCH_RUNS=${BENCH_RUNS:-/tmp/bench_runs}
+MODELS=$BENCH_MODELS
+mkdir -p "$R" "$OUT" "$MODELS"
+say() { echo "[t=$(el)s] $*" | tee -a "$R/driver.log"; }
+pack() {
+  tar czf "$OUT/sft_runs.tar.gz" -C "$R" . 2>/dev/null
+  cp "$R/driver.log" "$OUT/" 2>/dev/null
+}
+
+# BENCH_DRY_RUN=1: the same path on this machine's venv (CPU, tiny models), before spending device time.
+if [ -z "${BENCH_DRY_RUN:-}" ] && [ ! -f /tmp/site/llamafactory/__init__.py ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >"$R/pip.log" 2>&1 ||
+    { say "pip install failed"; tail -20 "$R/pip.log"; exit 1; }
+fi
+export PYTHONPATH=/tmp/site:$PWD/workflow
+export PATH=/tmp/site/bin:$(dirname "$(command -v python3)"):$PATH
+say "wheels installed"
+if [ -n "${BENCH_QUICK:-}" ]; then
+  # A short follow-up call: reuse the machine facts and kernel check of the previous full call.
+  cp bench/work/sft/prev/env.json bench/work/sft/prev/varlen_check.json "$R/"
+else
+ENV_JSON="$R/env.json" python3 - >"$R/env.err" 2>&1 <<'PY'
+import json, os, subprocess, sys
+import torch, transformers, deepspeed, llamafactory
+from transformers.utils import is_flash_attn_2_available
+try:
+    import liger_kernel, importlib.metadata as md; liger = md.version("liger-kernel")
+except Exception as exc: liger = f"missing: {exc}"
+sys.path.insert(0, "workflow")
+from llmft import varlen
+smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                     capture_output=True, text=True).stdout.strip().splitlines()
+open(os.environ["ENV_JSON"], "w").write(json.dumps({"gpus": smi, "cpus": os.cpu_count(), "python": sys.version.split()[0],
+    "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+    "transformers": transformers.__version__, "deepspeed": deepspeed.__version__,
+    "llamafactory": llamafactory.__version__, "liger_kernel": liger,
+    "flash_attn_2_package": is_flash_attn_2_available(), "torch_varlen_attention": varlen.available()}, indent=1))
+PY
+say "env: $(tr -d '\n' <"$R/env.json" | head -c 600) $(tail -3 "$R/env.err")"
+timeout 120 python3 bench/sft_bench.py check-varlen --out "$R" >"$R/varlen_check.log" 2>&1
+say "varlen check: $(tail -1 "$R/varlen_check.log")"
+fi
+
+mk() {
+  [ -f "$MODELS/llama$1/config.json" ] && return 0
+  timeout 240 python3 bench/sft_models.py model "$([ -n "${BENCH_DRY_RUN:-}" ] && echo tiny || echo "$1")" "$MODELS/llama$1" bench/work/sft/tok >>"$R/models.log" 2>&1 ||
+    { say "model $1 failed"; tail -20 "$R/models.log"; return 1; }
+  say "model $1: $(tail -1 "$R/models.log")"
+}
+
+for spec in ${@:-ours_1b:55 hand_1b:55 recipe_1b:60 ours_8b:95 hand_8b:95 recipe_8b:90 ours_1b_sdpamask:50 ours_1b_noliger:50 ours_1b_zero2:55}; do
+  IFS=: read -r name est steps <<<"$spec"
+  if [ $(($(el) + est)) -gt "$DEADLINE" ]; then say "SKIP $name (elapsed $(el)s + est ${est}s > ${DEADLINE}s)"; continue; fi
+  case $name in *8b*) mk 8b || continue ;; *) mk 1b || continue ;; esac
+  left=$((DEADLINE + 25 - $(el)))
+  res=$(python3 bench/sft_bench.py run "$name" --out "$R" --timeout "$left" ${steps:+--max-steps $steps} 2>&1 | tail -1)
+  say "$name: ${res:0:400}"
+  pack
+done
+python3 bench/sft_bench.py report "$R" --json "$OUT/sft_h200x2.json" \
+  --command "bash bench/sft_gpu.sh $*" 2>&1 | tee -a "$R/driver.log"
+pack
+say done

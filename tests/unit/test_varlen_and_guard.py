@@ -1,0 +1,53 @@
+"""Neat packing's varlen inputs against LLaMA-Factory's 4-D mask, and the divergence diagnosis."""
+
+import torch
+from llamafactory.data.collator import prepare_4d_attention_mask
+from llmft import varlen
+from llmft.callbacks import diagnose
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+
+def test_segments_become_sequences_per_row_and_sample():
+    seg = torch.tensor([[1, 1, 2, 2, 2, 0], [1, 2, 2, 3, 3, 3]])
+    pos, cu, max_len = varlen.segments_to_varlen(seg)
+    assert pos.tolist() == [[0, 1, 0, 1, 2, 0], [0, 0, 1, 0, 1, 2]]
+    assert cu.tolist() == [0, 2, 5, 6, 7, 9, 12] and max_len == 3
+
+
+def test_varlen_attention_equals_llamafactory_block_diagonal_mask():
+    torch.manual_seed(0)
+    seg = torch.tensor([[1] * 5 + [2] * 7 + [3] * 3 + [0] * 1, [1] * 9 + [2] * 7])
+    batch, seq, heads, kv_heads, dim = 2, 16, 4, 2, 8
+    q = torch.randn(batch, heads, seq, dim)
+    k, v = torch.randn(batch, kv_heads, seq, dim), torch.randn(batch, kv_heads, seq, dim)
+    _, cu, max_len = varlen.segments_to_varlen(seg)
+
+    class Module:  # what sdpa_attention_forward reads from the attention layer
+        num_key_value_groups = heads // kv_heads
+        is_causal = True
+        training = False
+
+    out, _ = varlen.attention(
+        Module, q, k, v, None, scaling=dim**-0.5, cu_seq_lens_q=cu, max_length_q=max_len
+    )
+    mask = prepare_4d_attention_mask(seg, torch.float32)
+    ref, _ = sdpa_attention_forward(Module, q, k, v, mask, scaling=dim**-0.5)
+    real = seg != 0  # padding rows: LLaMA-Factory masks them entirely, varlen lets them self-attend
+    assert torch.allclose(out[real], ref[real], atol=1e-5)
+
+
+def test_diagnosis_ranks_fp16_then_learning_rate():
+    history = [{"step": s, "loss": 2.0, "grad_norm": g} for s, g in ((1, 1.0), (2, 30.0))]
+    event = {"step": 3, "what": "loss is nan", "learning_rate": 1e-3}
+    d = diagnose(event, history, precision="fp16", peak_lr=1e-3, finetuning_type="full", cutoff_len=4096,
+                 warmup_steps=0)  # fmt: skip
+    assert d["causes"][0].startswith("precision: fp16") and "sft.precision: bf16" in d["causes"][0]
+    assert d["causes"][1].startswith("learning rate") and "0.0001" in d["causes"][1]
+    assert any("data.cutoff_len=4096" in c for c in d["causes"])
+
+
+def test_diagnosis_of_a_modest_bf16_run_points_at_the_data():
+    history = [{"step": s, "loss": 2.0, "grad_norm": 1.0} for s in range(1, 30)]
+    d = diagnose({"step": 30, "what": "loss is inf"}, history, precision="bf16", peak_lr=1e-5,
+                 finetuning_type="full", cutoff_len=2048, warmup_steps=3)  # fmt: skip
+    assert d["causes"][0].startswith("over-long rows")

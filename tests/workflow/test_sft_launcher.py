@@ -1,0 +1,139 @@
+"""llmft's SFT launcher on real CPU training (tiny model, 2 processes, gloo): no mocks.
+
+- a stop signal makes every rank save a checkpoint at the same step and exit; the same command then
+  resumes from it, loses no step, and trainer_log.jsonl keeps the whole history;
+- an absurd learning rate stops training at the first NaN with a diagnosis that names it.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.workflow
+
+
+def llmft(*args, cwd, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "llmft", *args], cwd=cwd, capture_output=True, text=True, **kw
+    )
+
+
+@pytest.fixture(scope="module")
+def stage(tmp_path_factory):
+    """The demo's tiny model and prepared data, made by the pipeline's own stage commands."""
+    root = tmp_path_factory.mktemp("sft")
+    (root / "config").mkdir()
+    (root / "config/config.yaml").write_text((REPO / "config/config.yaml").read_text())
+    for cmd in (
+        ["base-model", "--out", "base_model"],
+        ["synthetic", "--out", "synthetic.jsonl"],
+        ["prepare-data", "--tokenizer", "base_model", "--out-dir", "data", "--synthetic", "synthetic.jsonl"],
+    ):
+        proc = llmft(*cmd, cwd=root)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    return root
+
+
+def render(root: Path, name: str, sft: dict) -> tuple[str, dict]:
+    """Render the demo config with `sft` overrides; return (overrides JSON, rendered args)."""
+    overrides = json.dumps({"sft": {"logging_steps": 1, **sft}})
+    out = f"{name}.yaml"
+    proc = llmft(
+        "render-sft", "--overrides", overrides, "--base-model", "base_model", "--data-dir", "data",
+        "--out-yaml", out, "--out-deepspeed", f"{name}.json", "--work-root", "work", cwd=root,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return overrides, yaml.safe_load((root / out).read_text())
+
+
+def launch(root: Path, overrides: str, name: str, tag: str = "") -> subprocess.Popen:
+    """The per-node launcher as the sft rule runs it; output to a file (a full pipe would block it)."""
+    log = open(root / f"{name}{tag}.log", "w")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llmft",
+            "sft",
+            "--overrides",
+            overrides,
+            "--yaml",
+            f"{name}.yaml",
+            "--launch-only",
+        ],
+        cwd=root,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    proc.log_path, proc.log_file = root / f"{name}{tag}.log", log
+    return proc
+
+
+def finish(proc: subprocess.Popen, timeout: int = 300) -> str:
+    proc.wait(timeout=timeout)
+    proc.log_file.close()
+    return proc.log_path.read_text()
+
+
+def steps_done(work: Path) -> list[int]:
+    path = work / "llmft_steps.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if '"time"' in line]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_stop_signal_saves_and_the_rerun_resumes_without_losing_steps(stage, sig):
+    # The demo's ZeRO-3 (DeepSpeed checkpoints). Plain DDP cannot resume on CPU processes:
+    # transformers 5.6 loads the optimizer state with map_location "cpu:0", which torch rejects.
+    overrides, args = render(stage, f"resume_{sig.name}", {"max_steps": 60, "save_steps": 1000})
+    work = stage / args["output_dir"]
+    proc = launch(stage, overrides, f"resume_{sig.name}")
+    deadline = time.time() + 240
+    while len(steps_done(work)) < 8 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    signalled_at = len(steps_done(work))
+    assert proc.poll() is None and signalled_at >= 8, proc.log_path.read_text()[-3000:]
+    os.kill(proc.pid, sig)
+    out = finish(proc, 240)
+    assert proc.returncode == 75, out[-3000:]  # EX_TEMPFAIL: saved, run me again
+    saved = json.loads((work / "llmft_preempted.json").read_text())["step"]
+    assert saved >= signalled_at and (work / f"checkpoint-{saved}").is_dir()
+    assert not (work / "model.safetensors").exists()  # no final model from an interrupted run
+    if sig == signal.SIGTERM:
+        return  # the resume half is the same for both signals
+    resumed = launch(stage, overrides, f"resume_{sig.name}", tag="_resumed")
+    out = finish(resumed)
+    assert resumed.returncode == 0, out[-3000:]
+    assert f"Resuming training from {work}/checkpoint-{saved}" in out
+    steps = steps_done(work)
+    # every step ran exactly once: the interrupted part up to the checkpoint, then the rest
+    assert steps == list(range(1, saved + 1)) + list(range(saved + 1, 61))
+    log = [json.loads(line) for line in (work / "trainer_log.jsonl").read_text().splitlines()]
+    logged = [e["current_steps"] for e in log if "loss" in e]
+    assert logged[0] == 1 and logged[-1] == 60 and saved in logged  # the history before the stop is kept
+    assert (work / "model.safetensors").exists()
+
+
+def test_absurd_learning_rate_stops_at_the_first_nan_with_a_diagnosis(stage):
+    overrides, args = render(
+        stage, "diverge", {"zero_stage": 0, "max_steps": 40, "learning_rate": 1.0e30, "warmup_ratio": 0.0}
+    )
+    work = stage / args["output_dir"]
+    proc = launch(stage, overrides, "diverge")
+    out = finish(proc)
+    assert proc.returncode == 3, out[-3000:]
+    diagnosis = json.loads((work / "llmft_divergence.json").read_text())
+    assert diagnosis["step"] < 10 and "nan" in diagnosis["what"].lower()
+    assert any(c.startswith("learning rate: sft.learning_rate=1e+30") for c in diagnosis["causes"])
+    assert "Likely causes" in out  # the launcher prints it into the sft log
+    assert not (work / "model.safetensors").exists()  # nothing published from a diverged run

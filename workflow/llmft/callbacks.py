@@ -1,0 +1,207 @@
+"""Trainer callbacks that llmft's launcher adds to LLaMA-Factory's run (its CLI takes none).
+
+- DivergenceGuard: a NaN/inf loss or gradient norm, or a gradient norm far above its running
+  median, stops training before anything is saved, with a diagnosis (learning rate, precision,
+  over-long rows), instead of burning GPU-hours and publishing a broken model.
+- PreemptionSaver: after SIGUSR1/SIGTERM (Slurm's --signal before the time limit, preemption) or a
+  stop-request file, every rank agrees at the next optimizer step to save a checkpoint, then stops;
+  the requeued job resumes from it, losing nothing.
+- StepClock: one line per optimizer step (wall time, tokens seen) for steady-state throughput.
+
+Exceptions end the run from inside the training loop, on every rank at the same step (the values
+they act on are global: the logged loss is averaged over ranks, the grad norm is the global norm,
+the stop flag is all-reduced), so no rank is left waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+DIVERGENCE_FILE = "llmft_divergence.json"
+PREEMPTED_FILE = "llmft_preempted.json"
+STOP_REQUEST_FILE = "llmft_stop_request"
+STEPS_FILE = "llmft_steps.jsonl"
+EXIT_DIVERGED = 3
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again later
+
+
+class Diverged(RuntimeError):
+    def __init__(self, diagnosis: dict):
+        super().__init__(diagnosis["message"])
+        self.diagnosis = diagnosis
+
+
+class Preempted(RuntimeError):
+    pass
+
+
+def _finite(x) -> bool:
+    return x is not None and math.isfinite(float(x))
+
+
+def diagnose(
+    event: dict,
+    history: list[dict],
+    *,
+    precision: str,
+    peak_lr: float,
+    finetuning_type: str,
+    cutoff_len: int,
+    warmup_steps: int,
+) -> dict:
+    """Name the likely causes of a divergence, most likely first, each with the key to change."""
+    step = event["step"]
+    what = event["what"]
+    lr = event.get("learning_rate") or peak_lr
+    causes: list[str] = []
+    norms = [h["grad_norm"] for h in history if _finite(h.get("grad_norm"))]
+    rising = len(norms) >= 2 and norms[-1] > 10 * min(norms)
+    high_lr = peak_lr > (1e-3 if finetuning_type != "full" else 1e-4)
+    if precision == "fp16":
+        causes.append(
+            "precision: fp16 overflows (its range ends at 65504); set sft.precision: bf16 "
+            "(the seed's advice for MI300X; H100/H200 support bf16 too)"
+        )
+    if high_lr or rising or (not norms and step <= max(1, warmup_steps) * 2):
+        causes.append(
+            f"learning rate: sft.learning_rate={peak_lr:g} (at step {step}: {lr:.3g}) is likely too high "
+            f"for {finetuning_type} fine-tuning; try {peak_lr / 10:g}"
+            + ("; the gradient norm was already rising" if rising else "")
+            + (
+                f", or a longer warm-up (sft.warmup_ratio; {warmup_steps} warm-up steps now)"
+                if warmup_steps < 10
+                else ""
+            )
+        )
+    causes.append(
+        f"over-long rows: data.cutoff_len={cutoff_len}; a few very long rows (few answer tokens "
+        "after a long prompt) give extreme losses: look at the length histogram in the data stage's "
+        "stats.json and lower data.cutoff_len"
+    )
+    if precision != "fp16" and not (high_lr or rising):
+        causes.append(
+            "precision: if the loss was NaN from the first step, check the model's weights and dtype"
+        )
+    message = f"training stopped at step {step}: {what}. Likely causes, most likely first: " + " | ".join(
+        f"({i}) {c}" for i, c in enumerate(causes, 1)
+    )
+    return {"step": step, "what": what, "causes": causes, "message": message, "recent": history[-10:]}
+
+
+class DivergenceGuard(TrainerCallback):
+    """Stops on a NaN/inf loss or grad norm, or a grad norm `factor` x its running median."""
+
+    def __init__(self, factor: float, precision: str, finetuning_type: str, cutoff_len: int):
+        self.factor = factor
+        self.precision = precision
+        self.finetuning_type = finetuning_type
+        self.cutoff_len = cutoff_len
+        self.history: list[dict] = []
+        self.fp16_overflows = 0
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        if "loss" not in logs:
+            return
+        entry = {k: logs.get(k) for k in ("loss", "grad_norm", "learning_rate")}
+        entry["step"] = state.global_step
+        loss, norm = entry["loss"], entry["grad_norm"]
+        what = None
+        if not _finite(loss):
+            what = f"loss is {loss}"
+        elif norm is not None and not _finite(norm):
+            # fp16's dynamic loss scaling skips steps whose gradients overflow: a few are normal.
+            self.fp16_overflows += 1
+            if self.precision != "fp16" or self.fp16_overflows >= 5:
+                what = f"gradient norm is {norm}"
+        else:
+            self.fp16_overflows = 0
+            norms = [h["grad_norm"] for h in self.history[-20:] if _finite(h.get("grad_norm"))]
+            if self.factor and _finite(norm) and len(norms) >= 5:
+                median = statistics.median(norms)
+                if median > 0 and norm > self.factor * median:
+                    what = f"gradient norm {norm:.4g} is {norm / median:.0f}x its running median {median:.4g}"
+        if what is None:
+            self.history.append(entry)
+            return
+        diagnosis = diagnose(
+            {**entry, "what": what},
+            self.history,
+            precision=self.precision,
+            peak_lr=args.learning_rate,
+            finetuning_type=self.finetuning_type,
+            cutoff_len=self.cutoff_len,
+            warmup_steps=args.get_warmup_steps(state.max_steps) if state.max_steps else 0,
+        )
+        if state.is_world_process_zero:
+            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+            (Path(args.output_dir) / DIVERGENCE_FILE).write_text(json.dumps(diagnosis, indent=2, default=str))
+        raise Diverged(diagnosis)
+
+
+def _any_rank(flag: bool, device) -> bool:
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    t = torch.tensor([1 if flag else 0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+class PreemptionSaver(TrainerCallback):
+    """Save a checkpoint at the next step after a stop request, then end the run (Preempted)."""
+
+    def __init__(self, stop_file: Path):
+        self.stop_file = stop_file
+        self.requested: str | None = None
+        self.stopping = False
+
+    def request(self, why: str) -> None:
+        """Called from a signal handler: only set a flag, the training loop acts on it."""
+        self.requested = self.requested or why
+
+    def on_step_end(self, args, state, control, **kwargs):
+        local = self.requested is not None or self.stop_file.exists()
+        if _any_rank(local, args.device):
+            self.stopping = True
+            control.should_save = True
+            control.should_training_stop = True
+
+    def on_save(self, args, state, control, **kwargs):
+        if not self.stopping:
+            return
+        if state.is_world_process_zero:
+            info = {
+                "step": state.global_step,
+                "why": self.requested or "stop-request file",
+                "time": time.time(),
+            }
+            (Path(args.output_dir) / PREEMPTED_FILE).write_text(json.dumps(info))
+        raise Preempted(f"checkpoint saved at step {state.global_step} after a stop request")
+
+
+class StepClock(TrainerCallback):
+    """Rank 0 appends {step, time, tokens} per optimizer step to llmft_steps.jsonl (kept on resume)."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        path = Path(args.output_dir) / STEPS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as fh:
+            rec = {"step": state.global_step, "time": time.time(), "tokens": state.num_input_tokens_seen}
+            fh.write(json.dumps(rec) + "\n")
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs and "loss" in logs:
+            path = Path(args.output_dir) / STEPS_FILE
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"step": state.global_step, "loss": logs["loss"]}) + "\n")

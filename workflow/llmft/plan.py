@@ -1,0 +1,548 @@
+"""Will it fit? Per-GPU memory for an SFT config, and the settings the pipeline picks for `auto`.
+
+The estimate adds up what LLaMA-Factory + DeepSpeed keep on each GPU for full (or LoRA/freeze)
+fine-tuning with AdamW, in two phases whose larger value is the peak:
+
+- backward: weights, gradients, optimizer states (sharded by ZeRO), communication buckets, and the
+  activations of one micro-batch (all layers, or only layer inputs plus one layer under gradient
+  checkpointing), the loss over the vocabulary, and neat packing's 4-D mask where SDPA needs it;
+- optimizer step: the same states with activations freed, plus the fp32 gradient copy that
+  DeepSpeed makes for the step.
+
+Byte counts per element follow what the code really holds: LLaMA-Factory upcasts trainable weights
+to fp32 unless ZeRO-3 is on, DeepSpeed runs the model in 16 bit with fp32 master weights, and plain
+DDP under autocast keeps an fp32 residual stream. The activation constants (bytes per token per
+layer) were counted from transformers' Llama modules and checked against measured peaks
+(bench/results/sft_*.json records prediction against measurement).
+
+`resolve` turns the `auto` values of the `sft` config section into concrete settings, lowest
+communication first (plain DDP, then ZeRO-2, then ZeRO-3, then ZeRO-3 with CPU offload), and
+refuses a config that cannot fit with a ConfigError that names the keys to change.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import hardware
+from .config import ConfigError, layout
+
+GIB = 1024**3
+# Share of a GPU's memory a plan may fill: the rest is the CUDA/HIP context, NCCL buffers and the
+# caching allocator's slack, none of which torch.cuda.max_memory_allocated() counts.
+USABLE_FRACTION = 0.90
+CONTEXT_GIB = 1.0
+# Below this many tokens per micro-step GEMMs lose efficiency; a plan without gradient
+# checkpointing must reach it (or the whole token budget, if smaller) to be preferred.
+MIN_EFFICIENT_TOKENS = 4096
+# Model families whose modules Liger kernels replace (LLaMA-Factory's own list, the common part).
+LIGER_MODEL_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "granite"}
+
+# Saved activation bytes per token and layer, as (per hidden unit, per MLP unit, per KV unit).
+# "half": DeepSpeed runs the whole model in bf16/fp16 (RMSNorm still saves fp32 copies);
+# "autocast": plain DDP, fp32 weights and residual stream, bf16 copies saved for each matmul;
+# "fp32": no mixed precision (the CPU demo). Liger's fused RMSNorm/SwiGLU/RoPE save less.
+ACTIVATION_BYTES = {
+    ("half", False): (32, 8, 8),
+    ("half", True): (20, 4, 8),
+    ("autocast", False): (44, 8, 8),
+    ("autocast", True): (32, 4, 8),
+    ("fp32", False): (64, 16, 16),
+    ("fp32", True): (40, 8, 16),
+}
+# Loss over the vocabulary per token: bf16 logits, their fp32 upcast and the fp32 gradient
+# (LLaMA-Factory/transformers upcast before cross-entropy). Liger's fused linear cross-entropy
+# never materialises logits: a chunk of the size of the hidden states instead.
+LOGIT_BYTES = {"half": 10, "autocast": 10, "fp32": 12}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The dimensions that decide memory and FLOPs, read from a model's config.json."""
+
+    model_type: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    params: int
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def layer_params(self) -> int:
+        attn = self.hidden * self.heads * self.head_dim * 2 + self.hidden * self.kv_dim * 2
+        return attn + 3 * self.hidden * self.intermediate + 2 * self.hidden
+
+    def attention_flops_per_token(self, context: float) -> float:
+        """Causal attention FLOPs (forward + backward) per token whose sequence is `context` long.
+
+        QK^T and AV cost 4 * t * heads * head_dim per query at position t; causal masking halves the
+        mean t to context / 2; backward doubles forward, so 6 * context * heads * head_dim per layer.
+        """
+        return 6.0 * context * self.heads * self.head_dim * self.layers
+
+
+def model_shape(model_dir: str | Path) -> ModelShape:
+    """Read config.json of an HF model folder (Llama-like decoder: most open models are)."""
+    path = Path(model_dir) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"config key model.name_or_path: cannot read {path}: {exc}") from None
+    cfg = cfg.get("text_config", cfg)
+    try:
+        hidden = int(cfg["hidden_size"])
+        layers = int(cfg["num_hidden_layers"])
+        heads = int(cfg["num_attention_heads"])
+        inter = int(cfg.get("intermediate_size") or 4 * hidden)
+        vocab = int(cfg["vocab_size"])
+    except KeyError as exc:
+        raise ConfigError(
+            f"config key model.name_or_path: {path} lacks {exc}; the planner needs a decoder config"
+        ) from None
+    kv = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    shape = ModelShape(cfg.get("model_type", ""), hidden, layers, heads, kv, head_dim, inter, vocab, tied, 0)
+    params = layers * shape.layer_params + vocab * hidden * (1 if tied else 2) + hidden
+    return ModelShape(**{**asdict(shape), "params": params})
+
+
+@dataclass
+class Memory:
+    """Predicted per-GPU memory in GiB, by component, for both phases of a step."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    buckets: float
+    activations: float
+    loss: float
+    mask: float
+    step_transient: float
+
+    @property
+    def states(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.buckets
+
+    @property
+    def backward_peak(self) -> float:
+        return self.states + self.activations + self.loss + self.mask
+
+    @property
+    def step_peak(self) -> float:
+        return self.states + self.step_transient
+
+    @property
+    def peak(self) -> float:
+        return max(self.backward_peak, self.step_peak)
+
+
+def trainable_params(shape: ModelShape, finetuning_type: str) -> float:
+    """Parameters that get gradients and AdamW states."""
+    if finetuning_type == "lora":
+        # rank 8 on every linear of each layer: ~ 2 * r * (in + out) per matrix; well under 1 %.
+        per_layer = 2 * 8 * (4 * shape.hidden + 2 * shape.kv_dim + 3 * (shape.hidden + shape.intermediate))
+        return shape.layers * per_layer
+    if finetuning_type == "freeze":
+        # LLaMA-Factory's default trains the last 2 layers.
+        return min(2, shape.layers) * shape.layer_params
+    return shape.params
+
+
+def estimate(
+    shape: ModelShape,
+    *,
+    stage: int,
+    world: int,
+    micro_batch: int,
+    seq_len: int,
+    gradient_checkpointing: bool,
+    precision: str = "bf16",
+    offload: bool = False,
+    liger: bool = False,
+    finetuning_type: str = "full",
+    neat_mask: bool = False,
+    buckets: tuple[float, float] = (5e8, 5e8),
+) -> Memory:
+    """Per-GPU memory of one configuration (see the module docstring for the model)."""
+    p = float(shape.params)
+    t = float(trainable_params(shape, finetuning_type))
+    w = max(1, world)
+    if precision == "fp32":
+        mode = "fp32"
+    elif stage == 0:
+        mode = "autocast"
+    else:
+        mode = "half"
+    reduce_b, gather_b = buckets
+    if mode == "autocast":
+        # fp32 trainable weights (frozen ones stay 16 bit) + the bf16 copies autocast keeps for
+        # backward; fp32 grads, DDP's fp32 bucket copy of them, AdamW's two fp32 moments.
+        weights = 4 * t + 2 * (p - t) + 2 * p
+        grads = 4 * t
+        optim = 8 * t
+        bucket = 4 * t if w > 1 else 0.0
+        transient = 0.0  # fused AdamW updates in place
+    else:
+        unit = 4 if mode == "fp32" else 2
+        weights = unit * p / (w if stage == 3 else 1)
+        grads = unit * t / (w if stage >= 2 else 1)
+        # fp32 master copy (only for 16-bit weights) + AdamW's two fp32 moments, sharded by ZeRO.
+        optim = ((4 if unit == 2 else 0) + 8) * t / (w if stage >= 1 else 1)
+        if offload:
+            optim = 0.0
+            weights = 0.0 if stage == 3 else weights
+        if stage == 3:
+            # gathered working set: the prefetch bucket plus the largest module being computed
+            largest = max(shape.layer_params, shape.vocab * shape.hidden)
+            bucket = unit * (reduce_b + gather_b + 2 * largest)
+            transient = 0.0 if offload else 4 * t / w
+        elif stage in (1, 2):
+            # overlap_comm double-buffers the reduce bucket. The step flattens the 16-bit grads
+            # and converts them to an fp32 partition; with the optimizer's own temporaries that came
+            # to ~10 bytes per sharded parameter in FACTS.md's 8 B ZeRO-2 peaks (108-110 GiB).
+            bucket = unit * (2 * reduce_b + gather_b)
+            transient = 0.0 if offload else 10 * t / w
+        else:
+            bucket = unit * t if w > 1 else 0.0
+            transient = 0.0
+    tokens = micro_batch * seq_len
+    per_d, per_f, per_kv = ACTIVATION_BYTES[(mode, liger)]
+    layer = per_d * shape.hidden + per_f * shape.intermediate + per_kv * shape.kv_dim
+    if finetuning_type != "full" and not gradient_checkpointing:
+        layer *= 0.85  # frozen weights need no saved inputs for their weight gradients
+    if gradient_checkpointing:
+        residual = (2 if mode == "half" else 4) * shape.hidden
+        acts = tokens * (shape.layers * residual + layer)
+    else:
+        acts = tokens * shape.layers * layer
+    loss = tokens * (8 * shape.hidden if liger else LOGIT_BYTES[mode] * shape.vocab)
+    mask = micro_batch * seq_len * seq_len * 2 if neat_mask else 0.0
+    return Memory(
+        weights=weights / GIB,
+        gradients=grads / GIB,
+        optimizer=optim / GIB,
+        buckets=bucket / GIB,
+        activations=acts / GIB,
+        loss=loss / GIB,
+        mask=mask / GIB,
+        step_transient=transient / GIB,
+    )
+
+
+@dataclass
+class Plan:
+    """Concrete SFT settings for one config, with the memory they are predicted to take."""
+
+    zero_stage: int
+    offload: bool
+    micro_batch: int
+    gradient_accumulation: int
+    gradient_checkpointing: bool
+    packing: str  # neat | plain | off
+    liger: bool
+    attention: str  # LLaMA-Factory flash_attn value, or varlen (ours, for neat packing)
+    buckets: dict
+    gpu: str
+    capacity_gib: float
+    usable_gib: float
+    memory: Memory
+    world_size: int
+    seq_len: int
+    params: int
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def predicted_peak_gib(self) -> float:
+        return self.memory.peak
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        return self.micro_batch * self.seq_len
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.tokens_per_micro_batch * self.gradient_accumulation * self.world_size
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["memory"] = {k: round(v, 3) for k, v in asdict(self.memory).items()}
+        out["memory"].update(
+            backward_peak=round(self.memory.backward_peak, 3),
+            step_peak=round(self.memory.step_peak, 3),
+            peak=round(self.memory.peak, 3),
+        )
+        out["tokens_per_step"] = self.tokens_per_step
+        return out
+
+
+def gpu_capacity(cfg: dict, vendor: str) -> tuple[str, float]:
+    """(name, GiB per device) of the training devices; CPU processes share the host's memory."""
+    if vendor == "cpu":
+        try:
+            total = 0
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemTotal:"):
+                    total = int(line.split()[1]) * 1024
+        except OSError:
+            total = 16 * GIB
+        return "cpu", total / GIB / max(1, layout(cfg).processes_per_node)
+    key = cfg["hardware"]["gpu_model"].lower()
+    if key in hardware.GPUS:
+        return key, hardware.GPUS[key].memory_gib
+    if key:
+        raise ConfigError(
+            f"config key hardware.gpu_model: unknown GPU {key!r}; known: {', '.join(sorted(hardware.GPUS))}"
+        )
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            spec = hardware.identify_gpu(props.name, getattr(props, "gcnArchName", ""))
+            return (spec.name if spec else props.name), props.total_memory / GIB
+    except ImportError:
+        pass
+    # Rendering runs on a login node without GPUs: assume the cluster's GPU (MI300X on ROCm) or
+    # the smallest common NVIDIA data-centre part, so a plan never assumes more memory than exists.
+    fallback = "mi300x" if vendor == "rocm" else "h100"
+    return fallback, hardware.GPUS[fallback].memory_gib
+
+
+def liger_available() -> bool:
+    return (
+        importlib.util.find_spec("liger_kernel") is not None
+        and importlib.util.find_spec("triton") is not None
+    )
+
+
+def _buckets(setting, shape: ModelShape, stage: int) -> dict:
+    """DeepSpeed bucket sizes in elements. HF's `auto` sizes them h^2: tiny for big models."""
+    if setting == "hf":
+        return {"reduce": "auto", "gather": "auto", "persistence": "auto"}
+    if setting != "auto":
+        size = float(setting)
+        return {"reduce": size, "gather": size, "persistence": 10 * shape.hidden}
+    # ~1/8 of the model per bucket, between 50 M (bandwidth-efficient messages) and 500 M elements
+    # (1 GB in bf16: enough to hide behind compute, small enough not to crowd activations).
+    size = float(min(5e8, max(5e7, round(shape.params / 8, -6))))
+    gather = size if stage != 3 else float(min(5e8, max(5e7, round(shape.params / 16, -6))))
+    return {"reduce": size, "gather": gather, "persistence": 10 * shape.hidden}
+
+
+def _bucket_elems(b: dict) -> tuple[float, float]:
+    num = [v if isinstance(v, (int, float)) else 0.0 for v in (b["reduce"], b["gather"])]
+    return num[0], num[1]
+
+
+def resolve(cfg: dict, model_dir: str | Path, vendor: str, shape: ModelShape | None = None) -> Plan:
+    """Concrete settings for every `auto` in cfg['sft'], checked against the devices' memory."""
+    sft = cfg["sft"]
+    shape = shape or model_shape(model_dir)
+    lay = layout(cfg)
+    world = lay.world_size
+    seq = cfg["data"]["cutoff_len"]
+    gpu, capacity = gpu_capacity(cfg, vendor)
+    usable = capacity * USABLE_FRACTION - CONTEXT_GIB
+    on_gpu = vendor != "cpu"
+    reasons: list[str] = []
+
+    packing = sft["packing"]
+    if packing == "auto":
+        packing = "neat" if on_gpu else "off"
+        reasons.append(
+            "packing neat: packed rows without cross-sample attention"
+            if on_gpu
+            else "packing off: the CPU demo trains row by row"
+        )
+    attention = sft["flash_attn"]
+    if attention == "auto" and packing == "neat" and on_gpu:
+        attention = "varlen"
+        reasons.append("attention varlen: torch's FlashAttention kernel over each packed sample")
+    neat_mask = packing == "neat" and attention in ("sdpa", "disabled", "auto")
+    # Overlapped, large buckets need a GPU side stream; on gloo DeepSpeed's own sizes do.
+    bucket_setting = sft["zero_bucket_size"] if on_gpu or sft["zero_bucket_size"] != "auto" else "hf"
+
+    stages = [sft["zero_stage"]] if sft["zero_stage"] != "auto" else ([0, 2, 3] if world > 1 else [0, 3])
+    if sft["offload"] == "auto":
+        offloads = [False, True]
+    else:
+        offloads = [bool(sft["offload"])]
+    gcs = [sft["gradient_checkpointing"]] if sft["gradient_checkpointing"] != "auto" else [False, True]
+    budget_rows = max(1, sft["micro_batch_tokens"] // seq)
+    if sft["per_device_train_batch_size"] != "auto":
+        rows_options = [sft["per_device_train_batch_size"]]
+    elif sft["gradient_accumulation_steps"] == "auto":
+        # Divisors of the rows each process needs per optimizer step: micro-batch x accumulation
+        # then hits sft.tokens_per_step exactly, whatever the hardware.
+        per_proc = max(1, sft["tokens_per_step"] // (seq * world))
+        rows_options = [r for r in range(min(budget_rows, per_proc), 0, -1) if per_proc % r == 0]
+    else:
+        rows_options = list(range(budget_rows, 0, -1))
+    want_tokens = min(budget_rows * seq, MIN_EFFICIENT_TOKENS)
+
+    def use_liger(stage: int) -> bool:
+        if sft["liger_kernel"] != "auto":
+            return bool(sft["liger_kernel"])
+        # ZeRO-3 gathers weights in module hooks, which Liger's fused loss bypasses.
+        return on_gpu and stage < 3 and shape.model_type in LIGER_MODEL_TYPES and liger_available()
+
+    def mem(stage, offload, rows, gc) -> Memory:
+        return estimate(
+            shape,
+            stage=stage,
+            world=world,
+            micro_batch=rows,
+            seq_len=seq,
+            gradient_checkpointing=gc,
+            precision=sft["precision"],
+            offload=offload,
+            liger=use_liger(stage),
+            finetuning_type=sft["finetuning_type"],
+            neat_mask=neat_mask,
+            buckets=_bucket_elems(_buckets(bucket_setting, shape, stage)),
+        )
+
+    chosen = None
+    smallest: tuple[float, tuple] | None = None
+    # Pass 1 prefers no recomputation at an efficient micro-batch; pass 2 accepts what fits.
+    for strict in (True, False):
+        for gc in gcs:
+            if strict and gc and len(gcs) > 1:
+                continue
+            for stage in stages:
+                for offload in offloads:
+                    if offload and stage != 3:
+                        continue
+                    for rows in rows_options:
+                        m = mem(stage, offload, rows, gc)
+                        if smallest is None or m.peak < smallest[0]:
+                            smallest = (m.peak, (stage, offload, rows, gc))
+                        if m.peak <= usable:
+                            if strict and len(rows_options) > 1 and rows * seq < want_tokens:
+                                break
+                            chosen = (stage, offload, rows, gc, m)
+                            break
+                    if chosen:
+                        break
+                if chosen:
+                    break
+            if chosen:
+                break
+        if chosen:
+            break
+    if chosen is None:
+        raise ConfigError(_refusal(cfg, shape, gpu, usable, smallest, seq))
+    stage, offload, rows, gc, memory = chosen
+    if sft["zero_stage"] == "auto":
+        reasons.append(
+            {
+                0: "zero_stage 0: the whole model and its AdamW states fit on each GPU (plain DDP)",
+                2: "zero_stage 2: states need sharding, weights fit whole",
+                3: "zero_stage 3: even the 16-bit weights need sharding",
+            }[stage]
+        )
+    if sft["gradient_checkpointing"] == "auto":
+        reasons.append(
+            "gradient checkpointing on: activations do not fit otherwise"
+            if gc
+            else "gradient checkpointing off: activations fit"
+        )
+    if sft["offload"] == "auto" and offload:
+        reasons.append("offload on: ZeRO-3 alone does not fit")
+    per_step = rows * seq * world
+    if sft["gradient_accumulation_steps"] == "auto":
+        accum = max(1, math.ceil(sft["tokens_per_step"] / per_step))
+        reasons.append(
+            f"gradient_accumulation {accum}: >= {sft['tokens_per_step']} tokens per optimizer step"
+        )
+    else:
+        accum = sft["gradient_accumulation_steps"]
+    if sft["per_device_train_batch_size"] == "auto":
+        reasons.append(f"micro-batch {rows} x {seq} tokens: the largest within the budget that fits")
+    return Plan(
+        zero_stage=stage,
+        offload=offload,
+        micro_batch=rows,
+        gradient_accumulation=accum,
+        gradient_checkpointing=gc,
+        packing=packing,
+        liger=use_liger(stage),
+        attention=attention,
+        buckets=_buckets(bucket_setting, shape, stage),
+        gpu=gpu,
+        capacity_gib=round(capacity, 2),
+        usable_gib=round(usable, 2),
+        memory=memory,
+        world_size=world,
+        seq_len=seq,
+        params=shape.params,
+        reasons=reasons,
+    )
+
+
+def _refusal(cfg, shape, gpu, usable, smallest, seq) -> str:
+    """Why nothing fits, and which keys to change, most effective first."""
+    sft = cfg["sft"]
+    peak, (stage, offload, rows, gc) = smallest
+    fixed = []
+    if sft["per_device_train_batch_size"] != "auto":
+        fixed.append(f"sft.per_device_train_batch_size: {rows}")
+    if sft["gradient_checkpointing"] != "auto":
+        fixed.append(f"sft.gradient_checkpointing: {str(gc).lower()}")
+    if sft["zero_stage"] != "auto":
+        fixed.append(f"sft.zero_stage: {stage}")
+    if sft["offload"] != "auto":
+        fixed.append(f"sft.offload: {str(offload).lower()}")
+    tips = []
+    if sft["gradient_checkpointing"] is False:
+        tips.append("sft.gradient_checkpointing: true (or auto)")
+    if sft["per_device_train_batch_size"] not in ("auto", 1):
+        tips.append("a smaller sft.per_device_train_batch_size (or auto)")
+    if sft["zero_stage"] not in ("auto", 3):
+        tips.append("sft.zero_stage: 3 (or auto)")
+    if sft["offload"] is False or (sft["offload"] == "auto" and stage != 3):
+        tips.append("sft.offload: true (or auto)")
+    tips += [
+        "more GPUs (hardware.nodes / hardware.gpus_per_node: ZeRO-3 shards states over all of them)",
+        f"a shorter data.cutoff_len (now {seq})",
+        "sft.finetuning_type: lora",
+    ]
+    return (
+        f"sft does not fit: {shape.params / 1e9:.2f} B parameters need at least {peak:.1f} GiB per device "
+        f"(ZeRO-{stage}{' + offload' if offload else ''}, micro-batch {rows} x {seq} tokens, gradient "
+        f"checkpointing {'on' if gc else 'off'}) but {gpu} leaves {usable:.1f} GiB usable"
+        + (f" with {', '.join(fixed)}" if fixed else "")
+        + ". Change: "
+        + "; ".join(tips)
+    )
+
+
+def describe(plan: Plan) -> str:
+    """Human-readable plan for the render log."""
+    m = plan.memory
+    lines = [
+        f"plan: ZeRO-{plan.zero_stage}{' + offload' if plan.offload else ''}, micro-batch {plan.micro_batch} "
+        f"x {plan.seq_len} tokens, accumulation {plan.gradient_accumulation}, world {plan.world_size} "
+        f"({plan.tokens_per_step} tokens/step), gradient checkpointing "
+        f"{'on' if plan.gradient_checkpointing else 'off'}, packing {plan.packing}, attention "
+        f"{plan.attention}, liger {'on' if plan.liger else 'off'}",
+        f"memory per device on {plan.gpu} ({plan.capacity_gib:.0f} GiB, {plan.usable_gib:.0f} usable): "
+        f"peak {m.peak:.1f} GiB = weights {m.weights:.1f} + grads {m.gradients:.1f} + optimizer "
+        f"{m.optimizer:.1f} + buckets {m.buckets:.1f} + max(activations {m.activations:.1f} + loss "
+        f"{m.loss:.1f} + mask {m.mask:.1f}, step {m.step_transient:.1f})",
+    ]
+    lines += [f"  because {r}" for r in plan.reasons]
+    return "\n".join(lines)

@@ -1,0 +1,97 @@
+"""One torchrun worker: LLaMA-Factory's `run_exp` with llmft's callbacks and attention.
+
+`llamafactory-cli train` takes no callbacks, so `llmft sft` launches torchrun on this module
+instead (the same torchrun command LLaMA-Factory's launcher builds from FORCE_TORCHRUN, NNODES,
+NODE_RANK, MASTER_ADDR, MASTER_PORT). The rendered YAML is LLaMA-Factory's, plus one `llmft:`
+block read here and removed before LLaMA-Factory parses the rest:
+
+    llmft:
+      attention: varlen | sdpa | ...    # varlen = llmft.varlen for neat packing
+      divergence_factor: 100
+      precision: bf16
+      finetuning_type: full
+      cutoff_len: 2048
+
+Exit codes: 0 done, EXIT_DIVERGED (with llmft_divergence.json), EXIT_PREEMPTED (after saving a
+checkpoint), anything else is a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import yaml
+
+from .callbacks import (
+    EXIT_DIVERGED,
+    EXIT_PREEMPTED,
+    STOP_REQUEST_FILE,
+    Diverged,
+    DivergenceGuard,
+    Preempted,
+    PreemptionSaver,
+    StepClock,
+)
+
+log = logging.getLogger("llmft.train")
+
+
+def split_args(yaml_path: str) -> tuple[dict, dict]:
+    """(LLaMA-Factory arguments, llmft launcher settings) from a rendered YAML."""
+    args = yaml.safe_load(Path(yaml_path).read_text())
+    ours = args.pop("llmft", None) or {}
+    return args, ours
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m llmft.train <rendered llamafactory.yaml>", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    args, ours = split_args(argv[0])
+    output_dir = Path(args["output_dir"])
+    saver = PreemptionSaver(output_dir / STOP_REQUEST_FILE)
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _frame: saver.request(signal.Signals(signum).name))
+
+    if ours.get("attention") == "varlen":
+        import torch
+
+        from . import varlen
+
+        if torch.cuda.is_available() and not varlen.available():
+            # An older torch: LLaMA-Factory's own neat packing (SDPA with a 4-D mask) still works;
+            # its mask is no 0/1 padding mask, so count all tokens.
+            log.warning("torch has no varlen FlashAttention: neat packing falls back to SDPA + 4-D mask")
+            args["include_num_input_tokens_seen"] = "all"
+        else:
+            varlen.install()
+    callbacks = [
+        DivergenceGuard(
+            factor=float(ours.get("divergence_factor", 100)),
+            precision=ours.get("precision", "bf16"),
+            finetuning_type=ours.get("finetuning_type", "full"),
+            cutoff_len=int(ours.get("cutoff_len", args.get("cutoff_len", 0))),
+        ),
+        saver,
+        StepClock(),
+    ]
+    from llamafactory.train.tuner import run_exp
+
+    try:
+        run_exp(args=args, callbacks=callbacks)
+    except Diverged as exc:
+        print(f"[llmft] {exc}", file=sys.stderr, flush=True)
+        return EXIT_DIVERGED
+    except Preempted as exc:
+        print(f"[llmft] {exc}", file=sys.stderr, flush=True)
+        return EXIT_PREEMPTED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Neat packing without the flash-attn package: torch's own FlashAttention varlen kernel.
+
+LLaMA-Factory's `neat_packing` keeps packed samples from attending to each other. With
+flash-attn installed it unpads to one sequence of bsz 1; without it (the usual case on our GPU
+images) it expands a (batch, 1, seq, seq) mask for SDPA, which rules out SDPA's flash kernel,
+computes the full square instead of each sample's triangle and builds the mask on the CPU.
+
+torch >= 2.10 ships the FlashAttention varlen kernel itself (`torch.nn.attention.varlen`). The
+collator below keeps LLaMA-Factory's packing but hands the model per-sample position ids and
+cumulative sequence lengths (transformers forwards these `cu_seq_lens_*` keyword arguments down to
+the attention function); the attention function runs the varlen kernel over the flattened batch.
+On a CPU (tests) the same function loops over the samples with causal SDPA, so the wiring is
+tested end to end there and the kernel on the GPU bench.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger("llmft.varlen")
+
+NAME = "llmft_varlen"
+
+
+def segments_to_varlen(segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(batch, seq) sample indices (1, 1, 2, 2, 2, 0 = padding) -> position ids, cu_seqlens, max length.
+
+    Every run of equal indices, and every row start, begins a new sequence of the flattened batch;
+    padding becomes a sequence of its own (its labels are ignored).
+    """
+    batch, seq = segments.shape
+    flat = segments.reshape(-1)
+    starts = torch.ones_like(flat, dtype=torch.bool)
+    starts[1:] = flat[1:] != flat[:-1]
+    starts[::seq] = True
+    start_idx = torch.nonzero(starts).flatten()
+    lengths = torch.diff(start_idx, append=torch.tensor([flat.numel()]))
+    positions = torch.arange(flat.numel()) - torch.repeat_interleave(start_idx, lengths)
+    cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(lengths, 0)
+    return positions.view(batch, seq), cu, int(lengths.max())
+
+
+def _varlen_kernel():
+    """torch's public varlen attention and how to ask it for causal masking, or None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    if "window_size" in params:
+        causal = {"window_size": (-1, 0)}
+    elif "is_causal" in params:
+        causal = {"is_causal": True}
+    else:
+        return None
+    return varlen_attn, causal, params
+
+
+def available() -> bool:
+    """Whether the GPU kernel can run here (CUDA or ROCm build with the varlen op)."""
+    return torch.cuda.is_available() and _varlen_kernel() is not None
+
+
+def _reference(q, k, v, cu, scale):
+    """Per-sequence causal SDPA: the same function as the kernel, for CPUs."""
+    out = torch.empty_like(q)
+    groups = q.shape[1] // k.shape[1]
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        qs, ks, vs = (x[s:e].transpose(0, 1) for x in (q, k, v))
+        if groups > 1:
+            ks, vs = ks.repeat_interleave(groups, 0), vs.repeat_interleave(groups, 0)
+        out[s:e] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale).transpose(0, 1)
+    return out
+
+
+def _kernel(q, k, v, cu, max_len, scale):
+    varlen_attn, causal, params = _varlen_kernel()
+    kwargs = dict(causal)
+    if "scale" in params:
+        kwargs["scale"] = scale
+    elif scale is not None and abs(scale - q.shape[-1] ** -0.5) > 1e-6:
+        raise RuntimeError("this torch's varlen_attn has no scale argument and the model needs one")
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:
+            groups = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
+
+
+def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers attention interface: (batch, heads, seq, dim) in, (batch, seq, heads, dim) out."""
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None:  # not a packed batch (e.g. generation): plain SDPA
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    batch, heads, seq, dim = query.shape
+    q = query.transpose(1, 2).reshape(batch * seq, heads, dim)
+    k = key.transpose(1, 2).reshape(batch * seq, key.shape[1], dim)
+    v = value.transpose(1, 2).reshape(batch * seq, value.shape[1], dim)
+    cu = cu.to(device=q.device, dtype=torch.int32)
+    if q.is_cuda:
+        out = _kernel(q, k, v, cu, int(kwargs["max_length_q"]), scaling)
+    else:
+        out = _reference(q, k, v, cu, scaling)
+    return out.view(batch, seq, heads, dim), None
+
+
+def _no_mask(*args, **kwargs):
+    """Sequence boundaries travel as cu_seq_lens; no mask tensor is built."""
+    return None
+
+
+def collator_class(base):
+    """A subclass of LLaMA-Factory's SFT collator that emits varlen inputs for neat packing."""
+    from llamafactory.data.collator import MultiModalDataCollatorForSeq2Seq
+
+    class VarlenNeatPackingCollator(base):
+        def __post_init__(self):
+            super().__post_init__()
+            self.varlen = bool(self.neat_packing and self.model is not None)
+            if self.varlen:
+                # The model is still unwrapped here: switching its attention reaches every layer.
+                self.model.set_attn_implementation(NAME)
+                self.block_diag_attn = False
+                log.info("neat packing runs through %s (per-sample varlen attention)", NAME)
+
+        def __call__(self, features):
+            if not self.varlen:
+                return super().__call__(features)
+            batch = MultiModalDataCollatorForSeq2Seq.__call__(self, features)
+            batch.pop("has_dummy_image", None)
+            positions, cu, max_len = segments_to_varlen(batch.pop("attention_mask"))
+            batch["position_ids"] = positions
+            batch["cu_seq_lens_q"] = batch["cu_seq_lens_k"] = cu
+            batch["max_length_q"] = batch["max_length_k"] = max_len
+            return batch
+
+    return VarlenNeatPackingCollator
+
+
+def install() -> None:
+    """Register the attention function and swap LLaMA-Factory's SFT collator (before run_exp)."""
+    from llamafactory.train.sft import workflow
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, attention)
+    AttentionMaskInterface.register(NAME, _no_mask)
+    if not getattr(workflow.SFTDataCollatorWith4DAttentionMask, "_llmft_varlen", False):
+        cls = collator_class(workflow.SFTDataCollatorWith4DAttentionMask)
+        cls._llmft_varlen = True
+        workflow.SFTDataCollatorWith4DAttentionMask = cls
