@@ -1,5 +1,7 @@
 """Reading a Slurm allocation."""
 
+import socket
+
 import pytest
 from llmft.slurm import current_allocation, expand_nodelist, rendezvous_port
 
@@ -24,9 +26,14 @@ def test_port_is_per_job_and_in_range():
     assert rendezvous_port(None) == 29500
 
 
-def test_allocation_outside_slurm_is_one_local_node():
+def test_allocation_outside_slurm_is_one_local_node_on_a_free_port():
     alloc = current_allocation({})
     assert alloc.nnodes == 1 and alloc.node_rank == 0 and alloc.master_addr == "127.0.0.1"
+    with socket.socket() as busy:  # a port another pipeline holds is never handed out
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        assert all(current_allocation({}).master_port != taken for _ in range(20))
 
 
 def test_allocation_from_slurm_env():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 from dataclasses import dataclass
 
@@ -44,6 +45,13 @@ def rendezvous_port(job_id: str | int | None, base: int = 29500, span: int = 200
     if not job_id:
         return base
     return base + int(str(job_id).split("_")[0]) % span
+
+
+def free_port() -> int:
+    """A TCP port that nothing listens on right now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 @dataclass(frozen=True)
@@ -85,7 +93,8 @@ def current_allocation(env: dict[str, str] | None = None) -> Allocation:
     env = dict(os.environ if env is None else env)
     job_id = env.get("SLURM_JOB_ID", "")
     if not job_id:
-        return Allocation("", ["localhost"], 0, "127.0.0.1", rendezvous_port(None))
+        # Outside Slurm several pipelines may share a host (CI, a laptop): take a free port.
+        return Allocation("", ["localhost"], 0, "127.0.0.1", free_port())
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
     if not nodelist:
         nodelist = _squeue_nodelist(job_id)
