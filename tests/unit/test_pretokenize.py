@@ -104,7 +104,7 @@ def test_equals_llamafactory_sft_processor_multiturn(tokenizer_dir, metaspace_di
         assert rows_of(ours, i) == (theirs["input_ids"][i], theirs["labels"][i]), ROWS[i]
 
 
-def llamafactory_preprocess(tmp_path, data_dir, tokenizer_dir, cutoff, **extra):
+def llamafactory_preprocess(tmp_path, data_dir, tokenizer_dir, cutoff_len, **extra):
     """LLaMA-Factory's own get_dataset, with the arguments our rendered YAML gives it."""
     from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
     from llamafactory.hparams import get_train_args
@@ -119,7 +119,7 @@ def llamafactory_preprocess(tmp_path, data_dir, tokenizer_dir, cutoff, **extra):
         "eval_dataset": "llmft_heldout",
         "dataset_dir": str(data_dir),
         "template": "default",
-        "cutoff_len": cutoff,
+        "cutoff_len": cutoff_len,
         "preprocessing_num_workers": 1,
         "output_dir": str(tmp_path / "lf_out"),
         "cache_dir": str(tmp_path / "hf_cache"),
@@ -212,3 +212,56 @@ def test_rendered_yaml_points_sft_at_the_tokenized_data_unless_blocked(tmp_path)
     cfg = validate({**DEMO, "sft": {**DEMO["sft"], "extra": {"train_on_prompt": True}}}, base_dir=REPO)
     args = render(cfg, str(model), "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w")
     assert "tokenized_path" not in args
+
+
+@pytest.fixture(scope="module")
+def prepared_at_a_row_length(tmp_path_factory, tokenizer_dir):
+    """Prepared with cutoff_len equal to the length of some rows: packing keeps one token spare, so
+    LLaMA-Factory truncates exactly those rows when it packs."""
+    import json
+
+    words = " ".join(f"{w} {w}" for w in "cat dog owl fox cow pig hen ant bee elk".split())
+    rows = (
+        synthetic_rows(400, seed=9)
+        + ROWS
+        + [{"instruction": "Repeat the words.", "input": words, "output": words}]
+    )
+    lengths = SFTEncoder(tokenizer_dir, "default").encode(rows).lengths.tolist()
+    cutoff = max(lengths)  # the longest rows sit exactly at the cutoff; most rows are much shorter
+    assert sorted(lengths)[len(lengths) // 2] * 3 < cutoff
+    tmp = tmp_path_factory.mktemp("packprep")
+    (tmp / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prepare(
+        [{"path": str(tmp / "rows.jsonl")}], tmp / "out", tokenizer_dir, "default", cutoff, 0.2, "s", "fail"
+    )
+    return tmp / "out", cutoff
+
+
+@pytest.mark.parametrize("neat", [False, True])
+@pytest.mark.parametrize("workers", [1, 3])
+def test_packing_equals_llamafactory_packing(
+    tmp_path, monkeypatch, prepared_at_a_row_length, tokenizer_dir, neat, workers
+):
+    from datasets.arrow_writer import OptimizedTypedSequence
+    from llmft.packing import pack
+
+    # LLaMA-Factory's neat packing patches `datasets` for the whole process: undo it afterwards.
+    monkeypatch.setattr(OptimizedTypedSequence, "__init__", OptimizedTypedSequence.__init__)
+    out, cutoff = prepared_at_a_row_length
+    args = {
+        "template": "default",
+        "cutoff_len": cutoff,
+        "preprocessing_num_workers": workers,
+        "preprocessing_batch_size": 37,  # several batches per shard
+        ("neat_packing" if neat else "packing"): True,
+    }
+    counts = pack(out / "tokenized", out, tmp_path / "packed", tokenizer_dir, args)
+    theirs = llamafactory_preprocess(
+        tmp_path, out, tokenizer_dir, **{k: v for k, v in args.items() if k != "template"}
+    )
+    ours = load_from_disk(str(tmp_path / "packed"))
+    for split, lf in (("train", theirs["train_dataset"]), ("validation", theirs["eval_dataset"])):
+        assert ours[split].features == lf.features
+        assert len(ours[split]) == len(lf) == counts[split]
+        assert ours[split][:] == lf[:]
+    assert len(ours["train"]) < len(load_from_disk(str(out / "tokenized"))["train"]) / 2  # really packed

@@ -72,6 +72,18 @@ def cmd_prepare_data(args) -> int:
     return 0
 
 
+def cmd_pack_data(args) -> int:
+    """Pack prepare_data's tokenized rows as LLaMA-Factory would for a rendered llamafactory.yaml."""
+    import yaml
+
+    from .packing import pack
+
+    lf_args = yaml.safe_load(open(args.yaml, encoding="utf-8"))
+    counts = pack(f"{args.data_dir}/tokenized", args.data_dir, args.out, args.tokenizer, lf_args)
+    print(json.dumps(counts))
+    return 0
+
+
 def cmd_verify_env(args) -> int:
     from .envcheck import run_verify
 
@@ -195,6 +207,15 @@ def main(argv: list[str] | None = None) -> int:
     add("synthetic", cmd_synthetic, "out", help="write the synthetic demo dataset")
     p = add("prepare-data", cmd_prepare_data, "tokenizer", "out-dir", "synthetic:opt")
     p.add_argument("--workers", default="0", help="tokenizing processes (0 = one per core)")
+    add(
+        "pack-data",
+        cmd_pack_data,
+        "yaml",
+        "tokenizer",
+        "data-dir",
+        "out",
+        help="pack tokenized rows exactly as LLaMA-Factory packs them for this YAML (packing/neat_packing)",
+    )
     add("verify-env", cmd_verify_env, "out")
     add(
         "render-sft",

@@ -1,0 +1,136 @@
+"""Packing pre-tokenized rows exactly as LLaMA-Factory's packed SFT preprocessing packs them.
+
+LLaMA-Factory packs inside its tokenizing map: per map batch (`preprocessing_batch_size` rows of a
+contiguous shard, one shard per `preprocessing_num_workers`) it fills sequences of `cutoff_len`
+tokens greedily. Here its own PackedSupervisedDatasetProcessor runs over the same batches with its
+tokenization swapped for the ids prepare_data already made, so a run with `packing` or
+`neat_packing` can load packed rows through `tokenized_path` as well. The few rows LLaMA-Factory
+would truncate (exactly `cutoff_len` tokens: packing keeps one token spare) go through its own
+encoding, from their text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+from .pretokenize import load_tokenizer_and_template, messages_of, write_dataset_dict
+
+SPLITS = (("train", "train.jsonl"), ("validation", "heldout.jsonl"))
+ARROW_FILE = "data-00000-of-00001.arrow"
+
+
+def map_batches(n_rows: int, num_proc: int | None, batch_size: int) -> Iterator[range]:
+    """The row ranges `datasets.Dataset.map(batched=True, num_proc=...)` hands to the function."""
+    if num_proc and num_proc > n_rows:
+        num_proc = n_rows
+    shards = num_proc or 1
+    div, mod = divmod(n_rows, shards)
+    for index in range(shards):
+        start = div * index + min(index, mod)
+        end = start + div + (1 if index < mod else 0)
+        for first in range(start, end, batch_size):
+            yield range(first, min(first + batch_size, end))
+
+
+class _Known:
+    """A row whose token ids are already known, standing where the processor expects messages."""
+
+    __slots__ = ("ids", "labels")
+
+    def __init__(self, ids: list[int], labels: list[int]):
+        self.ids, self.labels = ids, labels
+
+
+def _processor(tokenizer_dir: str | Path, args: dict):
+    from llamafactory.data.loader import _get_dataset_processor
+    from llamafactory.data.processor import PackedSupervisedDatasetProcessor
+    from llamafactory.hparams import DataArguments
+
+    class Prepacked(PackedSupervisedDatasetProcessor):
+        def _encode_data_example(self, prompt, response, system, tools, images, videos, audios):
+            if isinstance(prompt[0], _Known):
+                return list(prompt[0].ids), list(prompt[0].labels)
+            return super()._encode_data_example(prompt, response, system, tools, images, videos, audios)
+
+    data_args = DataArguments(
+        template=args["template"],
+        cutoff_len=args["cutoff_len"],
+        packing=args.get("packing"),
+        neat_packing=bool(args.get("neat_packing")),
+        preprocessing_batch_size=args.get("preprocessing_batch_size", 1000),
+    )
+    if not data_args.packing:
+        raise ValueError("packing needs packing or neat_packing in the LLaMA-Factory arguments")
+    tokenizer, template = load_tokenizer_and_template(tokenizer_dir, args["template"])
+    # Called for its side effect too: with neat_packing it makes `datasets` keep int64 masks.
+    _get_dataset_processor(data_args, "sft", template, tokenizer, None)
+    return Prepacked(template=template, tokenizer=tokenizer, processor=None, data_args=data_args), data_args
+
+
+def pack(
+    tokenized_dir: str | Path, rows_dir: str | Path, out_dir: str | Path, tokenizer_dir, args: dict
+) -> dict:
+    """Write packed train/validation splits for LLaMA-Factory arguments `args` (template,
+    cutoff_len, packing / neat_packing, preprocessing_num_workers, preprocessing_batch_size)."""
+    from datasets import Dataset, load_from_disk
+    from datasets.arrow_writer import ArrowWriter
+
+    processor, data_args = _processor(tokenizer_dir, args)
+    tokenized_dir, rows_dir, out_dir = Path(tokenized_dir), Path(rows_dir), Path(out_dir)
+    source = load_from_disk(str(tokenized_dir))
+    counts = {}
+    for split, jsonl in SPLITS:
+        ds = source[split].select_columns(["input_ids", "labels"])
+        folder = out_dir / split
+        folder.mkdir(parents=True, exist_ok=True)
+        # No features given: types are inferred per column as datasets.map infers them.
+        writer = ArrowWriter(path=str(folder / ARROW_FILE))
+        with open(rows_dir / jsonl, encoding="utf-8") as lines:
+            for rows in map_batches(
+                len(ds), args.get("preprocessing_num_workers"), data_args.preprocessing_batch_size
+            ):
+                part = ds[rows.start : rows.stop]
+                batch = {
+                    k: []
+                    for k in ("_prompt", "_response", "_system", "_tools", "_images", "_videos", "_audios")
+                }
+                for ids, labels in zip(part["input_ids"], part["labels"], strict=True):
+                    line = next(lines)
+                    if len(ids) > data_args.cutoff_len:  # LLaMA-Factory truncates this one: its own way
+                        row = json.loads(line)
+                        msgs = messages_of(row)
+                        prompt, response, system = msgs[:-1], msgs[-1:], row.get("system", "")
+                    else:
+                        prompt, response, system = [_Known(ids, labels)], [None], ""
+                    for key, value in (("_prompt", prompt), ("_response", response), ("_system", system)):
+                        batch[key].append(value)
+                    batch["_tools"].append("")
+                    for key in ("_images", "_videos", "_audios"):
+                        batch[key].append(None)
+                out = processor.preprocess_dataset(batch)
+                if out:
+                    writer.write_batch(dict(out))
+        counts[split], _ = writer.finalize()
+        writer.close()
+        _write_metadata(Dataset.from_file(str(folder / ARROW_FILE)), folder)
+    write_dataset_dict(out_dir, [s for s, _ in SPLITS])
+    return counts
+
+
+def _write_metadata(ds, folder: Path) -> None:
+    """state.json and dataset_info.json as Dataset.save_to_disk writes them."""
+    state = {
+        "_data_files": [{"filename": ARROW_FILE}],
+        "_fingerprint": ds._fingerprint,
+        "_format_columns": None,
+        "_format_kwargs": {},
+        "_format_type": None,
+        "_output_all_columns": False,
+        "_split": None,
+    }
+    (folder / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
+    info = asdict(ds.info)
+    (folder / "dataset_info.json").write_text(json.dumps({k: info[k] for k in sorted(info)}, indent=2))
