@@ -205,80 +205,62 @@ class _Preparer:
         self.rejected.write(json.dumps(record, ensure_ascii=False) + "\n")
 
     def _submit(self, index: int, stats: _SourceStats, chunk: list[tuple[int, dict]]) -> None:
-        payloads = [_payload(row) for _, row in chunk]
-        digests = [hashlib.sha256(p.encode("utf-8")).digest() for p in payloads]
-        keys = np.frombuffer(b"".join(d[:8] for d in digests), dtype="<u8").astype(np.uint64)
-        new = self.seen.add(keys)
-        for i in np.flatnonzero(~new):
-            stats.duplicates += 1
-            number = chunk[i][0]
-            self._reject(stats.path, number, "duplicate", f"{stats.path} row {number}: exact duplicate")
-        keep = np.flatnonzero(new)
-        chunk = [chunk[i] for i in keep]
-        if not chunk:
-            return
-        payloads = [payloads[i] for i in keep]
-        hexes = [digests[i].hex() for i in keep]
-        heldout = np.array([is_heldout(h, self.fraction, self.salt) for h in hexes], dtype=bool)
-        repeats = np.array(
-            [
-                1 if side else _repeats(h, stats.weight, self.salt)
-                for h, side in zip(hexes, heldout, strict=True)
-            ],
-            dtype=np.int32,
-        )
-        rows = [row for _, row in chunk]
-        future = self.pool.apply_async(_encode_chunk, (rows, payloads, keys[keep]))
-        self.pending.append((index, stats, chunk, heldout, repeats, keys[keep], future))
+        numbers = np.array([number for number, _ in chunk], dtype=np.int64)
+        args = ([row for _, row in chunk], stats.weight, self.fraction, self.salt)
+        self.pending.append((index, stats, numbers, self.pool.apply_async(_work_chunk, args)))
         # Two chunks in flight per worker: no worker waits for the reader, memory stays bounded.
         while len(self.pending) > 2 * self.workers:
             self._finish(*self.pending.popleft())
 
-    def _finish(self, index, stats, chunk, heldout, repeats, keys, future) -> None:
+    def _finish(self, index: int, stats: _SourceStats, numbers: np.ndarray, future) -> None:
         from .pretokenize import record_batch
 
-        enc, sig = future.get()
-        lengths = enc.lengths
+        done: _Chunk = future.get()
+        # Chunks finish in reading order, so the first of a set of duplicates is the one kept.
+        new = self.seen.add(done.keys)
+        for i in np.flatnonzero(~new):
+            stats.duplicates += 1
+            self._reject(
+                stats.path, int(numbers[i]), "duplicate", f"{stats.path} row {numbers[i]}: exact duplicate"
+            )
+        lengths = done.enc.lengths
         top = int(lengths.max()) + 1
         if top > len(self.length_counts):
             self.length_counts = np.concatenate(
                 (self.length_counts, np.zeros(top - len(self.length_counts), np.int64))
             )
-        self.length_counts[:top] += np.bincount(lengths, minlength=top)
+        self.length_counts[:top] += np.bincount(lengths[new], minlength=top)
         fits = lengths <= self.cutoff_len
-        for i in np.flatnonzero(~fits):
+        for i in np.flatnonzero(new & ~fits):
             stats.too_long += 1
-            number = chunk[i][0]
             self._reject(
                 stats.path,
-                number,
+                int(numbers[i]),
                 "too_long",
-                f"{stats.path} row {number}: {lengths[i]} tokens > cutoff_len {self.cutoff_len}",
+                f"{stats.path} row {numbers[i]}: {lengths[i]} tokens > cutoff_len {self.cutoff_len}",
             )
-        if not fits.all():
-            enc = enc.select(fits)
-            chunk = [c for c, ok in zip(chunk, fits, strict=True) if ok]
-            heldout, repeats, keys = heldout[fits], repeats[fits], keys[fits]
-            sig = sig[fits] if sig is not None else None
+        keep = new & fits
+        if not keep.any():
+            return
+        enc = done.enc.select(keep) if not keep.all() else done.enc
+        heldout, flags = done.heldout[keep], done.flags[keep]
+        lines = [line for line, k in zip(done.lines, keep, strict=True) if k]
         for side_value, side in self.sides.items():
             mask = heldout == side_value
             if not mask.any():
                 continue
             side.tokenized.write(record_batch(enc.select(mask)))
-            lines = []
-            for (_, row), m in zip(chunk, mask, strict=True):
-                if m:
-                    side.columns.update(k for k in ("system", "history") if k in row)
-                    lines.append(json.dumps(row, ensure_ascii=False))
-            side.jsonl.write("\n".join(lines) + "\n")
-        n = len(chunk)
+            side.jsonl.write("\n".join(line for line, m in zip(lines, mask, strict=True) if m) + "\n")
+            side_flags = np.bitwise_or.reduce(flags[mask])
+            side.columns.update(name for bit, name in _COLUMN_FLAGS if side_flags & bit)
+        n = int(keep.sum())
         self.meta["heldout"].append(heldout)
         self.meta["source"].append(np.full(n, index, dtype=np.int32))
-        self.meta["row"].append(np.array([number for number, _ in chunk], dtype=np.int64))
-        self.meta["repeats"].append(repeats)
-        self.meta["key"].append(keys)
-        if self.near is not None and n:
-            self.near.add(sig)
+        self.meta["row"].append(numbers[keep])
+        self.meta["repeats"].append(done.repeats[keep])
+        self.meta["key"].append(done.keys[keep])
+        if self.near is not None:
+            self.near.add(done.sig[keep])
 
     def drain(self) -> None:
         while self.pending:
@@ -327,9 +309,45 @@ def _init_worker() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
-def _encode_chunk(rows: list[dict], payloads: list[str], keys: np.ndarray):
+# Optional columns a row may carry, as bits (LLaMA-Factory's dataset_info declares only those present).
+_COLUMN_FLAGS = ((1, "system"), (2, "history"))
+
+
+@dataclass
+class _Chunk:
+    """A chunk as a worker returns it: one entry per row, in order."""
+
+    keys: np.ndarray  # uint64 content keys (exact dedup)
+    heldout: np.ndarray  # bool, the row's side of the split
+    repeats: np.ndarray  # int32, copies in the train mix (weights)
+    flags: np.ndarray  # uint8, _COLUMN_FLAGS the row has
+    lines: list[str]  # the row as a JSONL line
+    enc: object  # pretokenize.Encoded
+    sig: np.ndarray | None  # MinHash signatures
+
+
+def _work_chunk(rows: list[dict], weight: float, fraction: float, salt: str) -> _Chunk:
+    """Everything per row that needs no other row: identity, side, tokens, signature, JSON."""
     encoder, hasher = _WORKER
-    return encoder.encode(rows), (hasher.signatures(payloads, keys) if hasher is not None else None)
+    payloads = [_payload(row) for row in rows]
+    digests = [hashlib.sha256(p.encode("utf-8")).digest() for p in payloads]
+    keys = np.frombuffer(b"".join(d[:8] for d in digests), dtype="<u8").astype(np.uint64)
+    hexes = [d.hex() for d in digests]
+    heldout = np.array([is_heldout(h, fraction, salt) for h in hexes], dtype=bool)
+    repeats = np.array(
+        [1 if side else _repeats(h, weight, salt) for h, side in zip(hexes, heldout, strict=True)],
+        dtype=np.int32,
+    )
+    flags = np.array([sum(bit for bit, name in _COLUMN_FLAGS if name in row) for row in rows], dtype=np.uint8)
+    return _Chunk(
+        keys=keys,
+        heldout=heldout,
+        repeats=repeats,
+        flags=flags,
+        lines=[json.dumps(row, ensure_ascii=False) for row in rows],
+        enc=encoder.encode(rows),
+        sig=hasher.signatures(payloads, keys) if hasher is not None else None,
+    )
 
 
 def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:
