@@ -95,6 +95,10 @@ def test_three_nights_and_a_concurrent_start(tmp_path):
     assert decision["status"] == ("promoted" if expect_promoted else "rejected"), decision
     assert os.readlink(work / "results/current") == ("night2" if expect_promoted else "night1")
     assert f"{new:.4f}" in decision["reason"] and f"{old:.4f}" in decision["reason"]
+    page = (work / "results/night2/report/index.html").read_text()
+    assert f"Nightly promotion: <b>{decision['status']}</b>" in page
+    trend = (work / "results/trend.html").read_text()
+    assert "night2" in trend and decision["status"] in trend
     # Retention keeps one run besides the promoted one; the promoted model is never deleted.
     promoted = os.readlink(work / "results/current")
     assert (work / "results" / promoted / "sft/model/config.json").is_file()

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .config import BUILTIN_DATA
 from .io import read_json, write_json
+from .report import build_report, build_trend
 
 LOWER_IS_BETTER = {"eval_loss"}
 
@@ -227,12 +228,15 @@ def nightly(
             if ok:
                 promote(results, run, summary, reason)
                 state["promoted"] = run
+            # The run's page says whether it was promoted and why.
+            build_report({**cfg, "run": run}, str(results / run), str(results / run / "report"), str(results))
             print(f"[nightly] run {run} {reason}")
             state["nights"].append(night)
             deleted = retain(results, state, cfg["nightly"]["keep_runs"])
             if deleted:
                 print(f"[nightly] retention: deleted {', '.join(deleted)}")
             write_json(state_path, state)
+            build_trend(results, results / "trend.html")
             return 0
     except NightlyLocked as exc:
         print(f"[nightly] {exc}", file=sys.stderr)

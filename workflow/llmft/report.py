@@ -580,6 +580,13 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
         f"held-out loss {fmt(tuned.get('eval_loss'))} vs {fmt(base.get('eval_loss'))} "
         f"on {tuned.get('rows')} rows."
     )
+    promotion = _read(run / "promotion.json")  # written by the nightly gate, then the page is re-rendered
+    promotion_html = ""
+    if isinstance(promotion, dict):
+        promotion_html = (
+            f"<p class='verdict'>Nightly promotion: <b>{esc(promotion.get('status', ''))}</b> "
+            f"({esc(promotion.get('reason', ''))})</p>"
+        )
     fig = figures
     trend_link = "<a href='trend.html'>trend across runs</a>" if results_dir else ""
     page = f"""<!doctype html>
@@ -593,6 +600,7 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
 <a href="#samples">samples</a><a href="#data">data</a><a href="#environment">environment</a>
 <a href="#provenance">provenance</a>{trend_link}</nav>
 <p class="verdict">{esc(verdict)}</p>
+{promotion_html}
 <h2 id="heldout">Held-out metrics: base vs tuned</h2>
 {table(["metric", "base", "tuned", "change"], metric_rows)}
 <p class="muted">Greedy decoding, at most {esc(tuned.get("max_new_tokens"))} new tokens; exact match after
@@ -658,6 +666,8 @@ whitespace and case normalisation; ROUGE-L F1 and smoothed sentence BLEU over wh
         "data_fingerprint": stats.get("fingerprint"),
         "verify_ok": verify.get("ok"),
     }
+    if isinstance(promotion, dict):
+        summary["promotion"] = {k: promotion.get(k) for k in ("status", "reason")}
     write_text(out / "index.html", page)
     write_json(out / "summary.json", summary)
     for name in FIGURES:
