@@ -152,7 +152,7 @@ class FastPath:
         return list(chain.from_iterable(got))
 
     def _miss(self, piece: str) -> tuple[int, ...]:
-        ids = tuple(t.id for t in self._model.tokenize(piece.translate(self._bytes)))
+        ids = tuple([t.id for t in self._model.tokenize(piece.translate(self._bytes))])
         if len(self._cache) < MAX_CACHED_PIECES:
             self._cache[piece] = ids
         return ids
