@@ -34,7 +34,9 @@ def random_texts(n: int, seed: int = 0) -> list[str]:
     return out
 
 
-def train(pre, normalizer=None, ignore_merges=False, special=("<s>", "</s>", "<|im_start|>")) -> Tokenizer:
+def train(
+    pre, normalizer=None, ignore_merges=False, special=("<s>", "</s>", "<|im_start|>", "<|im_end|>")
+) -> Tokenizer:
     tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
     tok.pre_tokenizer = pre
     tok.decoder = decoders.ByteLevel()
@@ -79,10 +81,30 @@ def test_shortcut_equals_the_tokenizer(shape):
     assert fast.check(tok, texts[:100]) == []
 
 
-@pytest.mark.parametrize(
-    "text",
-    ["café", "tab\x0bvertical", "bell\x07", "nul\x00", "ends </s>", "<|im_start|>user", "emoji 🙂"],
-)
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_added_tokens_inside_texts(shape):
+    tok = SHAPES[shape]()
+    fast, _ = FastPath.for_tokenizer(tok)
+    rng = random.Random(3)
+    texts = ["<|im_start|>user\nhi<|im_end|>", "</s>", "a</s></s>b", " <s> x", "<s<s>>", "x<|im_start|>"]
+    for text in random_texts(500, seed=4):
+        cut = rng.randrange(len(text) + 1)
+        texts.append(text[:cut] + rng.choice(["<s>", "</s>", "<|im_start|>", "<|im_end|>"]) + text[cut:])
+    assert all(fast.takes(t) for t in texts)
+    reference = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+    assert [fast.encode(t) for t in texts] == reference
+
+
+def test_added_tokens_that_strip_spaces_are_left_to_the_tokenizer():
+    from tokenizers import AddedToken
+
+    tok = SHAPES["gpt2"]()
+    tok.add_special_tokens([AddedToken("<mask>", lstrip=True)])
+    fast, _ = FastPath.for_tokenizer(tok)
+    assert not fast.takes("a <mask> b") and fast.takes("a b")
+
+
+@pytest.mark.parametrize("text", ["café", "tab\x0bvertical", "bell\x07", "nul\x00", "emoji 🙂"])
 def test_texts_it_cannot_reproduce_go_to_the_tokenizer(text):
     fast, _ = FastPath.for_tokenizer(SHAPES["gpt2"]())
     assert not fast.takes(text)

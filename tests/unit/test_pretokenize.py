@@ -65,7 +65,9 @@ def rows_of(enc, i):
 def test_equals_template_encode_oneturn(tokenizer_dir, template):
     enc = SFTEncoder(tokenizer_dir, template)
     single = [r for r in ROWS if not r.get("history")]
+    first = enc.encode(single)  # a process's first chunk takes the general path, later ones may not
     out = enc.encode(single)
+    assert (first.ids == out.ids).all() and (first.labels == out.labels).all()
     for i, row in enumerate(single):
         prompt, answer = enc.template.encode_oneturn(enc.tokenizer, messages_of(row), row.get("system"))
         ids, labels = rows_of(out, i)
@@ -99,7 +101,11 @@ def test_equals_llamafactory_sft_processor_multiturn(tokenizer_dir, metaspace_di
         for k in ("_images", "_videos", "_audios"):
             batch[k].append(None)
     theirs = proc.preprocess_dataset(batch)
-    ours = enc.encode(ROWS)
+    enc.encode(ROWS)
+    ours = enc.encode(ROWS)  # the second chunk: the one-pass path where it applies
+    one_pass = enc._plain and enc._fast is not None
+    direct = [one_pass and enc._direct(row) is not None for row in ROWS]
+    assert all(direct[:50]) == (kind == "bytelevel" and template != "qwen3") and not all(direct)
     for i in range(len(ROWS)):
         assert rows_of(ours, i) == (theirs["input_ids"][i], theirs["labels"][i]), ROWS[i]
 

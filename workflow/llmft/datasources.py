@@ -351,15 +351,20 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, object]]:
 
 
 def _iter_arrow_folder(path: Path, split: str) -> Iterator[tuple[int, object]]:
-    from datasets import DatasetDict, load_from_disk
+    """The Arrow files of a save_to_disk folder, read batch by batch with plain reads: a memory map
+    would count every page read as resident and grow with the dataset."""
+    import pyarrow as pa
 
-    ds = load_from_disk(str(path))
-    if isinstance(ds, DatasetDict):
-        if split not in ds:
-            raise FileError(f"{path}: no split {split!r} in this DatasetDict (has {sorted(ds)})")
-        ds = ds[split]
+    if (path / "dataset_dict.json").is_file():
+        splits = json.loads((path / "dataset_dict.json").read_text())["splits"]
+        if split not in splits:
+            raise FileError(f"{path}: no split {split!r} in this DatasetDict (has {sorted(splits)})")
+        path = path / split
+    state = json.loads((path / "state.json").read_text())
     number = 0
-    for table in ds.with_format("arrow").iter(batch_size=2048):
-        for row in table.to_pylist():
-            number += 1
-            yield number, row
+    for data_file in state["_data_files"]:
+        with pa.OSFile(str(path / data_file["filename"])) as fh:
+            for batch in pa.ipc.open_stream(fh):
+                for row in batch.to_pylist():
+                    number += 1
+                    yield number, row

@@ -97,10 +97,12 @@ def ascii_pattern(pattern: str) -> str | None:
 class FastPath:
     """Encode plain ASCII texts like `backend.encode(text, add_special_tokens=False).ids`."""
 
-    def __init__(self, backend, pattern: re.Pattern, added: re.Pattern | None):
+    def __init__(self, backend, pattern: re.Pattern, added: re.Pattern | None, added_ids: dict | None):
         self._model = backend.model
         self._pattern = pattern
         self._added = added
+        # Token id of each added token, when texts holding them can be split here (else None).
+        self._added_ids = added_ids
         self._bytes = str.maketrans({chr(b): c for b, c in bytes_to_unicode().items() if b < 128})
         self._cache: dict[str, tuple[int, ...]] = {}
         # findall returns whole matches only for patterns without capturing groups.
@@ -128,18 +130,40 @@ class FastPath:
             pattern = re.compile(translated, re.ASCII)
         except re.error as exc:
             return None, f"the pre-tokenizer regex does not compile in Python ({exc})"
-        contents = sorted({t["content"] for t in spec.get("added_tokens") or []}, key=len, reverse=True)
+        tokens = spec.get("added_tokens") or []
+        # Longest first: at each position the alternation then takes the longest token, which is
+        # the tokenizer's leftmost-longest matching of added tokens.
+        contents = sorted({t["content"] for t in tokens}, key=len, reverse=True)
         added = re.compile("|".join(map(re.escape, contents))) if contents else None
-        return cls(backend, pattern, added), "byte-level BPE with a regex pre-tokenizer"
+        # Added tokens that strip spaces around them or match whole words only are the tokenizer's
+        # business: texts holding one go to it. Plain ones are split out here, as it does.
+        plain = all(not (t.get("lstrip") or t.get("rstrip") or t.get("single_word")) for t in tokens)
+        added_ids = {t["content"]: t["id"] for t in tokens} if plain else None
+        return cls(backend, pattern, added, added_ids), "byte-level BPE with a regex pre-tokenizer"
 
     def takes(self, text: str) -> bool:
         return (
             text.isascii()
             and _NOT_PLAIN.search(text) is None
-            and (self._added is None or self._added.search(text) is None)
+            and (self._added_ids is not None or self._added is None or self._added.search(text) is None)
         )
 
     def encode(self, text: str) -> list[int]:
+        if self._added is None or self._added.search(text) is None:
+            return self._encode_plain(text)
+        # Added tokens cut the text; the parts between them are tokenized on their own.
+        ids: list[int] = []
+        pos = 0
+        for m in self._added.finditer(text):
+            if m.start() > pos:
+                ids += self._encode_plain(text[pos : m.start()])
+            ids.append(self._added_ids[m.group()])
+            pos = m.end()
+        if pos < len(text):
+            ids += self._encode_plain(text[pos:])
+        return ids
+
+    def _encode_plain(self, text: str) -> list[int]:
         # C-level loops only (findall, map, chain) on the usual path: this runs for every row.
         pieces = self._findall(text) if self._plain_findall else None
         if pieces is None or sum(map(len, pieces)) != len(text):

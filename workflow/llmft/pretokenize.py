@@ -19,6 +19,7 @@ import json
 import logging
 import re
 from dataclasses import asdict, dataclass
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -199,6 +200,7 @@ class SFTEncoder:
             )
         )
         self._plans: dict[tuple[int, bool], list] = {}
+        self._constants: dict[str, list[int]] = {}  # template strings without row text, encoded once
 
     def _encode_texts(self, texts: list[str]) -> list[list[int]]:
         if self._backend is None:  # slow tokenizers: what LLaMA-Factory does, one call per string
@@ -285,8 +287,26 @@ class SFTEncoder:
             plan.append(tuple(compiled))
         return plan
 
-    def encode(self, rows: list[dict]) -> Encoded:
-        template = self.template
+    def _assemble(self, prefix_ids: list, prefix_labels: list, turns: list) -> tuple[list[int], list[int]]:
+        """input_ids and labels from each turn's (prompt ids, answer ids), as the SFT processor
+        builds them when nothing is truncated."""
+        ids, labels = list(prefix_ids), list(prefix_labels)
+        efficient_eos = self.template.efficient_eos
+        for turn, (src_ids, tgt_ids) in enumerate(turns):
+            ids += src_ids
+            ids += tgt_ids
+            if efficient_eos and turn != 0:
+                labels += [self._eos] + [IGNORE_INDEX] * (len(src_ids) - 1)
+            else:
+                labels += [IGNORE_INDEX] * len(src_ids)
+            labels += tgt_ids
+        if efficient_eos:
+            ids.append(self._eos)
+            labels.append(self._eos)
+        return ids, labels
+
+    def _encode_rows(self, rows: list[dict]) -> list[tuple[list[int], list[int]]]:
+        """Any rows: template (or plan) per row, then every distinct string of the chunk in one call."""
         plans = []
         pieces: dict[str, int] = {}
         for row in rows:
@@ -308,30 +328,62 @@ class SFTEncoder:
                     out.append(elem)
             return out
 
-        efficient_eos = template.efficient_eos
-        all_ids: list[int] = []
-        all_labels: list[int] = []
-        offsets = [0]
-        for prefix_ids, prefix_labels, pairs in plans:
-            ids, labels = list(prefix_ids), list(prefix_labels)
-            for turn, (src, tgt) in enumerate(pairs):
-                src_ids, tgt_ids = expand(src), expand(tgt)
-                ids += src_ids + tgt_ids
-                if efficient_eos and turn != 0:
-                    labels += [self._eos] + [IGNORE_INDEX] * (len(src_ids) - 1)
-                else:
-                    labels += [IGNORE_INDEX] * len(src_ids)
-                labels += tgt_ids
-            if efficient_eos:
-                ids.append(self._eos)
-                labels.append(self._eos)
-            all_ids += ids
-            all_labels += labels
-            offsets.append(len(all_ids))
+        return [
+            self._assemble(prefix_ids, prefix_labels, [(expand(src), expand(tgt)) for src, tgt in pairs])
+            for prefix_ids, prefix_labels, pairs in plans
+        ]
+
+    def _direct(self, row: dict) -> tuple[list[int], list[int]] | None:
+        """The common case in one pass: a plain template's plan, texts through the ASCII shortcut.
+        None when a text needs the general path (not plain ASCII, holds a marker, ...)."""
+        contents = [c for pair in row.get("history") or () for c in pair]
+        contents += ["\n".join(t for t in (row["instruction"], row.get("input", "")) if t), row["output"]]
+        system = row.get("system") or ""
+        values = contents + [system]
+        if any("\x00" in v or "{{" in v for v in values):
+            return None
+        key = (len(contents), bool(system))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._make_plan(*key)
+        fast, constants = self._fast, self._constants
+        turns = []
+        for parts in plan:
+            turn = []
+            for part in parts:
+                out: list[int] = []
+                for elem in part:
+                    if type(elem) is tuple:
+                        text = elem[0] + values[elem[1]] + elem[2]
+                        if text:
+                            if not fast.takes(text):
+                                return None
+                            out += fast.encode(text)
+                    elif type(elem) is str:
+                        if elem not in constants:
+                            constants[elem] = self._encode_texts([elem])[0]
+                        out += constants[elem]
+                    else:
+                        out.append(elem)
+                turn.append(out)
+            turns.append(turn)
+        return self._assemble([], [], turns)
+
+    def encode(self, rows: list[dict]) -> Encoded:
+        results: list = [None] * len(rows)
+        # The first chunk of each process takes the general path: it checks the ASCII shortcut.
+        if self._plain and self._fast is not None and self._fast_checked:
+            results = [self._direct(row) for row in rows]
+        rest = [i for i, r in enumerate(results) if r is None]
+        if rest:
+            for i, done in zip(rest, self._encode_rows([rows[i] for i in rest]), strict=True):
+                results[i] = done
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum([len(ids) for ids, _ in results], out=offsets[1:])
         return Encoded(
-            np.array(all_ids, dtype=np.int32),
-            np.array(all_labels, dtype=np.int64),
-            np.array(offsets, dtype=np.int64),
+            np.array(list(chain.from_iterable(ids for ids, _ in results)), dtype=np.int32),
+            np.array(list(chain.from_iterable(labels for _, labels in results)), dtype=np.int64),
+            offsets,
         )
 
 
