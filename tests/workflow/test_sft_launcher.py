@@ -114,7 +114,7 @@ def test_stop_signal_saves_and_the_rerun_resumes_without_losing_steps(stage, sig
     resumed = launch(stage, overrides, f"resume_{sig.name}", tag="_resumed")
     out = finish(resumed)
     assert resumed.returncode == 0, out[-3000:]
-    assert f"Resuming training from {work}/checkpoint-{saved}" in out
+    assert f"Resuming training from {args['output_dir']}/checkpoint-{saved}" in out
     steps = steps_done(work)
     # every step ran exactly once: the interrupted part up to the checkpoint, then the rest
     assert steps == list(range(1, saved + 1)) + list(range(saved + 1, 61))
@@ -122,6 +122,14 @@ def test_stop_signal_saves_and_the_rerun_resumes_without_losing_steps(stage, sig
     logged = [e["current_steps"] for e in log if "loss" in e]
     assert logged[0] == 1 and logged[-1] == 60 and saved in logged  # the history before the stop is kept
     assert (work / "model.safetensors").exists()
+    # the stop is kept in the event history, not left as a marker of the finished attempt
+    events = [json.loads(line) for line in (work / "llmft_events.jsonl").read_text().splitlines()]
+    assert {"file": "llmft_preempted.json", "step": saved} in [
+        {"file": e["file"], "step": e["content"].get("step")}
+        for e in events
+        if isinstance(e["content"], dict)
+    ]
+    assert not (work / "llmft_preempted.json").exists()
 
 
 def test_absurd_learning_rate_stops_at_the_first_nan_with_a_diagnosis(stage):

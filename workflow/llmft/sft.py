@@ -32,6 +32,9 @@ from .plan import Plan, describe, resolve
 
 log = logging.getLogger("llmft.sft")
 
+# History of earlier attempts in the work folder: one JSON line per stop, preemption or divergence.
+EVENTS_FILE = "llmft_events.jsonl"
+
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
@@ -281,6 +284,20 @@ def torchrun_command(alloc: slurm.Allocation, nproc: int, yaml_path: str) -> lis
     ]
 
 
+def _archive(work: Path, name: str) -> None:
+    path = work / name
+    if not path.exists():
+        return
+    text = path.read_text()
+    try:
+        content = json.loads(text)
+    except ValueError:
+        content = text
+    with open(work / EVENTS_FILE, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"file": name, "archived": time.time(), "content": content}) + "\n")
+    path.unlink()
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -313,13 +330,18 @@ def launch(cfg: dict, yaml_path: str) -> int:
     ours = args.get("llmft") or {}
     work = Path(args["output_dir"])
     work.mkdir(parents=True, exist_ok=True)
-    for stale in (STOP_REQUEST_FILE, PREEMPTED_FILE, DIVERGENCE_FILE):
-        (work / stale).unlink(missing_ok=True)
+    if alloc.node_rank == 0:
+        # What ended the previous attempt (stop request, preemption, divergence) moves to the event
+        # history, so this attempt's markers mean this attempt. Node 0 does it before the rendezvous
+        # that every worker waits for.
+        for stale in (STOP_REQUEST_FILE, PREEMPTED_FILE, DIVERGENCE_FILE):
+            _archive(work, stale)
     env = launch_env(cfg, alloc)
     host = os.environ.get("SLURMD_NODENAME", alloc.nodes[alloc.node_rank])
     print(
-        f"[llmft] node {host} rank {alloc.node_rank}/{alloc.nnodes} "
-        f"master {alloc.master_addr}:{alloc.master_port} nproc {env['NPROC_PER_NODE']} work {work}",
+        # the first part in LLaMA-Factory's own launcher wording, which its users grep for
+        f"[llmft] Initializing {env['NPROC_PER_NODE']} distributed tasks at: {alloc.master_addr}:"
+        f"{alloc.master_port} (node {host}, rank {alloc.node_rank}/{alloc.nnodes}, work {work})",
         flush=True,
     )
     proc = subprocess.Popen(

@@ -19,6 +19,7 @@ checkpoint), anything else is a crash.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -86,11 +87,27 @@ def main(argv: list[str] | None = None) -> int:
         run_exp(args=args, callbacks=callbacks)
     except Diverged as exc:
         print(f"[llmft] {exc}", file=sys.stderr, flush=True)
-        return EXIT_DIVERGED
+        return _finish(callbacks, EXIT_DIVERGED)
     except Preempted as exc:
         print(f"[llmft] {exc}", file=sys.stderr, flush=True)
-        return EXIT_PREEMPTED
-    return 0
+        return _finish(callbacks, EXIT_PREEMPTED)
+    return _finish(callbacks, 0)
+
+
+def _finish(callbacks: list, code: int) -> int:
+    """Flush what LLaMA-Factory still writes, then leave without interpreter teardown.
+
+    Everything is on disk by now; tearing down the collective library's threads at interpreter exit
+    occasionally aborts ("terminate called without an active exception") under CPU load, which
+    torchrun would report as a failed run.
+    """
+    for cb in callbacks:
+        close = getattr(cb, "_close_thread_pool", None)  # LLaMA-Factory's trainer_log.jsonl writer
+        if close:
+            close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

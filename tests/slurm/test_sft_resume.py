@@ -1,0 +1,90 @@
+"""Preemption on the real Slurm test cluster: signal the running sft job, it saves, requeues, resumes.
+
+The workflow runs through `--profile profiles/slurm` (sft on two nodes, ZeRO-3 on CPU processes).
+While sft trains, `scancel --signal=USR1` does what `sbatch --signal=USR1@<seconds>` does before a
+time limit: every rank saves a checkpoint at the same step, node 0 runs `scontrol requeue`, Slurm
+starts the same job again, and the trainer resumes from that checkpoint. The run must finish with
+every step trained exactly once and trainer_log.jsonl holding the whole history.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import BIN, REPO, make_workdir
+from tests.slurm.test_cluster import SMALL_RUN, _cluster_problem, box_args, submissions
+
+pytestmark = pytest.mark.slurm
+
+STEPS = 120
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    problem = _cluster_problem()
+    if problem:
+        pytest.skip(f"Slurm test cluster not up: {problem}; run `bash tests/slurm/cluster-up.sh` as root")
+
+
+def sft_job_id() -> str | None:
+    out = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i|%k"], capture_output=True, text=True)
+    ids = [line.split("|")[0] for line in out.stdout.splitlines() if "rule_sft_" in line]
+    return ids[0] if ids else None
+
+
+def trained_steps(work_root) -> list[int]:
+    files = list(work_root.glob("sft-*/llmft_steps.jsonl"))
+    if not files:
+        return []
+    return [json.loads(x)["step"] for x in files[0].read_text().splitlines() if '"time"' in x]
+
+
+def test_signalled_sft_job_saves_requeues_and_resumes(tmp_path):
+    run = {
+        **SMALL_RUN,
+        "run": "preempt",
+        "sft__max_steps": STEPS,
+        "sft__save_steps": 1000,
+        "sft__logging_steps": 1,
+    }
+    work = make_workdir(tmp_path, **run)
+    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(work)]
+    cmd += ["--profile", str(REPO / "profiles/slurm"), *box_args()]
+    log = open(tmp_path / "snakemake.log", "w")
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    proc = subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, env=env)
+    work_root = work / "results/preempt/work"
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None and len(trained_steps(work_root)) < 10:
+        time.sleep(1)
+    job = sft_job_id()
+    assert job and len(trained_steps(work_root)) >= 10, (tmp_path / "snakemake.log").read_text()[-4000:]
+    subprocess.run(["scancel", "--signal=USR1", job], check=True)
+    try:
+        proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(2)  # Snakemake stops (and cancels its jobs) on SIGINT, not SIGTERM
+            proc.wait(timeout=120)
+        log.close()
+    text = (tmp_path / "snakemake.log").read_text()
+    assert proc.returncode == 0, text[-4000:]
+    sft_dir = next(work_root.glob("sft-*"))
+    events = [json.loads(x) for x in (sft_dir / "llmft_events.jsonl").read_text().splitlines()]
+    saved = next(e["content"]["step"] for e in events if e["file"] == "llmft_preempted.json")
+    assert 10 <= saved < STEPS
+    assert trained_steps(work_root) == list(range(1, STEPS + 1))  # each step once: nothing lost or redone
+    history = [json.loads(x) for x in (sft_dir / "trainer_log.jsonl").read_text().splitlines()]
+    logged = [e["current_steps"] for e in history if "loss" in e]
+    assert logged[0] == 1 and logged[-1] == STEPS and saved in logged
+    # Slurm requeued the same job: Snakemake submitted sft once and waited for it
+    assert len(submissions(text).get("sft", [])) == 1
+    sft_log = (work / "results/preempt/logs/sft.log").read_text()
+    assert f"Resuming training from {sft_dir.relative_to(work)}/checkpoint-{saved}" in sft_log
+    summary = json.loads((work / "results/preempt/sft/train_summary.json").read_text())
+    assert summary["steps"] == STEPS
