@@ -65,6 +65,21 @@ def test_trained_model_loads_and_generates(demo):
     assert out.shape[1] > 0
 
 
+def test_sft_trains_on_the_rows_prepare_data_tokenized(demo):
+    from datasets import load_from_disk
+
+    run = demo[0] / "results/demo"
+    rendered = (run / "sft/llamafactory.yaml").read_text()
+    assert rendered.count("tokenized_path: results/demo/data/tokenized") == 1
+    sft_log = (run / "logs/sft.log").read_text()
+    assert "Loaded tokenized dataset from results/demo/data/tokenized" in sft_log
+    assert "Running tokenizer on dataset" not in sft_log  # the CPU stage did it, once
+    stats = json.loads((run / "data/stats.json").read_text())
+    tokenized = load_from_disk(str(run / "data/tokenized"))
+    assert len(tokenized["train"]) == stats["train_rows"]
+    assert len(tokenized["validation"]) == stats["heldout_rows"]
+
+
 def test_second_run_with_nothing_changed_runs_no_job(demo):
     work, _ = demo
     proc = snakemake(work)
