@@ -179,7 +179,12 @@ def test_sft_ranks_ran_on_both_nodes_with_world_size_two(whole_run):
     assert step_nodes(submissions(log)["sft"][0]) == {"n1", "n2"}
     run = work / "results/slurm"
     sft_log = (run / "logs/sft.log").read_text()
-    launchers = dict(re.findall(r"\[llmft\] node (n\d) rank (\d+)/2 master 127\.0\.0\.1:\d+", sft_log))
+    launchers = dict(
+        re.findall(
+            r"\[llmft\] Initializing 1 distributed tasks at: 127\.0\.0\.1:\d+ \(node (n\d), rank (\d+)/2",
+            sft_log,
+        )
+    )
     assert launchers == {"n1": "0", "n2": "1"}, sft_log[-3000:]
     ranks = set(re.findall(r"Process rank: (\d+), world size: 2\b", sft_log))
     assert ranks == {"0", "1"}, sft_log[-3000:]
