@@ -92,23 +92,10 @@ def write_dataset(path: Path, rows: int, seed: int) -> None:
 
 
 def build_tokenizer(out: Path, vocab_size: int = 32000) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from llmft.assets import build_tokenizer as train_bpe
 
     maker = RowMaker(seed=12345)
-    corpus = [" ".join(maker.row().values()) for _ in range(30000)]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<pad>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    fast.save_pretrained(str(out))
+    train_bpe(out, vocab_size, corpus=[" ".join(maker.row().values()) for _ in range(30000)])
 
 
 # -- the two contenders, each run in a child process (`python bench/prep.py _ours|_lf ...`)

@@ -91,8 +91,9 @@ def _tokenizer_corpus() -> list[str]:
     return lines
 
 
-def build_tokenizer(out_dir: str | Path, vocab_size: int = 2048):
-    """Train a byte-level BPE tokenizer offline and save it in HF format."""
+def build_tokenizer(out_dir: str | Path, vocab_size: int = 2048, corpus=None):
+    """Train a byte-level BPE tokenizer offline (on `corpus`, default the demo's words) and save it in
+    HF format."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -105,7 +106,7 @@ def build_tokenizer(out_dir: str | Path, vocab_size: int = 2048):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_tokenizer_corpus(), trainer=trainer)
+    tok.train_from_iterator(_tokenizer_corpus() if corpus is None else corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     fast.save_pretrained(str(out_dir))
     return fast
