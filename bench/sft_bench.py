@@ -67,6 +67,9 @@ VARIANTS = {
     "ours_1b_noliger": ("1b", {"liger_kernel": False}, 24, 5),
     "ours_1b_sdpamask": ("1b", {"flash_attn": "sdpa"}, 24, 5),
     "ours_1b_zero2": ("1b", {"zero_stage": 2}, 24, 5),
+    "ours_1b_zero1": ("1b", {"zero_stage": 1}, 24, 5),
+    # torch.compile recompiles for the first few packed shapes: more warm-up steps
+    "ours_1b_compile": ("1b", {"extra": {"torch_compile": True}}, 30, 12),
     "recipe_8b": ("8b", RECIPE, 5, 2),
     "hand_8b": ("8b", HAND_8B, 10, 3),
     # the hand-tuned run's global batch (1 x 4 x 2 GPUs x 2048 tokens), so the losses compare step by step
@@ -86,7 +89,8 @@ def config_for(name: str, max_steps: int) -> dict:
         "max_steps": max_steps,
         "extra": {"eval_strategy": "no", "disable_tqdm": True, "preprocessing_num_workers": 16},
     }
-    sft.update(overrides)
+    sft.update({k: v for k, v in overrides.items() if k != "extra"})
+    sft["extra"].update(overrides.get("extra", {}))
     hw = {"vendor": "cuda", "nodes": 1, "gpus_per_node": 2, "gpu_model": "h200"}
     if os.environ.get("BENCH_DRY_RUN"):
         # The same path on 2 CPU processes and a tiny model, to catch mistakes before device time;
@@ -208,7 +212,8 @@ def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> di
     _wait_gpus_free()
     stop.set()
     sampler.join(timeout=5)
-    for f in ("llmft_steps.jsonl", "trainer_log.jsonl", "llmft_divergence.json"):
+    profiles = [p.name for p in work.glob("llmft_profile_rank*.txt")]
+    for f in ("llmft_steps.jsonl", "trainer_log.jsonl", "llmft_divergence.json", *profiles):
         if (work / f).exists():
             (rd / f).write_text((work / f).read_text())
     subprocess.run(["rm", "-rf", str(work)])

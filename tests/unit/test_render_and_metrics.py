@@ -103,3 +103,24 @@ def test_report_text_is_escaped():
     evil = "<script>alert(1)</script>"
     html = table(["prompt"], [[evil]]) + svg_lines({evil: [(0, 1), (1, 2)]}, evil, "x")
     assert "<script>" not in html and esc(evil) in html
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_every_zero_stage_config_leaves_nothing_for_deepspeed_to_guess(tiny, tmp_path, stage):
+    """transformers fills some "auto" values and refuses a config with any other one left."""
+    from transformers import LlamaConfig, TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    for cfg in (validate({**DEMO, "sft": {**DEMO["sft"], "zero_stage": stage}}, base_dir=REPO),
+                validate({"hardware": {"vendor": "cuda", "gpus_per_node": 2}, "sft": {"zero_stage": stage}})):  # fmt: skip
+        vendor = "cpu" if cfg["hardware"]["gpus_per_node"] == 0 else "cuda"
+        ds = deepspeed_config(cfg, resolve(cfg, tiny, vendor))
+        hf = HfTrainerDeepSpeedConfig(ds)
+        args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+        hf.trainer_config_process(args)
+
+        class Model:
+            config = LlamaConfig(hidden_size=64)
+
+        hf.trainer_config_finalize(args, Model(), num_training_steps=10)
+        assert "auto" not in json.dumps(hf.config), (vendor, hf.config)

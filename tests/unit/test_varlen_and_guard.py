@@ -51,3 +51,31 @@ def test_diagnosis_of_a_modest_bf16_run_points_at_the_data():
     d = diagnose({"step": 30, "what": "loss is inf"}, history, precision="bf16", peak_lr=1e-5,
                  finetuning_type="full", cutoff_len=2048, warmup_steps=3)  # fmt: skip
     assert d["causes"][0].startswith("over-long rows")
+
+
+def test_profile_window_records_only_the_asked_steps(tmp_path):
+    import pytest
+    from llmft.callbacks import ProfileWindow, profile_window
+    from transformers import TrainerState, TrainingArguments
+
+    assert profile_window(None) is None
+    assert profile_window("2:3") == (2, 3)
+    for bad in ("3", "3:2", "0:1", "a:b"):
+        with pytest.raises(ValueError, match="LLMFT_PROFILE_STEPS"):
+            profile_window(bad)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    state = TrainerState()
+    cb = ProfileWindow(2, 3)
+    x = torch.randn(64, 64)
+    for step in range(5):  # global_step counts finished optimizer steps
+        state.global_step = step
+        cb.on_step_begin(args, state, None)
+        (x @ x).sum()
+        state.global_step = step + 1
+        cb.on_step_end(args, state, None)
+        if step == 0:
+            assert cb.prof is None  # step 1 is not profiled
+    text = (tmp_path / "llmft_profile_rank0.txt").read_text()
+    assert text.startswith("optimizer steps 2-3 (2):")
+    assert "aten::mm" in text
+    assert cb.prof is None and cb.done

@@ -7,6 +7,9 @@
   stop-request file, every rank agrees at the next optimizer step to save a checkpoint, then stops;
   the requeued job resumes from it, losing nothing.
 - StepClock: one line per optimizer step (wall time, tokens seen) for steady-state throughput.
+- ProfileWindow: with LLMFT_PROFILE_STEPS=FIRST:LAST, torch.profiler records those optimizer steps
+  on every rank and writes a table of the most expensive kernels and operators per rank
+  (llmft_profile_rank<N>.txt), with the steps' wall time to compare GPU busy time against.
 
 Exceptions end the run from inside the training loop, on every rank at the same step (the values
 they act on are global: the logged loss is averaged over ranks, the grad norm is the global norm,
@@ -27,6 +30,7 @@ DIVERGENCE_FILE = "llmft_divergence.json"
 PREEMPTED_FILE = "llmft_preempted.json"
 STOP_REQUEST_FILE = "llmft_stop_request"
 STEPS_FILE = "llmft_steps.jsonl"
+PROFILE_ENV = "LLMFT_PROFILE_STEPS"
 EXIT_DIVERGED = 3
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again later
 
@@ -205,3 +209,60 @@ class StepClock(TrainerCallback):
             path = Path(args.output_dir) / STEPS_FILE
             with open(path, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps({"step": state.global_step, "loss": logs["loss"]}) + "\n")
+
+
+def profile_window(spec: str | None) -> tuple[int, int] | None:
+    """'6:8' -> (6, 8): the optimizer steps to profile; None when unset. A bad value is an error."""
+    if not spec:
+        return None
+    try:
+        first, last = (int(x) for x in spec.split(":"))
+    except ValueError:
+        raise ValueError(f"{PROFILE_ENV}={spec!r}: expected FIRST:LAST optimizer steps, e.g. 6:8") from None
+    if not 1 <= first <= last:
+        raise ValueError(f"{PROFILE_ENV}={spec!r}: need 1 <= FIRST <= LAST")
+    return first, last
+
+
+class ProfileWindow(TrainerCallback):
+    """torch.profiler over optimizer steps FIRST..LAST (1-based, inclusive); tables on each rank."""
+
+    def __init__(self, first: int, last: int):
+        self.first, self.last = first, last
+        self.prof = None
+        self.done = False
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if not self.done and self.prof is None and state.global_step + 1 == self.first:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.t0 = time.perf_counter()
+            acts = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                acts.append(torch.profiler.ProfilerActivity.CUDA)
+            self.prof = torch.profiler.profile(activities=acts, record_shapes=False)
+            self.prof.__enter__()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.prof is None or state.global_step < self.last:
+            return
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - self.t0
+        prof, self.prof = self.prof, None
+        prof.__exit__(None, None, None)
+        self.done = True
+        rank = args.process_index
+        out = Path(args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        steps = self.last - self.first + 1
+        sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+        table = prof.key_averages().table(sort_by=sort, row_limit=60, max_name_column_width=90)
+        (out / f"llmft_profile_rank{rank}.txt").write_text(
+            f"optimizer steps {self.first}-{self.last} ({steps}): {wall:.3f} s wall, sorted by {sort}\n"
+            f"{table}\n"
+        )

@@ -210,11 +210,12 @@ def estimate(
             bucket = unit * (reduce_b + gather_b + 2 * largest)
             transient = 0.0 if offload else 4 * t / w
         elif stage in (1, 2):
-            # overlap_comm double-buffers the reduce bucket. The step flattens the 16-bit grads
-            # and converts them to an fp32 partition; with the optimizer's own temporaries that came
-            # to ~10 bytes per sharded parameter in FACTS.md's 8 B ZeRO-2 peaks (108-110 GiB).
+            # overlap_comm double-buffers the reduce bucket. The step converts the 16-bit gradient
+            # partition to fp32 (4 bytes per sharded parameter). Measured on 2 x H200 (torch's max
+            # allocated; bench/results/sft_h200x2_session_end.json): the 8 B ZeRO-2 step at batch 1
+            # stays under its backward peak (89.8 GiB), so the step adds at most ~5 bytes.
             bucket = unit * (2 * reduce_b + gather_b)
-            transient = 0.0 if offload else 10 * t / w
+            transient = 0.0 if offload else 4 * t / w
         else:
             bucket = unit * t if w > 1 else 0.0
             transient = 0.0

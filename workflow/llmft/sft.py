@@ -72,7 +72,8 @@ def deepspeed_config(cfg: dict, plan: Plan) -> dict | None:
     }
     if stage in (1, 2):
         zero["allgather_partitions"] = True
-        zero["allgather_bucket_size"] = buckets["gather"]
+        if buckets["gather"] != "auto":  # transformers fills no "auto" here: DeepSpeed's default then
+            zero["allgather_bucket_size"] = buckets["gather"]
     if stage == 3:
         zero.update(
             {

@@ -29,12 +29,15 @@ import yaml
 from .callbacks import (
     EXIT_DIVERGED,
     EXIT_PREEMPTED,
+    PROFILE_ENV,
     STOP_REQUEST_FILE,
     Diverged,
     DivergenceGuard,
     Preempted,
     PreemptionSaver,
+    ProfileWindow,
     StepClock,
+    profile_window,
 )
 
 log = logging.getLogger("llmft.train")
@@ -81,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         saver,
         StepClock(),
     ]
+    window = profile_window(os.environ.get(PROFILE_ENV))
+    if window:
+        callbacks.append(ProfileWindow(*window))
     from llamafactory.train.tuner import run_exp
 
     try:
