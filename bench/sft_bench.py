@@ -70,11 +70,15 @@ VARIANTS = {
     "ours_1b_zero1": ("1b", {"zero_stage": 1}, 24, 5),
     # torch.compile recompiles for the first few packed shapes: more warm-up steps
     "ours_1b_compile": ("1b", {"extra": {"torch_compile": True}}, 30, 12),
+    "ours_1b_bucket100": ("1b", {"extra": {"ddp_bucket_cap_mb": 100}}, 24, 5),
+    # ours_1b under torch.profiler (llmft_profile_rank*.txt): where a step's time goes
+    "ours_1b_prof": ("1b", {}, 9, 5),
     "recipe_8b": ("8b", RECIPE, 5, 2),
     "hand_8b": ("8b", HAND_8B, 10, 3),
     # the hand-tuned run's global batch (1 x 4 x 2 GPUs x 2048 tokens), so the losses compare step by step
     "ours_8b": ("8b", {"tokens_per_step": 16384}, 10, 3),
 }  # fmt: skip
+VARIANT_ENV = {"ours_1b_prof": {"LLMFT_PROFILE_STEPS": "6:8"}}
 
 
 def config_for(name: str, max_steps: int) -> dict:
@@ -166,7 +170,9 @@ def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> di
     render += ["--data-dir", str(WORK / "data"), "--out-yaml", str(rd / "llamafactory.yaml")]
     render += ["--out-deepspeed", str(rd / "deepspeed.json"), "--work-root", str(RUNS)]
     env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "workflow"), os.environ.get("PYTHONPATH", "")])
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(REPO / "workflow"), os.environ.get("PYTHONPATH", "")]),
+        **VARIANT_ENV.get(name, {}),
     )
     t0 = time.time()
     r = subprocess.run(render, capture_output=True, text=True, env=env, cwd=REPO)
