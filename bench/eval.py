@@ -27,6 +27,8 @@ import json
 import os
 import platform
 import shlex
+import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -40,16 +42,35 @@ sys.path.insert(0, str(REPO / "workflow"))
 
 from llmft.config import validate  # noqa: E402
 from llmft.io import read_json, read_jsonl, write_json, write_jsonl  # noqa: E402
+from llmft.sft import worker_pids  # noqa: E402
 
+# Seconds of a --budget kept for reading the outputs and writing the result.
+BUDGET_MARGIN_S = 3
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-def run_timed(cmd: list[str], log: Path, env: dict) -> dict:
-    """Run a command; wall seconds and the peak RSS of its largest process (KiB -> MiB)."""
+def run_timed(cmd: list[str], log: Path, env: dict, timeout: float = 0) -> dict:
+    """Run a command; wall seconds and the peak RSS of its largest process (KiB -> MiB). Past
+    `timeout` seconds (0: none) its whole process group is killed and the run says so."""
     t0 = time.perf_counter()
     with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        _, status, usage = os.wait4(proc.pid, 0)
+        proc = subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
+        )
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if timeout and time.perf_counter() - t0 > timeout:
+                # torchrun puts its workers in sessions of their own: the whole tree, then the group.
+                for pid in [*worker_pids(proc.pid), proc.pid]:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                os.wait4(proc.pid, 0)
+                return {"timed_out": True, "wall_s": round(time.perf_counter() - t0, 3)}
+            time.sleep(0.05)
     wall = time.perf_counter() - t0
     rc = os.waitstatus_to_exitcode(status)
     if rc != 0:
@@ -105,6 +126,29 @@ def main() -> int:
     )
     ap.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS for both tools (0: leave as is)")
     ap.add_argument("--cutoff-len", type=int, default=4096, help="LLaMA-Factory cutoff_len (no row is cut)")
+    ap.add_argument(
+        "--ours-decoding",
+        action="append",
+        choices=["dynamic", "static", "auto", "static:inductor", "static:cudagraphs"],
+        help="our eval.decoding, repeatable: each is its own tool; the first is the one LLaMA-Factory's "
+        "outputs are matched against (default: dynamic, what LLaMA-Factory's predict uses); "
+        "static:BACKEND also sets the compiler of the decoding step (LLMFT_EVAL_COMPILE_BACKEND). "
+        "Variants after the first run after LLaMA-Factory within a repeat",
+    )
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=0,
+        help="seconds for the whole bench: each run gets what is left (less a margin), and runs that "
+        "no longer fit are recorded as timed out (0: no limit)",
+    )
+    ap.add_argument(
+        "--tool-timeout",
+        type=float,
+        default=0,
+        help="seconds one tool run may take; a run past it is killed and recorded, and that tool is "
+        "left out of the comparisons (0: no limit)",
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--min-match", type=float, default=1.0, help="fail below this greedy match rate")
     ap.add_argument(
@@ -119,6 +163,7 @@ def main() -> int:
     model = Path(args.model or Path(args.run_dir) / "sft/model").resolve()
     heldout = Path(args.heldout or Path(args.run_dir) / "data/heldout.jsonl")
     lf_sizes = list(dict.fromkeys(args.lf_batch_size or [1, args.batch_size]))
+    decodings = list(dict.fromkeys(args.ours_decoding or ["dynamic"]))
     gpu = torch.cuda.is_available()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     work = (REPO / "bench/work" / f"eval-{stamp}").resolve()
@@ -138,32 +183,42 @@ def main() -> int:
         data_dir / "dataset_info.json", {"heldout": {"file_name": "heldout.jsonl", "columns": columns}}
     )
 
-    cfg = validate(
-        {
-            "model": {"template": args.template},
-            "eval": {
-                "max_rows": len(rows),
-                "batch_size": args.batch_size,
-                "max_new_tokens": args.max_new_tokens,
-            },
-        }
-    )
-    ours_cmd = [
-        sys.executable,
-        "-m",
-        "llmft",
-        "evaluate",
-        "--config-json",
-        json.dumps(cfg),
-        "--model",
-        str(model),
-        "--heldout",
-        str(data_dir / "heldout.jsonl"),
-        "--out-dir",
-        str(work / "ours"),
-        "--label",
-        "bench",
-    ]
+    def ours_command(spec: str, out_dir: Path) -> list[str]:
+        decoding = spec.split(":")[0]
+        cfg = validate(
+            {
+                "model": {"template": args.template},
+                "eval": {
+                    "max_rows": len(rows),
+                    "batch_size": args.batch_size,
+                    "max_new_tokens": args.max_new_tokens,
+                    "decoding": decoding,
+                },
+            }
+        )
+        return [
+            sys.executable,
+            "-m",
+            "llmft",
+            "evaluate",
+            "--config-json",
+            json.dumps(cfg),
+            "--model",
+            str(model),
+            "--heldout",
+            str(data_dir / "heldout.jsonl"),
+            "--out-dir",
+            str(out_dir),
+            "--label",
+            "bench",
+        ]
+
+    # The first decoding is "ours"; the others are "ours-<decoding>", each writing its own folder.
+    ours_dirs = {
+        ("ours" if k == 0 else f"ours-{d.replace(':', '-')}"): work
+        / ("ours" if k == 0 else f"ours-{d.replace(':', '-')}")
+        for k, d in enumerate(decodings)
+    }
     lf_args = {
         "model_name_or_path": str(model),
         "stage": "sft",
@@ -190,6 +245,7 @@ def main() -> int:
         env["CUDA_VISIBLE_DEVICES"] = ""
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
+    t_bench = time.perf_counter()
     info = machine()
     print(f"[bench] {len(rows)} rows, model {model}, work dir {work}", flush=True)
 
@@ -202,19 +258,57 @@ def main() -> int:
                 indent=2,
             )
         )
-        return [str(Path(sys.executable).parent / "llamafactory-cli"), "train", str(cfg_path)]
+        # Next to this Python in a venv; on PATH where the wheels went elsewhere (pip --target).
+        cli = Path(sys.executable).parent / "llamafactory-cli"
+        return [
+            str(cli) if cli.exists() else shutil.which("llamafactory-cli") or str(cli),
+            "train",
+            str(cfg_path),
+        ]
 
-    tools = {"ours": ours_cmd} | {f"lf-bs{bs}": lf_command(bs) for bs in lf_sizes}
+    ours_tools = {
+        name: ours_command(d, ours_dirs[name]) for name, d in zip(ours_dirs, decodings, strict=True)
+    }
+    lf_tools = {f"lf-bs{bs}": lf_command(bs) for bs in lf_sizes}
+    # Our main variant, then LLaMA-Factory, then our other variants (with a budget, the extras are
+    # the ones that may not fit).
+    tools = {"ours": ours_tools["ours"]} | lf_tools | ours_tools
+    tool_env = {
+        name: dict(env, LLMFT_EVAL_COMPILE_BACKEND=d.split(":")[1]) if ":" in d else env
+        for name, d in zip(ours_dirs, decodings, strict=True)
+    }
     runs: dict[str, list[dict]] = {name: [] for name in tools}
     names = list(tools)
+    timed_out: set[str] = set()
     for r in range(args.repeats):
         # Rotate which tool goes first: a load spike from a neighbour hits all of them alike.
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            res = run_timed(tools[name], work / f"{name}-{r}.log", env)
-            if name == "ours":
-                m = read_json(work / "ours/metrics.json")
+            if name in timed_out:
+                continue
+            limit = args.tool_timeout or float("inf")
+            if args.budget:
+                limit = min(limit, args.budget - (time.perf_counter() - t_bench) - BUDGET_MARGIN_S)
+                if limit < 1:
+                    timed_out.add(name)
+                    print(f"[bench] repeat {r} {name}: skipped, the budget is spent", flush=True)
+                    continue
+            res = run_timed(
+                tools[name],
+                work / f"{name}-{r}.log",
+                tool_env.get(name, env),
+                0 if limit == float("inf") else limit,
+            )
+            if res.get("timed_out"):
+                timed_out.add(name)
+                print(f"[bench] repeat {r} {name}: killed after {res['wall_s']:.0f}s", flush=True)
+                continue
+            if name in ours_dirs:
+                m = read_json(ours_dirs[name] / "metrics.json")
                 res["eval_s"] = round(m["loss_seconds"] + m["generate_seconds"], 3)
                 res["generate_s"] = m["generate_seconds"]
+                res["first_batch_s"] = m.get("first_batch_seconds")
+                res["decoding"] = m.get("decoding")
+                res["processes"] = m["processes"]
             else:
                 res["eval_s"] = round(read_json(work / name / "predict_results.json")["predict_runtime"], 3)
             runs[name].append(res)
@@ -223,21 +317,61 @@ def main() -> int:
     def med(name, key):
         return statistics.median(r[key] for r in runs[name])
 
+    def same_rows(a: list[dict], b: list[dict], key_b: str) -> list[bool]:
+        return [x["prediction"].strip() == y[key_b].strip() for x, y in zip(a, b, strict=True)]
+
+    def ratios(name: str) -> dict:
+        """LLaMA-Factory's time over each of our variants' (median of the repeats)."""
+        out = {}
+        for ours_name in done_ours:
+            suffix = "" if ours_name == "ours" else "_vs_" + ours_name
+            out[f"ratio_wall{suffix}"] = round(med(name, "wall_s") / med(ours_name, "wall_s"), 2)
+            out[f"ratio_cpu{suffix}"] = round(med(name, "cpu_s") / med(ours_name, "cpu_s"), 2)
+            out[f"ratio_eval{suffix}"] = round(med(name, "eval_s") / max(med(ours_name, "eval_s"), 1e-6), 2)
+        return out
+
+    if "ours" in timed_out:
+        sys.exit(f"our evaluation ({decodings[0]}) did not finish in time: {runs}")
+    done_ours = [n for n in ours_dirs if n not in timed_out]
     ours = read_jsonl(work / "ours/predictions.jsonl")
+    variants = {}
+    for name in done_ours:
+        m = read_json(ours_dirs[name] / "metrics.json")
+        other = read_jsonl(ours_dirs[name] / "predictions.jsonl")
+        same = same_rows(other, ours, "prediction")
+        variants[name] = {
+            "decoding_asked": decodings[list(ours_dirs).index(name)],
+            "decoding_ran": m.get("decoding"),
+            "processes": m["processes"],
+            "identical_to_ours": sum(same),
+            "median_wall_s": med(name, "wall_s"),
+            "median_cpu_s": med(name, "cpu_s"),
+            "median_eval_s": med(name, "eval_s"),
+            "median_generate_s": med(name, "generate_s"),
+            # The first batch carries torch.compile's and the cache's set-up with static decoding.
+            "median_first_batch_s": med(name, "first_batch_s"),
+        }
     comparisons = {}
     for bs in lf_sizes:
         name = f"lf-bs{bs}"
+        if name in timed_out:
+            comparisons[name] = {"per_device_eval_batch_size": bs, "timed_out_after_s": args.tool_timeout}
+            continue
         lf = read_jsonl(work / name / "generated_predictions.jsonl")
         if len(ours) != len(lf):
             sys.exit(f"row counts differ: ours {len(ours)}, {name} {len(lf)}")
         aligned = sum(o["reference"].strip() == p["label"].strip() for o, p in zip(ours, lf, strict=True))
         if aligned != len(ours):
             sys.exit(f"rows are not aligned: {len(ours) - aligned} references differ from {name}'s labels")
-        same = [o["prediction"].strip() == p["predict"].strip() for o, p in zip(ours, lf, strict=True)]
+        same = same_rows(ours, lf, "predict")
         comparisons[name] = {
             "per_device_eval_batch_size": bs,
             "match_rate": round(sum(same) / len(same), 4),
             "identical_rows": sum(same),
+            "identical_rows_by_ours_variant": {
+                v: sum(same_rows(read_jsonl(ours_dirs[v] / "predictions.jsonl"), lf, "predict"))
+                for v in done_ours
+            },
             "mismatches": [
                 {
                     "index": i,
@@ -251,9 +385,7 @@ def main() -> int:
             "median_wall_s": med(name, "wall_s"),
             "median_eval_s": med(name, "eval_s"),
             "median_cpu_s": med(name, "cpu_s"),
-            "ratio_wall": round(med(name, "wall_s") / med("ours", "wall_s"), 2),
-            "ratio_cpu": round(med(name, "cpu_s") / med("ours", "cpu_s"), 2),
-            "ratio_eval": round(med(name, "eval_s") / max(med("ours", "eval_s"), 1e-6), 2),
+            **ratios(name),
         }
 
     result = {
@@ -265,13 +397,11 @@ def main() -> int:
         "model": str(model),
         "rows": len(rows),
         "max_new_tokens": args.max_new_tokens,
-        "ours": {
-            "batch_size": args.batch_size,
-            "processes": read_json(work / "ours/metrics.json")["processes"],
-            "median_wall_s": med("ours", "wall_s"),
-            "median_cpu_s": med("ours", "cpu_s"),
-            "median_eval_s": med("ours", "eval_s"),
-        },
+        "ours": {"batch_size": args.batch_size, **variants["ours"]},
+        "ours_variants": variants,
+        "timed_out": sorted(timed_out),
+        "budget_s": args.budget or None,
+        "bench_seconds": round(time.perf_counter() - t_bench, 1),
         "llamafactory": comparisons,
         "repeats": args.repeats,
         "runs": runs,
@@ -280,18 +410,33 @@ def main() -> int:
     out = Path(args.out or REPO / f"bench/results/eval-{device}-{stamp[:8]}.json")
     write_json(out, result)
     lines = []
+    for name, v in variants.items():
+        lines.append(
+            f"[bench] {name} ({v['decoding_ran']} decoding): whole command {v['median_wall_s']:.2f}s "
+            f"({v['median_cpu_s']:.2f} CPU s), evaluation {v['median_eval_s']:.2f}s (generation "
+            f"{v['median_generate_s']:.2f}s, first batch {v['median_first_batch_s']:.2f}s); "
+            f"identical to ours {v['identical_to_ours']}/{len(ours)}"
+        )
     ours_wall, ours_eval = med("ours", "wall_s"), med("ours", "eval_s")
     for c in comparisons.values():
+        if "timed_out_after_s" in c:
+            lines.append(f"[bench] LLaMA-Factory batch {c['per_device_eval_batch_size']}: timed out")
+            continue
         lines.append(
             f"[bench] vs LLaMA-Factory per_device_eval_batch_size {c['per_device_eval_batch_size']}: "
             f"greedy outputs identical {c['identical_rows']}/{len(ours)} (match rate {c['match_rate']:.4f}); "
             f"whole command {c['median_wall_s']:.2f}s vs ours {ours_wall:.2f}s -> {c['ratio_wall']}x "
             f"(CPU seconds {c['median_cpu_s']:.2f} vs {med('ours', 'cpu_s'):.2f} -> {c['ratio_cpu']}x); "
             f"evaluation itself {c['median_eval_s']:.2f}s vs ours {ours_eval:.2f}s -> {c['ratio_eval']}x"
+            + "".join(
+                f"; vs {v}: whole {c['ratio_wall_vs_' + v]}x, evaluation {c['ratio_eval_vs_' + v]}x"
+                for v in done_ours
+                if v != "ours"
+            )
         )
     print("\n".join(lines) + f"\n[bench] saved {out}")
-    worst = min(c["match_rate"] for c in comparisons.values())
-    return 0 if worst >= args.min_match else 1
+    rates = [c["match_rate"] for c in comparisons.values() if "match_rate" in c]
+    return 0 if rates and min(rates) >= args.min_match else 1
 
 
 if __name__ == "__main__":

@@ -39,6 +39,21 @@ log = logging.getLogger("llmft.evaluate")
 # loss batch at 16 k padded tokens.
 LOGIT_BUDGET = 2**31
 
+# How greedy decoding keeps its KV cache (`eval.decoding`):
+#   dynamic: transformers' default growing cache, what LLaMA-Factory's predict uses;
+#   static:  a preallocated cache of fixed shape, which lets transformers compile the decoding step
+#            (torch.compile, CUDA graphs) on GPUs, removing the per-step Python and launch overhead.
+#            On CPU transformers does not compile; the path then only exercises the static cache.
+#   auto:    static on GPUs, dynamic on CPU.
+# Static decoding pads a shard's short last batch to the full batch size (copies of its last prompt,
+# dropped afterwards) so every batch reuses one compiled graph and one cache; if the model cannot
+# use a static cache, or generation with it fails, the shard falls back to dynamic and says so.
+DECODING = ("dynamic", "static", "auto")
+# The compiler of the static decoding step (a bench knob, not a config key): "inductor" is
+# transformers' default (generated kernels + CUDA graphs, tens of seconds to compile); "cudagraphs"
+# only traces the step and replays it as one CUDA graph of the eager kernels (seconds to set up).
+COMPILE_BACKEND_ENV = "LLMFT_EVAL_COMPILE_BACKEND"
+
 # A model whose weights fill more than this share of one GPU is not replicated per GPU; it is
 # spread over all GPUs of the job in one process instead (KV cache and activations need the rest).
 REPLICA_MEMORY_SHARE = 0.6
@@ -167,6 +182,7 @@ class ShardJob:
     stop_ids: list[int]
     pad_id: int
     threads: int = 0
+    decoding: str = "dynamic"  # "dynamic" or "static" (see DECODING)
 
 
 def run_shard(job: ShardJob) -> dict:
@@ -202,28 +218,31 @@ def run_shard(job: ShardJob) -> dict:
 
     t0 = time.perf_counter()
     generated: dict[int, list[int]] = {}
+    decoding = job.decoding
+    full = max((len(b) for b in job.gen_batches), default=0)
+    first_batch_s = None
     with torch.inference_mode():
         for batch in job.gen_batches:
+            tb = time.perf_counter()
             prompts = [job.encoded[i][0] for i in batch]
-            width = max(len(p) for p in prompts)
-            ids = torch.full((len(prompts), width), job.pad_id, dtype=torch.long)
-            attn = torch.zeros((len(prompts), width), dtype=torch.long)
-            for j, p in enumerate(prompts):  # left padding: every prompt ends at the same column
-                ids[j, width - len(p) :] = torch.tensor(p)
-                attn[j, width - len(p) :] = 1
-            out = model.generate(
-                input_ids=ids.to(device),
-                attention_mask=attn.to(device),
-                do_sample=False,
-                num_beams=1,
-                max_new_tokens=job.max_new_tokens,
-                eos_token_id=job.stop_ids,
-                pad_token_id=job.pad_id,
-                use_cache=True,
-            )
-            for j, seq in enumerate(out[:, width:].tolist()):
+            if decoding == "static":
+                prompts += [prompts[-1]] * (full - len(prompts))
+            try:
+                out = _generate(model, prompts, job, device, decoding)
+            except Exception as exc:  # noqa: BLE001 - any failure of the static path: fall back
+                if decoding != "static":
+                    raise
+                log.warning(
+                    "static-cache decoding failed (%s: %s); dynamic cache from here", type(exc).__name__, exc
+                )
+                decoding = "dynamic"
+                prompts = prompts[: len(batch)]
+                out = _generate(model, prompts, job, device, decoding)
+            for j, seq in enumerate(out[: len(batch)]):
                 cut = next((k for k, t in enumerate(seq) if t in job.stop_ids), len(seq))
                 generated[batch[j]] = seq[:cut]
+            if first_batch_s is None:
+                first_batch_s = time.perf_counter() - tb
     gen_s = time.perf_counter() - t0
 
     if on_gpu:
@@ -237,8 +256,45 @@ def run_shard(job: ShardJob) -> dict:
         "load_seconds": load_s,
         "loss_seconds": loss_s,
         "generate_seconds": gen_s,
+        "first_batch_seconds": first_batch_s or 0.0,
+        "decoding": decoding,
         "peak_memory_gib": peak_gib,
     }
+
+
+def _generate(model, prompts: list[list[int]], job: ShardJob, device, decoding: str) -> list[list[int]]:
+    """Greedy continuations of left-padded prompts (new tokens only, up to max_new_tokens each)."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), job.pad_id, dtype=torch.long)
+    attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    for j, p in enumerate(prompts):  # left padding: every prompt ends at the same column
+        ids[j, width - len(p) :] = torch.tensor(p)
+        attn[j, width - len(p) :] = 1
+    extra = {}
+    if decoding == "static":
+        from transformers import CompileConfig
+
+        backend = os.environ.get(COMPILE_BACKEND_ENV, "inductor")
+        # A mode is an inductor option; other backends take none.
+        mode = "reduce-overhead" if backend == "inductor" else None
+        extra = {
+            "cache_implementation": "static",
+            "compile_config": CompileConfig(backend=backend, mode=mode),
+        }
+    out = model.generate(
+        input_ids=ids.to(device),
+        attention_mask=attn.to(device),
+        do_sample=False,
+        num_beams=1,
+        max_new_tokens=job.max_new_tokens,
+        eos_token_id=job.stop_ids,
+        pad_token_id=job.pad_id,
+        use_cache=True,
+        **extra,
+    )
+    return out[:, width:].tolist()
 
 
 def answer_nll(model, seqs: list[tuple[list[int], list[int]]], pad_id: int, device, keep_logits: bool):
@@ -355,6 +411,9 @@ def evaluate(
     max_tokens = max(1, LOGIT_BUDGET // max(1, len(tokenizer)))
     loss_plan = plan_batches([len(p) + len(a) for p, a in encoded], bs, max_tokens)
     gen_plan = plan_batches([len(p) for p, _ in encoded], bs)
+    decoding = ecfg.get("decoding", "dynamic")
+    if decoding == "auto":
+        decoding = "dynamic" if kind == "cpu" else "static"
     cpu_threads = threads or (max(1, (os.cpu_count() or 1) // n) if kind == "cpu" and n > 1 else 0)
     jobs = [
         ShardJob(
@@ -367,11 +426,19 @@ def evaluate(
             stop_ids=stops,
             pad_id=pad,
             threads=cpu_threads,
+            decoding=decoding,
         )
         for k in range(n)
     ]
     log.info(
-        "%s: %d rows, %d batches of <=%d, %d process(es), %s", label, len(rows), len(gen_plan), bs, n, kind
+        "%s: %d rows, %d batches of <=%d, %d process(es), %s, %s decoding",
+        label,
+        len(rows),
+        len(gen_plan),
+        bs,
+        n,
+        kind,
+        decoding,
     )
     results = run_all(jobs)
 
@@ -426,6 +493,9 @@ def evaluate(
         "devices": [r["device"] for r in results],
         "batch_size": bs,
         "max_new_tokens": ecfg["max_new_tokens"],
+        # What decoding ran: a process whose static path failed fell back to dynamic.
+        "decoding": "+".join(sorted({r["decoding"] for r in results})),
+        "first_batch_seconds": round(max(r["first_batch_seconds"] for r in results), 3),
         "new_tokens": new_tokens,
         # The slowest process sets the wall time of each phase.
         "load_seconds": round(max(r["load_seconds"] for r in results), 3),

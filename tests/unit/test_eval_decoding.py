@@ -1,0 +1,56 @@
+"""Static-cache decoding (the GPU speed lever) gives the same greedy outputs as transformers' dynamic
+cache in fp32 on CPU, pads short batches without changing any row, and falls back to dynamic when
+the static path fails."""
+
+import pytest
+from llmft import evaluate as ev
+from llmft.assets import build_tiny_model, synthetic_rows
+from llmft.config import validate
+from llmft.io import read_json, read_jsonl, write_jsonl
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("decoding")
+    build_tiny_model(tmp / "model", hidden_size=64, seed=3)
+    # 23 rows at batch 8: two full batches and a short one (padded under static decoding).
+    write_jsonl(tmp / "heldout.jsonl", synthetic_rows(23, seed=5))
+    return tmp
+
+
+def run(setup, decoding: str, out: str) -> tuple[dict, list[dict]]:
+    cfg = validate({"eval": {"batch_size": 8, "max_new_tokens": 12, "decoding": decoding}})
+    ev.evaluate(cfg, str(setup / "model"), str(setup / "heldout.jsonl"), str(setup / out), out, threads=1)
+    return read_json(setup / out / "metrics.json"), read_jsonl(setup / out / "predictions.jsonl")
+
+
+def test_static_equals_dynamic_in_fp32(setup):
+    dyn_metrics, dyn = run(setup, "dynamic", "dynamic")
+    st_metrics, st = run(setup, "static", "static")
+    assert dyn_metrics["decoding"] == "dynamic" and st_metrics["decoding"] == "static"
+    assert [r["prediction"] for r in st] == [r["prediction"] for r in dyn]
+    assert [r["new_tokens"] for r in st] == [r["new_tokens"] for r in dyn]
+    assert st_metrics["eval_loss"] == dyn_metrics["eval_loss"]
+    # "auto" is dynamic on CPU.
+    auto_metrics, auto = run(setup, "auto", "auto")
+    assert auto_metrics["decoding"] == "dynamic" and auto == dyn
+
+
+def test_static_failure_falls_back_to_dynamic(setup, monkeypatch):
+    _, dyn = run(setup, "dynamic", "dynamic2")
+    real = ev._generate
+    calls = []
+
+    def flaky(model, prompts, job, device, decoding):
+        calls.append((decoding, len(prompts)))
+        if decoding == "static":
+            raise RuntimeError("no static cache for this model")
+        return real(model, prompts, job, device, decoding)
+
+    monkeypatch.setattr(ev, "_generate", flaky)
+    metrics, preds = run(setup, "static", "fallback")
+    assert metrics["decoding"] == "dynamic"
+    assert [r["prediction"] for r in preds] == [r["prediction"] for r in dyn]
+    # One static attempt, then dynamic for every batch, at the batches' own sizes.
+    assert calls[0] == ("static", 8) and [c[0] for c in calls[1:]] == ["dynamic"] * 3
+    assert [c[1] for c in calls[1:]] == [8, 8, 7]
