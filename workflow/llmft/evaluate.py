@@ -1,8 +1,9 @@
 """Held-out evaluation: eval loss / perplexity and greedy-generation metrics (exact match, ROUGE-L,
 BLEU), per example and per task.
 
-Prompts are encoded with LLaMA-Factory's own template, so the model sees exactly the format it was
-trained on (and the same token ids LLaMA-Factory's `do_predict` would feed it). Generation is greedy,
+Prompts are encoded as LLaMA-Factory's template encodes them, so the model sees exactly the format
+it was trained on (and the same token ids LLaMA-Factory's `do_predict` would feed it): from the
+template table of `prompts.py` where that is exact, else through LLaMA-Factory itself. Generation is greedy,
 batched with left padding and the KV cache.
 
 Speed comes from three things: rows are sorted by length before batching (little padding), the
@@ -366,12 +367,27 @@ def run_all(jobs: list[ShardJob]) -> list[dict]:
 
 
 def encode(rows: list[dict], model_dir: str, template_name: str):
-    """Tokenizer and (prompt ids, answer ids) per row, via LLaMA-Factory's template."""
-    from llamafactory.data import get_template_and_fix_tokenizer
-    from llamafactory.hparams import DataArguments
+    """Tokenizer and (prompt ids, answer ids) per row, as LLaMA-Factory's template encodes them:
+    from the template table where it is exact (no LLaMA-Factory import), else LLaMA-Factory itself."""
     from transformers import AutoTokenizer
 
+    from .prompts import PromptEncoder
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    table, why = PromptEncoder.load(tokenizer, template_name)
+    encoded = table.encode(rows) if table else None
+    if encoded is not None:
+        log.info("prompts: template %r from the template table", template_name)
+        return tokenizer, encoded
+    log.info("prompts: template %r from LLaMA-Factory (%s)", template_name, why or "a row needs it")
+    return encode_with_llamafactory(rows, tokenizer, template_name)
+
+
+def encode_with_llamafactory(rows: list[dict], tokenizer, template_name: str):
+    """The same through LLaMA-Factory's template, which also fixes the tokenizer (EOS, pad, stop words)."""
+    from llamafactory.data import get_template_and_fix_tokenizer
+    from llamafactory.hparams import DataArguments
+
     template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template_name))
     encoded = []
     for row in rows:
