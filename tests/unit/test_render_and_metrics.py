@@ -70,9 +70,14 @@ def test_gpu_auto_render_uses_the_plan(tmp_path, tiny):
     assert args["neat_packing"] is True and args["flash_attn"] == "sdpa"  # sdpa loads, varlen runs
     assert args["llmft"]["attention"] == "varlen"
     assert args["include_num_input_tokens_seen"] == "non_padding"
-    assert args["disable_gradient_checkpointing"] is True and args["ddp_find_unused_parameters"] is False
+    assert args["disable_gradient_checkpointing"] is True
     plan = args["llmft"]["plan"]
-    assert plan["zero_stage"] == 0 and plan["tokens_per_step"] == cfg["sft"]["tokens_per_step"]
+    # several GPUs in bf16: ZeRO-2 (16-bit compute, sharded states), not plain DDP under autocast
+    assert plan["zero_stage"] == 2 and plan["tokens_per_step"] == cfg["sft"]["tokens_per_step"]
+    assert json.loads((tmp_path / "a.json").read_text())["zero_optimization"]["stage"] == 2
+    ddp = validate({**cfg, "sft": {"zero_stage": 0}})
+    args = render(ddp, tiny, "d", str(tmp_path / "c.yaml"), str(tmp_path / "c.json"), "w")
+    assert "deepspeed" not in args and args["ddp_find_unused_parameters"] is False
     zero3 = validate({**cfg, "sft": {"zero_stage": 3}})
     render(zero3, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w")
     ds = deepspeed_config(zero3, resolve(zero3, tiny, "cuda"))
@@ -111,8 +116,9 @@ def test_every_zero_stage_config_leaves_nothing_for_deepspeed_to_guess(tiny, tmp
     from transformers import LlamaConfig, TrainingArguments
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 
-    for cfg in (validate({**DEMO, "sft": {**DEMO["sft"], "zero_stage": stage}}, base_dir=REPO),
-                validate({"hardware": {"vendor": "cuda", "gpus_per_node": 2}, "sft": {"zero_stage": stage}})):  # fmt: skip
+    cpu = validate({**DEMO, "sft": {**DEMO["sft"], "zero_stage": stage}}, base_dir=REPO)
+    gpu = validate({"hardware": {"vendor": "cuda", "gpus_per_node": 2}, "sft": {"zero_stage": stage}})
+    for cfg in (cpu, gpu):
         vendor = "cpu" if cfg["hardware"]["gpus_per_node"] == 0 else "cuda"
         ds = deepspeed_config(cfg, resolve(cfg, tiny, vendor))
         hf = HfTrainerDeepSpeedConfig(ds)

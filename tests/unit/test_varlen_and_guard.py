@@ -79,3 +79,14 @@ def test_profile_window_records_only_the_asked_steps(tmp_path):
     assert text.startswith("optimizer steps 2-3 (2):")
     assert "aten::mm" in text
     assert cb.prof is None and cb.done
+
+
+def test_kernel_inputs_follow_autocast_like_sdpa():
+    """fp32 q/k/v under autocast (plain DDP + rotary embedding) reach the kernel in the autocast dtype."""
+    q = torch.randn(4, 2, 8)
+    assert varlen.kernel_dtype(q, q)[0].dtype == torch.float32  # no autocast: left alone
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = varlen.kernel_dtype(q, q, q)
+        assert [t.dtype for t in cast] == [torch.bfloat16] * 3
+        half = q.half()
+        assert varlen.kernel_dtype(half)[0] is half  # already 16 bit: unchanged

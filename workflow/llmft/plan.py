@@ -16,7 +16,8 @@ layer) were counted from transformers' Llama modules and checked against measure
 (bench/results/sft_*.json records prediction against measurement).
 
 `resolve` turns the `auto` values of the `sft` config section into concrete settings, lowest
-communication first (plain DDP, then ZeRO-2, then ZeRO-3, then ZeRO-3 with CPU offload), and
+communication first (plain DDP, then ZeRO-2, then ZeRO-3, then ZeRO-3 with CPU offload; on several
+GPUs in 16 bit ZeRO-2 comes first, being faster than DDP there), and
 refuses a config that cannot fit with a ConfigError that names the keys to change.
 """
 
@@ -376,7 +377,17 @@ def resolve(cfg: dict, model_dir: str | Path, vendor: str, shape: ModelShape | N
     # Overlapped, large buckets need a GPU side stream; on gloo DeepSpeed's own sizes do.
     bucket_setting = sft["zero_bucket_size"] if on_gpu or sft["zero_bucket_size"] != "auto" else "hf"
 
-    stages = [sft["zero_stage"]] if sft["zero_stage"] != "auto" else ([0, 2, 3] if world > 1 else [0, 3])
+    # Several GPUs in 16 bit: ZeRO-2 before plain DDP. DeepSpeed runs the model in 16 bit (DDP under
+    # autocast keeps an fp32 residual stream), each GPU updates only its share of the AdamW states,
+    # and reduce-scatter + all-gather of 16-bit tensors move half the bytes of DDP's fp32 all-reduce:
+    # 1.14x DDP's tokens/s on 1.24 B over 2 x H200, with 36 % less memory (bench/results).
+    zero2_first = world > 1 and on_gpu and sft["precision"] in ("bf16", "fp16")
+    if sft["zero_stage"] != "auto":
+        stages = [sft["zero_stage"]]
+    elif zero2_first:
+        stages = [2, 3]
+    else:
+        stages = [0, 2, 3] if world > 1 else [0, 3]
     if sft["offload"] == "auto":
         offloads = [False, True]
     else:
@@ -451,7 +462,9 @@ def resolve(cfg: dict, model_dir: str | Path, vendor: str, shape: ModelShape | N
         reasons.append(
             {
                 0: "zero_stage 0: the whole model and its AdamW states fit on each GPU (plain DDP)",
-                2: "zero_stage 2: states need sharding, weights fit whole",
+                2: "zero_stage 2: 16-bit compute with sharded AdamW states, faster than plain DDP on GPUs"
+                if zero2_first
+                else "zero_stage 2: states need sharding, weights fit whole",
                 3: "zero_stage 3: even the 16-bit weights need sharding",
             }[stage]
         )

@@ -94,6 +94,17 @@ def _kernel(q, k, v, cu, max_len, scale):
     return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
 
 
+def kernel_dtype(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The kernel takes only fp16/bf16, and unlike SDPA it is not an autocast op: under autocast (plain
+    DDP keeps fp32 weights) transformers' rotary embedding hands it fp32 q/k, so cast to the autocast
+    dtype as SDPA would. A 16-bit model's tensors pass unchanged."""
+    device = tensors[0].device.type
+    if tensors[0].dtype in (torch.float16, torch.bfloat16) or not torch.is_autocast_enabled(device):
+        return tensors
+    half = torch.get_autocast_dtype(device)
+    return tuple(t.to(half) for t in tensors)
+
+
 def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """transformers attention interface: (batch, heads, seq, dim) in, (batch, seq, heads, dim) out."""
     cu = kwargs.get("cu_seq_lens_q")
@@ -107,6 +118,7 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     v = value.transpose(1, 2).reshape(batch * seq, value.shape[1], dim)
     cu = cu.to(device=q.device, dtype=torch.int32)
     if q.is_cuda:
+        q, k, v = kernel_dtype(q, k, v)
         out = _kernel(q, k, v, cu, int(kwargs["max_length_q"]), scaling)
     else:
         out = _reference(q, k, v, cu, scaling)
