@@ -69,7 +69,10 @@ VARIANTS = {
     "ours_1b_zero2": ("1b", {"zero_stage": 2}, 24, 5),
     "ours_1b_zero1": ("1b", {"zero_stage": 1}, 24, 5),
     # torch.compile recompiles for the first few packed shapes: more warm-up steps
-    "ours_1b_compile": ("1b", {"extra": {"torch_compile": True}}, 30, 12),
+    # Liger's Triton kernels fail under dynamo (liger-kernel 0.8.5, torch 2.11): compile without them
+    "ours_1b_compile": ("1b", {"liger_kernel": False, "extra": {"torch_compile": True}}, 30, 12),
+    "ours_1b_b500": ("1b", {"zero_bucket_size": 500000000}, 24, 5),
+    "ours_1b_ddp": ("1b", {"zero_stage": 0}, 24, 5),
     "ours_1b_bucket100": ("1b", {"extra": {"ddp_bucket_cap_mb": 100}}, 24, 5),
     # ours_1b under torch.profiler (llmft_profile_rank*.txt): where a step's time goes
     "ours_1b_prof": ("1b", {}, 9, 5),
