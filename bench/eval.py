@@ -17,7 +17,7 @@ LLaMA-Factory's launcher starts torchrun over the same GPUs; both generate in bf
 LLaMA-Factory runs once per --lf-batch-size (default: 1, the value of its own example predict
 config examples/train_lora/llama3_lora_predict.yaml, and our batch size). Each run is timed as a
 whole command (wall and CPU seconds) and by its own in-process clock. Results go to
-bench/results/eval-<cpu|gpu>-<date>.json with the command and the machine.
+bench/results/eval-<cpu|gpu>-<date>T<time>.json with the command and the machine.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--min-match", type=float, default=1.0, help="fail below this greedy match rate")
     ap.add_argument(
-        "--out", default="", help="result JSON (default: bench/results/eval-<device>-<date>.json)"
+        "--out", default="", help="result JSON (default: bench/results/eval-<device>-<date>T<time>.json)"
     )
     args = ap.parse_args()
 
@@ -407,7 +407,7 @@ def main() -> int:
         "runs": runs,
     }
     device = "gpu" if gpu else "cpu"
-    out = Path(args.out or REPO / f"bench/results/eval-{device}-{stamp[:8]}.json")
+    out = Path(args.out or REPO / f"bench/results/eval-{device}-{stamp}.json")
     write_json(out, result)
     lines = []
     for name, v in variants.items():
