@@ -7,6 +7,9 @@ from llmft.io import atomic_path, write_json
 def test_outputs_are_readable_by_others(tmp_path):
     write_json(tmp_path / "x.json", {"a": 1})
     assert (tmp_path / "x.json").stat().st_mode & 0o044 == 0o044
+    with atomic_path(tmp_path / "d", directory=True) as tmp:
+        (tmp / "f").write_text("x")
+    assert (tmp_path / "d").stat().st_mode & 0o055 == 0o055
 
 
 def test_an_error_leaves_neither_target_nor_temporary(tmp_path):

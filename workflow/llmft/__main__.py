@@ -78,9 +78,20 @@ def cmd_pack_data(args) -> int:
 
     from .packing import pack
 
-    lf_args = yaml.safe_load(open(args.yaml, encoding="utf-8"))
+    if bool(args.yaml) == bool(args.args_json):
+        print("llmft pack-data: give either --yaml or --args-json", file=sys.stderr)
+        return 2
+    if args.yaml:
+        lf_args = yaml.safe_load(open(args.yaml, encoding="utf-8"))
+    else:
+        lf_args = json.loads(args.args_json)
     counts = pack(f"{args.data_dir}/tokenized", args.data_dir, args.out, args.tokenizer, lf_args)
     print(json.dumps(counts))
+    if args.prune:
+        from .packing import prune
+
+        for name in prune(args.out):
+            print(f"removed {args.data_dir}/{name}: packed for other arguments")
     return 0
 
 
@@ -207,14 +218,18 @@ def main(argv: list[str] | None = None) -> int:
     add("synthetic", cmd_synthetic, "out", help="write the synthetic demo dataset")
     p = add("prepare-data", cmd_prepare_data, "tokenizer", "out-dir", "synthetic:opt")
     p.add_argument("--workers", default="0", help="tokenizing processes (0 = one per core)")
-    add(
+    p = add(
         "pack-data",
         cmd_pack_data,
-        "yaml",
+        "yaml:opt",
+        "args-json:opt",
         "tokenizer",
         "data-dir",
         "out",
         help="pack tokenized rows exactly as LLaMA-Factory packs them for this YAML (packing/neat_packing)",
+    )
+    p.add_argument(
+        "--prune", action="store_true", help="remove packed folders for other arguments beside --out"
     )
     add("verify-env", cmd_verify_env, "out")
     add(

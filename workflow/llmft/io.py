@@ -22,6 +22,7 @@ def atomic_path(target: str | Path, directory: bool = False) -> Iterator[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     if directory:
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        tmp.chmod(0o777 & ~_umask())  # mkdtemp creates 0700
     else:
         fd, name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
         os.close(fd)

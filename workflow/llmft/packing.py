@@ -7,19 +7,59 @@ tokenization swapped for the ids prepare_data already made, so a run with `packi
 `neat_packing` can load packed rows through `tokenized_path` as well. The few rows LLaMA-Factory
 would truncate (exactly `cutoff_len` tokens: packing keeps one token spare) go through its own
 encoding, from their text.
+
+The packed folder is written under a temporary name and renamed when complete, with a stamp
+(STAMP_FILE) naming the arguments it was packed for: render-sft refuses packed rows made for other
+arguments.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
+from .io import atomic_path
 from .pretokenize import load_tokenizer_and_template, messages_of, write_dataset_dict
 
 SPLITS = (("train", "train.jsonl"), ("validation", "heldout.jsonl"))
 ARROW_FILE = "data-00000-of-00001.arrow"
+STAMP_FILE = "llmft_packing.json"
+# The LLaMA-Factory arguments that decide what its packed preprocessing makes of tokenized rows,
+# with LLaMA-Factory's defaults.
+PACKING_KEYS = {
+    "template": None,
+    "cutoff_len": 2048,
+    "packing": None,
+    "neat_packing": False,
+    "preprocessing_num_workers": None,
+    "preprocessing_batch_size": 1000,
+}
+
+
+def packed_dir_name(pargs: dict) -> str:
+    """The packed folder's name under the data folder, keyed by the packing arguments: rows packed
+    for other arguments (neat vs plain, another cutoff_len) never sit where these are expected."""
+    return "packed-" + hashlib.sha256(json.dumps(pargs, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def data_fingerprint(rows_dir: Path) -> str | None:
+    """prepare_data's fingerprint of the rows in `rows_dir` (stats.json), if it is there."""
+    try:
+        return json.loads((Path(rows_dir) / "stats.json").read_text()).get("fingerprint")
+    except (OSError, ValueError):
+        return None
+
+
+def packing_args(args: dict) -> dict | None:
+    """The arguments among `args` (LLaMA-Factory's) that decide its packed rows, normalised as
+    LLaMA-Factory reads them (neat_packing implies packing); None when `args` do not pack."""
+    out = {key: args.get(key, default) for key, default in PACKING_KEYS.items()}
+    out["neat_packing"] = bool(out["neat_packing"])
+    out["packing"] = bool(out["packing"]) or out["neat_packing"]
+    return out if out["packing"] else None
 
 
 def map_batches(n_rows: int, num_proc: int | None, batch_size: int) -> Iterator[range]:
@@ -74,12 +114,37 @@ def pack(
     tokenized_dir: str | Path, rows_dir: str | Path, out_dir: str | Path, tokenizer_dir, args: dict
 ) -> dict:
     """Write packed train/validation splits for LLaMA-Factory arguments `args` (template,
-    cutoff_len, packing / neat_packing, preprocessing_num_workers, preprocessing_batch_size)."""
+    cutoff_len, packing / neat_packing, preprocessing_num_workers, preprocessing_batch_size) to
+    `out_dir`, atomically, with a stamp naming those arguments and the row counts."""
+    stamp = packing_args(args)
+    if stamp is None:
+        raise ValueError("packing needs packing or neat_packing in the LLaMA-Factory arguments")
+    fingerprint = data_fingerprint(rows_dir)
+    with atomic_path(out_dir, directory=True) as tmp:
+        counts = _pack(Path(tokenized_dir), Path(rows_dir), tmp, tokenizer_dir, args)
+        record = {"args": stamp, "rows": counts, "data_fingerprint": fingerprint}
+        (tmp / STAMP_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    return counts
+
+
+def prune(out_dir: str | Path) -> list[str]:
+    """Remove packed folders for other arguments beside `out_dir` (a config change left them)."""
+    import shutil
+
+    out_dir = Path(out_dir)
+    gone = []
+    for other in sorted(out_dir.parent.glob("packed-*")):
+        if other.name != out_dir.name and other.is_dir() and (other / STAMP_FILE).is_file():
+            shutil.rmtree(other)
+            gone.append(other.name)
+    return gone
+
+
+def _pack(tokenized_dir: Path, rows_dir: Path, out_dir: Path, tokenizer_dir, args: dict) -> dict:
     from datasets import Dataset, load_from_disk
     from datasets.arrow_writer import ArrowWriter
 
     processor, data_args = _processor(tokenizer_dir, args)
-    tokenized_dir, rows_dir, out_dir = Path(tokenized_dir), Path(rows_dir), Path(out_dir)
     source = load_from_disk(str(tokenized_dir))
     counts = {}
     for split, jsonl in SPLITS:

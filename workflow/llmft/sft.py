@@ -26,9 +26,10 @@ from pathlib import Path
 import yaml
 
 from . import hardware, pretokenize, slurm
-from .config import layout
+from .config import ConfigError, layout
 from .io import atomic_path, read_json, read_jsonl, write_json, write_text
-from .plan import Plan, describe, resolve
+from .packing import STAMP_FILE, data_fingerprint, packed_dir_name, packing_args
+from .plan import ModelShape, Plan, describe, resolve
 
 log = logging.getLogger("llmft.sft")
 
@@ -170,15 +171,69 @@ def llamafactory_args(
         args["ddp_find_unused_parameters"] = False
     args.update(sft["extra"])
     # prepare_data tokenized the rows once, exactly as LLaMA-Factory would: load them instead of
-    # tokenizing on the GPU nodes, unless an argument changes what its preprocessing makes.
+    # tokenizing on the GPU nodes, unless an argument changes what its preprocessing makes. A run
+    # that packs loads the rows pack_data packed from them on the CPU side, as LLaMA-Factory would.
     blocking = pretokenize.blockers(args)
-    if blocking:
+    packs = packing_args(args) is not None
+    if packs and not set(blocking) - {"packing", "neat_packing"}:
+        args["tokenized_path"] = f"{data_dir}/{packed_dir_name(packing_args(args))}"
+    elif blocking:
         log.info("not using the pre-tokenized data: %s change LLaMA-Factory's preprocessing", blocking)
     else:
         args["tokenized_path"] = f"{data_dir}/{pretokenize.TOKENIZED_DIR}"
     digest = hashlib.sha256(json.dumps(args, sort_keys=True, default=str).encode()).hexdigest()
     args["output_dir"] = f"{work_root}/sft-{digest[:12]}"
     return args
+
+
+def tiny_shape(tiny: dict) -> ModelShape:
+    """The shape of builtin:tiny (assets.build_tiny_model) before it is built."""
+    hidden, layers, heads, vocab = (tiny[k] for k in ("hidden_size", "num_layers", "num_heads", "vocab_size"))
+    shape = ModelShape("llama", hidden, layers, heads, heads, hidden // heads, 4 * hidden, vocab, True, 0)
+    return dataclasses.replace(shape, params=layers * shape.layer_params + vocab * hidden + hidden)
+
+
+def planned_packing(
+    cfg: dict, base_model: str, data_dir: str, shape: ModelShape | None = None
+) -> dict | None:
+    """What render() will ask pack_data for: the packing arguments of the LLaMA-Factory YAML when it
+    loads packed rows, else None. Called when the workflow is parsed (a config error raises here)."""
+    plan = resolve(cfg, base_model, resolve_vendor(cfg), shape)
+    args = llamafactory_args(cfg, base_model, data_dir, None, "", plan)
+    pargs = packing_args(args)
+    if pargs is None or args.get("tokenized_path") != f"{data_dir}/{packed_dir_name(pargs)}":
+        return None
+    return pargs
+
+
+def check_packed(args: dict, data_dir: str) -> None:
+    """The packed rows at tokenized_path must be pack-data's, for these arguments and these rows:
+    refuse stale ones (the folder name is keyed by the arguments; the stamp says what was packed)."""
+    path = Path(args["tokenized_path"])
+    want = packing_args(args)
+    if not (path / STAMP_FILE).is_file():
+        how = (
+            f"python -m llmft pack-data --args-json '{json.dumps(want)}' --tokenizer "
+            f"{args['model_name_or_path']} --data-dir {data_dir} --out {path}"
+        )
+        if path.exists():
+            log.warning("%s was not made by pack-data (LLaMA-Factory's own save?); to make it: %s", path, how)
+        else:
+            log.warning("%s is not packed yet: LLaMA-Factory would pack on the GPU nodes; run %s", path, how)
+        return
+    stamp = read_json(path / STAMP_FILE)
+    if stamp["args"] != want:
+        raise ConfigError(
+            f"{path} was packed for {stamp['args']}, this config packs for {want}: "
+            "rerun pack_data (python -m llmft pack-data)"
+        )
+    current = data_fingerprint(Path(data_dir))
+    if current and stamp.get("data_fingerprint") and stamp["data_fingerprint"] != current:
+        raise ConfigError(
+            f"{path} was packed from other rows (fingerprint {stamp['data_fingerprint']}, now {current}): "
+            "rerun pack_data (python -m llmft pack-data)"
+        )
+    log.info("sft loads packed rows from %s (%s)", path, want)
 
 
 def render(cfg: dict, base_model: str, data_dir: str, out_yaml: str, out_ds: str, work_root: str):
@@ -188,6 +243,9 @@ def render(cfg: dict, base_model: str, data_dir: str, out_yaml: str, out_ds: str
     ds = deepspeed_config(cfg, plan)
     write_json(out_ds, ds or {"zero_optimization": {"stage": 0}, "disabled": True})
     args = llamafactory_args(cfg, base_model, data_dir, out_ds if ds else None, work_root, plan)
+    pargs = packing_args(args)
+    if pargs and args.get("tokenized_path") == f"{data_dir}/{packed_dir_name(pargs)}":
+        check_packed(args, data_dir)
     args["llmft"] = {
         "attention": plan.attention,
         "divergence_factor": cfg["sft"]["divergence_factor"],

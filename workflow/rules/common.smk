@@ -60,6 +60,11 @@ def dataset_inputs(wildcards):
     ]
 
 
+def packed_data(wildcards):
+    """pack_data's packed rows when the rendered YAML packs (PACKING, set in sft.smk), else nothing."""
+    return [f"results/{wildcards.run}/data/{PACKED_DIR}"] if PACKING else []
+
+
 def per_node_resources():
     """Slurm resources of a stage that runs once per node (verify_env, sft).
 

@@ -1,0 +1,68 @@
+"""Packing on: pack_data packs prepare_data's tokenized rows on the CPU side and sft loads them as
+they are (LLaMA-Factory neither tokenizes nor packs again). Real LLaMA-Factory + DeepSpeed, a few steps."""
+
+import json
+import re
+
+import pytest
+import yaml
+
+from tests.conftest import make_workdir, rules_run, snakemake
+
+pytestmark = pytest.mark.workflow
+
+RUN = "packed"
+TARGET = f"results/{RUN}/sft/train_summary.json"
+SMALL = {"run": RUN, "data__synthetic_rows": 800, "sft__max_steps": 4, "sft__logging_steps": 2}
+
+
+@pytest.fixture(scope="module")
+def packed_run(tmp_path_factory):
+    work = make_workdir(tmp_path_factory.mktemp("packed"), sft__packing="neat", **SMALL)
+    proc = snakemake(work, TARGET)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return work, proc
+
+
+def test_sft_loads_the_packed_rows_without_preprocessing_again(packed_run):
+    from datasets import load_from_disk
+
+    work, proc = packed_run
+    assert "pack_data" in rules_run(proc.stderr + proc.stdout)
+    run = work / f"results/{RUN}"
+    args = yaml.safe_load((run / "sft/llamafactory.yaml").read_text())
+    path = args["tokenized_path"]
+    assert path.startswith(f"results/{RUN}/data/packed-") and args["neat_packing"] is True
+    sft_log = (run / "logs/sft.log").read_text()
+    assert f"Loaded tokenized dataset from {path}" in sft_log
+    assert "Running tokenizer on dataset" not in sft_log  # neither tokenized nor packed on the nodes
+    stamp = json.loads((work / path / "llmft_packing.json").read_text())
+    assert stamp["args"]["neat_packing"] and stamp["args"]["cutoff_len"] == args["cutoff_len"]
+    packed = load_from_disk(str(work / path))
+    assert stamp["rows"] == {"train": len(packed["train"]), "validation": len(packed["validation"])}
+    # The trainer saw pack_data's rows: its example count is the packed train split's.
+    seen = re.search(r"Num examples = ([\d,]+)", sft_log)
+    assert seen and int(seen.group(1).replace(",", "")) == stamp["rows"]["train"], sft_log[-3000:]
+    stats = json.loads((run / "data/stats.json").read_text())
+    assert stamp["rows"]["train"] < stats["train_rows"] / 2  # really packed
+    # neat packing: the attention mask numbers the samples inside each pack
+    assert max(max(m) for m in packed["train"][:50]["attention_mask"]) > 1
+    summary = json.loads((run / "sft/train_summary.json").read_text())
+    assert summary["steps"] == SMALL["sft__max_steps"]
+
+
+def test_a_packing_change_repacks_and_packing_off_drops_pack_data(packed_run):
+    work, _ = packed_run
+    proc = snakemake(work, "-n", TARGET)
+    assert rules_run(proc.stderr + proc.stdout) == []  # nothing changed: nothing reruns
+    make_workdir(work, sft__packing="plain", **SMALL)
+    proc = snakemake(work, "-n", TARGET)
+    ran = rules_run(proc.stderr + proc.stdout)
+    assert {"pack_data", "render_sft_config", "sft"} <= set(ran) and "prepare_data" not in ran
+    make_workdir(work, sft__packing="neat", **{**SMALL, "sft__learning_rate": 0.002})
+    proc = snakemake(work, "-n", TARGET)
+    assert set(rules_run(proc.stderr + proc.stdout)) == {"render_sft_config", "sft"}  # no repacking
+    make_workdir(work, sft__packing="off", **SMALL)
+    proc = snakemake(work, "-n", TARGET)
+    ran = rules_run(proc.stderr + proc.stdout)
+    assert "pack_data" not in ran and "render_sft_config" in ran
