@@ -55,12 +55,14 @@ if [ ! -f "$M/config.json" ]; then
 fi
 say "model $SIZE: $(tail -1 "$R/model.log" 2>/dev/null)"
 
-# bench NAME ROWS_FILE ROWS TOKENS EST_SECONDS ARGS...: one bench/eval.py run within what is left.
+# bench NAME ROWS_FILE ROWS TOKENS EST_SECONDS MAX_SECONDS ARGS...: one bench/eval.py run within
+# what is left of the deadline and at most MAX_SECONDS.
 bench() {
-  local name=$1 rows_file=$2 rows=$3 tokens=$4 est=$5
-  shift 5
+  local name=$1 rows_file=$2 rows=$3 tokens=$4 est=$5 most=$6
+  shift 6
   local left=$((DEADLINE - $(el)))
   if [ "$left" -lt "$est" ]; then say "SKIP $name (${left}s left < ${est}s estimated)"; return; fi
+  [ "$left" -gt "$most" ] && left=$most
   python3 bench/eval.py --model "$M" --heldout "$rows_file" --template default --max-rows "$rows" \
     --max-new-tokens "$tokens" --batch-size 64 --repeats 1 --min-match 0 --budget "$left" \
     --out "$OUT/eval-gpu-$name.json" "$@" >"$R/bench-$name.log" 2>&1
@@ -73,8 +75,8 @@ bench() {
 # Estimates (2 x H200): ~15 s start-up per LLaMA-Factory run, ~10 s per ours, ~25 ms per decoding
 # step at batch 1; the compiled variants add their compile time (seconds for CUDA graphs, tens of
 # seconds for inductor) and go last, within the budget.
-bench bs1 bench/work/sft/data/heldout.jsonl "$BS1_ROWS" "$BS1_TOKENS" 45 --lf-batch-size 1
-bench batched bench/work/sft/data/train.jsonl "$BATCH_ROWS" "$BATCH_TOKENS" 45 --lf-batch-size 64 \
+bench bs1 bench/work/sft/data/heldout.jsonl "$BS1_ROWS" "$BS1_TOKENS" 45 "${BS1_MAX:-80}" --lf-batch-size 1
+bench batched bench/work/sft/data/train.jsonl "$BATCH_ROWS" "$BATCH_TOKENS" 45 999 --lf-batch-size 64 \
   --ours-decoding dynamic --ours-decoding static:cudagraphs --ours-decoding static:inductor
 
 python3 - "$OUT" "$(el)" <<'PY' 2>&1 | tee -a "$R/eval_gpu.log"
