@@ -1,10 +1,11 @@
 """The ASCII shortcut gives exactly the Rust tokenizer's ids, for each supported tokenizer shape,
 and declines texts and tokenizers it cannot reproduce."""
 
+import json
 import random
 
 import pytest
-from llmft.fasttok import PROBES, FastPath, ascii_pattern
+from llmft.fasttok import PROBES, FastPath, SpanTable, _spec, ascii_pattern, gather
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 LLAMA3 = (
@@ -135,3 +136,32 @@ def test_ascii_pattern():
     assert ascii_pattern(r" ?\p{L}+| ?[^\s\p{L}\p{N}]+") == r" ?[A-Za-z]+| ?[^\sA-Za-z0-9]+"
     assert ascii_pattern(r"\p{N}{1,3}|[\p{L}]") == r"[0-9]{1,3}|[A-Za-z]"
     assert ascii_pattern(r"\P{L}") is None and ascii_pattern(r"\p{Lu}") is None
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_spec_without_the_vocabulary_is_the_tokenizers_own(shape):
+    tok = SHAPES[shape]()
+    tok.add_special_tokens(["<|im_start|>", "</s>"])
+    full = json.loads(tok.to_str())
+    spec = _spec(tok)
+    assert spec["model"] == {"type": full["model"]["type"], "dropout": full["model"].get("dropout")}
+    assert spec["normalizer"] == full.get("normalizer")
+    assert spec["pre_tokenizer"] == full.get("pre_tokenizer")
+    keys = ("id", "content", "lstrip", "rstrip", "single_word")
+    assert spec["added_tokens"] == [{k: t[k] for k in keys} for t in full["added_tokens"]]
+
+
+@pytest.mark.parametrize("cap", [0, 50, 10**6])
+def test_span_table_gathers_what_encode_makes(cap):
+    """Chunk-at-once encoding: keys of many texts, one lookup, one gather; also past the key cap."""
+    tok = SHAPES["llama3"]()
+    fast, _ = FastPath.for_tokenizer(tok)
+    texts = ["<|im_start|>user\nhi<|im_end|>", "a</s></s>b"] + random_texts(300, seed=5)
+    reference = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+    table = SpanTable(fast.key_ids, cap)
+    for _ in range(2):  # the second time from the table (where the cap let it keep them)
+        keys = [k for text in texts for k in fast.keys(text)]
+        idx = table.lookup(keys)
+        ids = gather(table.tokens, table.start[idx], table.length[idx])
+        assert ids.tolist() == [i for ref in reference for i in ref]
+    assert len(table.index) <= cap

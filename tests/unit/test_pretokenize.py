@@ -65,7 +65,7 @@ def rows_of(enc, i):
 def test_equals_template_encode_oneturn(tokenizer_dir, template):
     enc = SFTEncoder(tokenizer_dir, template)
     single = [r for r in ROWS if not r.get("history")]
-    first = enc.encode(single)  # a process's first chunk takes the general path, later ones may not
+    first = enc.encode(single)  # a process's first chunk checks the ASCII shortcut first
     out = enc.encode(single)
     assert (first.ids == out.ids).all() and (first.labels == out.labels).all()
     for i, row in enumerate(single):

@@ -22,6 +22,8 @@ import logging
 import re
 from itertools import chain
 
+import numpy as np
+
 log = logging.getLogger("llmft.fasttok")
 
 # The pattern of tokenizers' ByteLevel pre-tokenizer when use_regex is true (GPT-2's).
@@ -112,7 +114,7 @@ class FastPath:
     @classmethod
     def for_tokenizer(cls, backend) -> tuple[FastPath | None, str]:
         """The shortcut for this Rust tokenizer, or None and why not."""
-        spec = json.loads(backend.to_str())
+        spec = _spec(backend)
         model = spec.get("model") or {}
         if model.get("type") != "BPE" or model.get("dropout"):
             return None, "the model is not a plain BPE"
@@ -175,8 +177,40 @@ class FastPath:
                     got[i] = self._miss(piece)
         return list(chain.from_iterable(got))
 
+    def keys(self, text: str) -> list[str]:
+        """The pieces `encode` cuts `text` into, in order; an added token as "\\x00" + its content (no
+        piece of a text the shortcut takes starts with NUL). SpanTable turns keys into token ids."""
+        if self._added is None or self._added.search(text) is None:
+            return self._plain_keys(text)
+        out: list[str] = []
+        pos = 0
+        for m in self._added.finditer(text):
+            if m.start() > pos:
+                out += self._plain_keys(text[pos : m.start()])
+            out.append("\x00" + m.group())
+            pos = m.end()
+        if pos < len(text):
+            out += self._plain_keys(text[pos:])
+        return out
+
+    def _plain_keys(self, text: str) -> list[str]:
+        pieces = self._findall(text) if self._plain_findall else None
+        if pieces is None or sum(map(len, pieces)) != len(text):
+            pieces = self._pieces(text)
+        return pieces
+
+    def key_ids(self, key: str) -> tuple[int, ...]:
+        """Token ids of a key from `keys`."""
+        if key[0] == "\x00":
+            return (self._added_ids[key[1:]],)
+        got = self._cache.get(key)
+        return got if got is not None else self._bpe(key)  # the SpanTable keeps it, not _cache
+
+    def _bpe(self, piece: str) -> tuple[int, ...]:
+        return tuple([t.id for t in self._model.tokenize(piece.translate(self._bytes))])
+
     def _miss(self, piece: str) -> tuple[int, ...]:
-        ids = tuple([t.id for t in self._model.tokenize(piece.translate(self._bytes))])
+        ids = self._bpe(piece)
         if len(self._cache) < MAX_CACHED_PIECES:
             self._cache[piece] = ids
         return ids
@@ -199,6 +233,32 @@ class FastPath:
         sample = [t for t in PROBES + texts if self.takes(t)]
         reference = [e.ids for e in backend.encode_batch(sample, add_special_tokens=False)]
         return [t for t, ref in zip(sample, reference, strict=True) if self.encode(t) != ref]
+
+
+def _spec(backend) -> dict:
+    """The parts of the tokenizer's JSON that decide the shortcut, without serialising (and parsing
+    back) its whole vocabulary and merges: that took a quarter of a second per process."""
+
+    def state(component):
+        return None if component is None else json.loads(component.__getstate__())
+
+    model = backend.model
+    added = [
+        {
+            "id": i,
+            "content": t.content,
+            "lstrip": t.lstrip,
+            "rstrip": t.rstrip,
+            "single_word": t.single_word,
+        }
+        for i, t in sorted(backend.get_added_tokens_decoder().items())
+    ]
+    return {
+        "model": {"type": type(model).__name__, "dropout": getattr(model, "dropout", None)},
+        "normalizer": state(backend.normalizer),
+        "pre_tokenizer": state(backend.pre_tokenizer),
+        "added_tokens": added,
+    }
 
 
 def _identity_on_ascii(normalizer: dict | None) -> bool:
@@ -231,3 +291,66 @@ def _pre_tokenizer_pattern(pre: dict | None) -> str | None:
         return None
     pattern = split.get("pattern") or {}
     return pattern.get("Regex")
+
+
+class SpanTable:
+    """Token ids of keys (pieces, template constants, special tokens), each stored once in one flat
+    array: a chunk of rows becomes one array of key indices, and its token ids one numpy gather
+    instead of a Python list per text. At most `cap` keys are remembered; past that, a chunk's new
+    keys are dropped again after the chunk (memory stays bounded)."""
+
+    def __init__(self, resolve, cap: int = MAX_CACHED_PIECES):
+        self._resolve = resolve  # key -> token ids, for keys not seen yet
+        self._cap = cap
+        self.index: dict = {}
+        self.tokens = np.zeros(1 << 16, dtype=np.int32)
+        self.start = np.zeros(1 << 12, dtype=np.int64)
+        self.length = np.zeros(1 << 12, dtype=np.int64)
+        self._n_tokens = 0
+        self._n_keys = 0
+
+    def lookup(self, keys: list) -> np.ndarray:
+        """Indices of `keys`, adding the ones not seen yet."""
+        try:  # the usual case once the table is warm: every key known, one C-level pass
+            return np.fromiter(map(self.index.__getitem__, keys), dtype=np.int64, count=len(keys))
+        except KeyError:
+            pass
+        found = list(map(self.index.get, keys))
+        base = (self._n_keys, self._n_tokens, len(self.index))
+        local: dict = {}
+        for i, got in enumerate(found):
+            if got is None:
+                key = keys[i]
+                got = local.get(key)
+                if got is None:
+                    got = local[key] = self._append(self._resolve(key))
+                found[i] = got
+        if base[2] + len(local) <= self._cap:
+            self.index.update(local)
+            out = np.array(found, dtype=np.int64)
+        else:
+            out = np.array(found, dtype=np.int64)
+            # Over the cap: the spans serve this chunk only (callers gather before the next lookup).
+            self._n_keys, self._n_tokens = base[0], base[1]
+        return out
+
+    def _append(self, ids) -> int:
+        n = len(ids)
+        if self._n_tokens + n > len(self.tokens):
+            self.tokens = np.resize(self.tokens, max(2 * len(self.tokens), self._n_tokens + n))
+        if self._n_keys == len(self.start):
+            self.start = np.resize(self.start, 2 * len(self.start))
+            self.length = np.resize(self.length, 2 * len(self.length))
+        self.tokens[self._n_tokens : self._n_tokens + n] = ids
+        self.start[self._n_keys] = self._n_tokens
+        self.length[self._n_keys] = n
+        self._n_tokens += n
+        self._n_keys += 1
+        return self._n_keys - 1
+
+
+def gather(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """flat[starts[0]:starts[0]+lengths[0]] + flat[starts[1]:...] + ..., in one numpy call."""
+    ends = np.cumsum(lengths)
+    shift = np.repeat(starts - (ends - lengths), lengths)
+    return flat[np.arange(int(ends[-1]) if len(ends) else 0) + shift]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .fasttok import FastPath
+from .fasttok import FastPath, SpanTable, gather
 
 log = logging.getLogger("llmft.pretokenize")
 
@@ -201,18 +201,37 @@ class SFTEncoder:
         )
         self._plans: dict[tuple[int, bool], list] = {}
         self._constants: dict[str, list[int]] = {}  # template strings without row text, encoded once
+        # Token ids of pieces, constants and special tokens for the chunk-at-once path (_encode_chunk).
+        self._table = SpanTable(self._key_ids)
+
+    def _check_fast(self, texts: list[str]) -> None:
+        """Once per process, on the probes and the first chunk's first distinct texts: any
+        difference from the tokenizer, no shortcut."""
+        self._fast_checked = True
+        differ = self._fast.check(self._backend, texts[:256])
+        if differ:
+            log.warning("ASCII shortcut off: differs from the tokenizer on %r", differ[0][:200])
+            self._fast = None
+
+    def _first_texts(self, rows: list[dict], n: int = 256) -> list[str]:
+        """The first `n` distinct strings the general path would encode for `rows`, in its order."""
+        seen: dict[str, None] = {}
+        for row in rows:
+            for src, tgt in (self._planned_pairs(row) or self._template_pairs(row))[2]:
+                for part in (src, tgt):
+                    for elem in part:
+                        if isinstance(elem, str):
+                            seen.setdefault(elem)
+            if len(seen) >= n:
+                break
+        return list(seen)[:n]
 
     def _encode_texts(self, texts: list[str]) -> list[list[int]]:
         if self._backend is None:  # slow tokenizers: what LLaMA-Factory does, one call per string
             return [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        if self._fast is not None and not self._fast_checked:
+            self._check_fast(texts)
         fast = self._fast
-        if fast is not None and not self._fast_checked:
-            # Once per process, on the probes and this chunk's own texts: any difference, no shortcut.
-            self._fast_checked = True
-            differ = fast.check(self._backend, texts[:256])
-            if differ:
-                log.warning("ASCII shortcut off: differs from the tokenizer on %r", differ[0][:200])
-                self._fast = fast = None
         if fast is None:
             return [e.ids for e in self._backend.encode_batch_fast(texts, add_special_tokens=False)]
         out: list = [None] * len(texts)
@@ -369,22 +388,125 @@ class SFTEncoder:
             turns.append(turn)
         return self._assemble([], [], turns)
 
+    def _key_ids(self, key) -> tuple[int, ...]:
+        if type(key) is int:  # a special token of the template
+            return (key,)
+        if key[0] == "\x01":  # a template string without row text
+            return tuple(self._encode_texts([key[1:]])[0])
+        return self._fast.key_ids(key)
+
+    def _encode_chunk(self, rows: list[dict]) -> tuple[Encoded, list[int]]:
+        """What `_direct` makes of each row, for a whole chunk at once: every row becomes a run of
+        keys (pieces of its texts, template constants, special tokens) whose token ids are gathered
+        from the SpanTable in one numpy call. Returns the encoded rows and the indices of the rows it
+        did not take (they need the general path), which the Encoded leaves out."""
+        fast, plans = self._fast, self._plans
+        keys: list = []
+        part_keys: list[int] = []  # keys per template part
+        part_labels: list[bool] = []  # the part's tokens are labels (answer) or masked (prompt)
+        row_keys: list[int] = []
+        rest: list[int] = []
+        for index, row in enumerate(rows):
+            contents = [c for pair in row.get("history") or () for c in pair]
+            contents += ["\n".join(t for t in (row["instruction"], row.get("input", "")) if t), row["output"]]
+            system = row.get("system") or ""
+            values = contents + [system]
+            if any("\x00" in v or "{{" in v for v in values):
+                rest.append(index)
+                continue
+            key = (len(contents), bool(system))
+            plan = plans.get(key)
+            if plan is None:
+                plan = plans[key] = self._make_plan(*key)
+            first_key, first_part = len(keys), len(part_keys)
+            taken = True
+            for parts in plan:
+                for label, part in zip((False, True), parts, strict=True):
+                    before = len(keys)
+                    for elem in part:
+                        kind = type(elem)
+                        if kind is tuple:
+                            text = elem[0] + values[elem[1]] + elem[2]
+                            if text:
+                                if not fast.takes(text):
+                                    taken = False
+                                    break
+                                keys += fast.keys(text)
+                        elif kind is str:
+                            keys.append("\x01" + elem)
+                        else:
+                            keys.append(elem)
+                    if not taken:
+                        break
+                    part_keys.append(len(keys) - before)
+                    part_labels.append(label)
+                if not taken:
+                    break
+            if not taken:
+                del keys[first_key:], part_keys[first_part:], part_labels[first_part:]
+                rest.append(index)
+                continue
+            row_keys.append(len(keys) - first_key)
+        table = self._table
+        idx = table.lookup(keys)
+        lengths = table.length[idx]
+        ids = gather(table.tokens, table.start[idx], lengths)
+        is_label = np.repeat(np.repeat(np.array(part_labels, dtype=bool), part_keys), lengths)
+        labels = np.where(is_label, ids.astype(np.int64), IGNORE_INDEX)
+        token_ends = np.zeros(len(keys) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=token_ends[1:])
+        key_ends = np.zeros(len(row_keys) + 1, dtype=np.int64)
+        np.cumsum(row_keys, out=key_ends[1:])
+        return Encoded(ids, labels, token_ends[key_ends]), rest
+
     def encode(self, rows: list[dict]) -> Encoded:
         results: list = [None] * len(rows)
-        # The first chunk of each process takes the general path: it checks the ASCII shortcut.
-        if self._plain and self._fast is not None and self._fast_checked:
+        if self._plain and self._fast is not None and not self._fast_checked:
+            self._check_fast(self._first_texts(rows))
+        if self._plain and self._fast is not None:
+            if not self.template.efficient_eos:
+                chunk, rest = self._encode_chunk(rows)
+                if not rest:
+                    return chunk
+                return _merge(chunk, self._encode_list([rows[i] for i in rest]), rest, len(rows))
             results = [self._direct(row) for row in rows]
         rest = [i for i, r in enumerate(results) if r is None]
         if rest:
             for i, done in zip(rest, self._encode_rows([rows[i] for i in rest]), strict=True):
                 results[i] = done
-        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum([len(ids) for ids, _ in results], out=offsets[1:])
-        return Encoded(
-            np.array(list(chain.from_iterable(ids for ids, _ in results)), dtype=np.int32),
-            np.array(list(chain.from_iterable(labels for _, labels in results)), dtype=np.int64),
-            offsets,
-        )
+        return _as_arrays(results)
+
+    def _encode_list(self, rows: list[dict]) -> Encoded:
+        return _as_arrays(self._encode_rows(rows))
+
+
+def _as_arrays(results: list[tuple[list[int], list[int]]]) -> Encoded:
+    offsets = np.zeros(len(results) + 1, dtype=np.int64)
+    np.cumsum([len(ids) for ids, _ in results], out=offsets[1:])
+    return Encoded(
+        np.array(list(chain.from_iterable(ids for ids, _ in results)), dtype=np.int32),
+        np.array(list(chain.from_iterable(labels for _, labels in results)), dtype=np.int64),
+        offsets,
+    )
+
+
+def _merge(first: Encoded, second: Encoded, second_rows: list[int], n: int) -> Encoded:
+    """Rows of two Encoded interleaved: `second` holds rows `second_rows` of n, `first` the others."""
+    from_second = np.zeros(n, dtype=bool)
+    from_second[second_rows] = True
+    lengths = np.empty(n, dtype=np.int64)
+    lengths[~from_second] = first.lengths
+    lengths[from_second] = second.lengths
+    starts = np.empty(n, dtype=np.int64)
+    starts[~from_second] = first.offsets[:-1]
+    starts[from_second] = second.offsets[:-1] + len(first.ids)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return Encoded(
+        gather(np.concatenate((first.ids, second.ids)), starts, lengths),
+        gather(np.concatenate((first.labels, second.labels)), starts, lengths),
+        offsets,
+    )
 
 
 # -- the saved dataset: the layout `datasets.DatasetDict.save_to_disk` writes and LLaMA-Factory's
