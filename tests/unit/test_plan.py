@@ -4,7 +4,7 @@ import json
 
 import pytest
 from llmft.config import ConfigError, validate
-from llmft.plan import estimate, model_shape, resolve
+from llmft.plan import _bucket_elems, estimate, model_shape, resolve
 
 from tests.conftest import REPO
 
@@ -54,20 +54,35 @@ def test_parameter_count_matches_the_real_model(model, size):
     assert model_shape(model(size)).params == SHAPES[size][1]
 
 
+# torch.compile changes what autograd saves; the planner does not model it (recorded, not checked).
+UNMODELLED = {"ours_1b_compile"}
+
+
 def test_predictions_within_15_percent_of_measured_gpu_peaks(model):
-    """Peaks measured on 2 x H200 (bench/results/sft_h200x2.json: torch's max allocated, rank 0)."""
-    results = json.loads((REPO / "bench/results/sft_h200x2.json").read_text())["runs"]
-    shape = model_shape(model("1b"))
-    cases = {
-        # hand-tuned: plain DDP, 8 packed rows, SDPA, no Liger
-        "hand_1b": dict(stage=0, micro_batch=8, gradient_checkpointing=False, liger=False),
-        # ours: plain DDP, 8 neat-packed rows, varlen attention, Liger
-        "ours_1b": dict(stage=0, micro_batch=8, gradient_checkpointing=False, liger=True),
-    }
-    for name, kw in cases.items():
-        predicted = estimate(shape, world=2, seq_len=2048, **kw).peak
-        measured = results[name]["peak_vram_allocated_gib"]
-        assert abs(predicted - measured) / measured <= 0.15, (name, predicted, measured)
+    """Every run of the committed 2 x H200 benches (torch's max allocated, rank 0) against the planner's
+    estimate for the settings the run recorded: recipe, hand-tuned and our own, 1.24 B and 8 B."""
+    checked = []
+    for name in ("sft_h200x2_1b.json", "sft_h200x2_8b.json", "sft_h200x2_explore_ddp.json"):
+        runs = json.loads((REPO / "bench/results" / name).read_text())["runs"]
+        for run, r in runs.items():
+            if r.get("status") != "ok" or run in UNMODELLED:
+                continue
+            s = r["settings"]
+            predicted = estimate(
+                model_shape(model(r["size"])),
+                stage=s["zero_stage"],
+                world=2,
+                micro_batch=s["micro_batch"],
+                seq_len=2048,
+                gradient_checkpointing=s["gradient_checkpointing"],
+                liger=s["liger"],
+                neat_mask=s["packing"] == "neat" and s["attention"] != "varlen",
+                buckets=_bucket_elems(s["buckets"]),
+            ).peak
+            measured = r["peak_vram_allocated_gib"]
+            assert abs(predicted - measured) / measured <= 0.15, (name, run, predicted, measured)
+            checked.append(run)
+    assert {"recipe_1b", "hand_1b", "ours_1b", "recipe_8b", "hand_8b", "ours_8b"} <= set(checked)
 
 
 def test_auto_picks_zero2_without_recompute_for_1b_on_two_h200(model):

@@ -6,7 +6,7 @@ import pytest
 import yaml
 from llmft.config import validate
 from llmft.evaluate import bleu, exact_match, rouge_l
-from llmft.plan import resolve
+from llmft.plan import ZERO3_SUB_GROUP, resolve
 from llmft.report import esc, svg_lines, table
 from llmft.sft import deepspeed_config, launch_env, render
 from llmft.slurm import Allocation
@@ -82,6 +82,7 @@ def test_gpu_auto_render_uses_the_plan(tmp_path, tiny):
     render(zero3, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w")
     ds = deepspeed_config(zero3, resolve(zero3, tiny, "cuda"))
     assert ds["zero_optimization"]["overlap_comm"] is True
+    assert ds["zero_optimization"]["sub_group_size"] == ZERO3_SUB_GROUP  # what the planner assumes
     assert ds["zero_optimization"]["stage3_prefetch_bucket_size"] >= 5e7  # not HF's h^2
 
 
