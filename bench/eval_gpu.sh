@@ -8,8 +8,9 @@
 #   batched: a generation-heavy set (train rows: the held-out split has only 83) at batch 64, ours
 #            with transformers' dynamic cache (as LLaMA-Factory), then ours with the static cache and
 #            a compiled decoding step (CUDA graphs of the eager kernels, then inductor) if time is left.
-# Needs, carried from the checkout: .whl/ (the wheels bench/sft_gpu.sh installs) and bench/work/sft/
-# (tok/ and data/, made as bench/sft_gpu.sh says). Results: $OUT/eval-gpu.json (both comparisons),
+# Needs, carried from the checkout: .whl/ (the wheels bench/sft_gpu.sh installs, plus jieba, nltk,
+# rouge-chinese and defusedxml: LLaMA-Factory's predict_with_generate refuses to start without them)
+# and bench/work/sft/ (tok/ and data/, made as bench/sft_gpu.sh says). Results: $OUT/eval-gpu.json (both comparisons),
 # $OUT/eval-gpu-{bs1,batched}.json, $OUT/eval_gpu.log, $OUT/eval_runs.tar.gz (every tool's log).
 # BENCH_DRY_RUN=1: the same path on this machine's venv (CPU, the tiny model shape), before device time.
 set -u
