@@ -35,8 +35,9 @@ pack() {
 }
 
 if [ -z "$DRY" ]; then
-  if [ ! -f /tmp/site/llamafactory/__init__.py ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >"$R/pip.log" 2>&1 ||
+  # A warm machine may hold the SFT bench's install without predict's extras: check for them too.
+  if [ ! -f /tmp/site/llamafactory/__init__.py ] || [ ! -d /tmp/site/jieba ] || [ ! -d /tmp/site/rouge_chinese ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl >"$R/pip.log" 2>&1 ||
       { say "pip install failed"; tail -20 "$R/pip.log"; pack; exit 1; }
   fi
   export PYTHONPATH=/tmp/site:$PWD/workflow
