@@ -97,7 +97,7 @@ def test_pack_is_atomic_stamped_and_refuses_stale_rows(tmp_path, monkeypatch, mo
     cfg = cfg_with(packing="neat")
     data = tmp_path / "data"
     data.mkdir()
-    for name in ("train.jsonl", "heldout.jsonl", "tokenized", "stats.json"):
+    for name in ("train.jsonl", "heldout.jsonl", "tokenized"):
         (data / name).symlink_to(prepared / name)
     args = render(cfg, str(model), str(data), str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w")
     assert "is not packed yet" in caplog.text
@@ -114,12 +114,7 @@ def test_pack_is_atomic_stamped_and_refuses_stale_rows(tmp_path, monkeypatch, mo
         patched.setattr(packing, "_pack", dies)
         with pytest.raises(KeyboardInterrupt):
             pack(data / "tokenized", data, out, model, want)
-    assert sorted(p.name for p in data.iterdir()) == [
-        "heldout.jsonl",
-        "stats.json",
-        "tokenized",
-        "train.jsonl",
-    ]
+    assert sorted(p.name for p in data.iterdir()) == ["heldout.jsonl", "tokenized", "train.jsonl"]
 
     # the CLI, as the pack_data rule calls it; --prune removes what an earlier config packed
     stale = data / "packed-000000000000"
@@ -132,9 +127,9 @@ def test_pack_is_atomic_stamped_and_refuses_stale_rows(tmp_path, monkeypatch, mo
     assert rc == 0 and not stale.exists()
     stamp = json.loads((out / STAMP_FILE).read_text())
     packed = load_from_disk(str(out))
-    fingerprint = json.loads((data / "stats.json").read_text())["fingerprint"]
     rows = {"train": len(packed["train"]), "validation": len(packed["validation"])}
-    assert stamp == {"args": want, "rows": rows, "data_fingerprint": fingerprint}
+    source = {s: json.loads((data / f"tokenized/{s}/state.json").read_text())["_fingerprint"] for s in rows}
+    assert stamp == {"args": want, "rows": rows, "source": source}
     assert len(packed["train"]) < len(load_from_disk(str(data / "tokenized"))["train"])
     # render accepts rows packed for its arguments and its rows ...
     render(cfg, str(model), str(data), str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w")
@@ -142,7 +137,7 @@ def test_pack_is_atomic_stamped_and_refuses_stale_rows(tmp_path, monkeypatch, mo
     (out / STAMP_FILE).write_text(json.dumps({**stamp, "args": {**want, "cutoff_len": 32}}))
     with pytest.raises(ConfigError, match="was packed for"):
         render(cfg, str(model), str(data), str(tmp_path / "c.yaml"), str(tmp_path / "c.json"), "w")
-    (out / STAMP_FILE).write_text(json.dumps({**stamp, "data_fingerprint": "0" * 16}))
-    with pytest.raises(ConfigError, match="packed from other rows"):
+    (out / STAMP_FILE).write_text(json.dumps({**stamp, "source": {**source, "train": "0" * 16}}))
+    with pytest.raises(ConfigError, match="earlier prepare_data run"):
         render(cfg, str(model), str(data), str(tmp_path / "d.yaml"), str(tmp_path / "d.json"), "w")
     assert main(["pack-data", "--tokenizer", "m", "--data-dir", "d", "--out", "o"]) == 2

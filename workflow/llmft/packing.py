@@ -9,8 +9,8 @@ would truncate (exactly `cutoff_len` tokens: packing keeps one token spare) go t
 encoding, from their text.
 
 The packed folder is written under a temporary name and renamed when complete, with a stamp
-(STAMP_FILE) naming the arguments it was packed for: render-sft refuses packed rows made for other
-arguments.
+(STAMP_FILE) naming the arguments it was packed for and the tokenized rows it was packed from:
+render-sft refuses packed rows made for other arguments or from an earlier prepare_data run.
 """
 
 from __future__ import annotations
@@ -45,11 +45,15 @@ def packed_dir_name(pargs: dict) -> str:
     return "packed-" + hashlib.sha256(json.dumps(pargs, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def data_fingerprint(rows_dir: Path) -> str | None:
-    """prepare_data's fingerprint of the rows in `rows_dir` (stats.json), if it is there."""
+def source_fingerprint(tokenized_dir: str | Path) -> dict | None:
+    """The `datasets` fingerprints of prepare_data's tokenized splits: new with every prepare_data
+    run (other rows, tokenizer or cutoff), so packed rows can name what they were packed from."""
     try:
-        return json.loads((Path(rows_dir) / "stats.json").read_text()).get("fingerprint")
-    except (OSError, ValueError):
+        return {
+            split: json.loads((Path(tokenized_dir) / split / "state.json").read_text())["_fingerprint"]
+            for split, _ in SPLITS
+        }
+    except (OSError, ValueError, KeyError):
         return None
 
 
@@ -119,10 +123,10 @@ def pack(
     stamp = packing_args(args)
     if stamp is None:
         raise ValueError("packing needs packing or neat_packing in the LLaMA-Factory arguments")
-    fingerprint = data_fingerprint(rows_dir)
+    source = source_fingerprint(tokenized_dir)
     with atomic_path(out_dir, directory=True) as tmp:
         counts = _pack(Path(tokenized_dir), Path(rows_dir), tmp, tokenizer_dir, args)
-        record = {"args": stamp, "rows": counts, "data_fingerprint": fingerprint}
+        record = {"args": stamp, "rows": counts, "source": source}
         (tmp / STAMP_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return counts
 

@@ -28,7 +28,7 @@ import yaml
 from . import hardware, pretokenize, slurm
 from .config import ConfigError, layout
 from .io import atomic_path, read_json, read_jsonl, write_json, write_text
-from .packing import STAMP_FILE, data_fingerprint, packed_dir_name, packing_args
+from .packing import STAMP_FILE, packed_dir_name, packing_args, source_fingerprint
 from .plan import ModelShape, Plan, describe, resolve
 
 log = logging.getLogger("llmft.sft")
@@ -207,8 +207,9 @@ def planned_packing(
 
 
 def check_packed(args: dict, data_dir: str) -> None:
-    """The packed rows at tokenized_path must be pack-data's, for these arguments and these rows:
-    refuse stale ones (the folder name is keyed by the arguments; the stamp says what was packed)."""
+    """The packed rows at tokenized_path must be pack-data's, for these arguments, from the current
+    tokenized rows: refuse stale ones (the folder is named by the arguments; its stamp says what
+    was packed from what)."""
     path = Path(args["tokenized_path"])
     want = packing_args(args)
     if not (path / STAMP_FILE).is_file():
@@ -227,10 +228,10 @@ def check_packed(args: dict, data_dir: str) -> None:
             f"{path} was packed for {stamp['args']}, this config packs for {want}: "
             "rerun pack_data (python -m llmft pack-data)"
         )
-    current = data_fingerprint(Path(data_dir))
-    if current and stamp.get("data_fingerprint") and stamp["data_fingerprint"] != current:
+    current = source_fingerprint(Path(data_dir) / pretokenize.TOKENIZED_DIR)
+    if current and stamp.get("source") and stamp["source"] != current:
         raise ConfigError(
-            f"{path} was packed from other rows (fingerprint {stamp['data_fingerprint']}, now {current}): "
+            f"{path} was packed from an earlier prepare_data run ({stamp['source']}, now {current}): "
             "rerun pack_data (python -m llmft pack-data)"
         )
     log.info("sft loads packed rows from %s (%s)", path, want)

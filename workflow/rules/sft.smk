@@ -32,7 +32,6 @@ rule pack_data:
         train="results/{run}/data/train.jsonl",
         heldout="results/{run}/data/heldout.jsonl",
         tokenized="results/{run}/data/tokenized",
-        stats="results/{run}/data/stats.json",
     output:
         packed=directory(f"results/{{run}}/data/{PACKED_DIR}"),
     log:
