@@ -50,6 +50,28 @@ def split_args(yaml_path: str) -> tuple[dict, dict]:
     return args, ours
 
 
+def cpu_resume_fix() -> None:
+    """Let a multi-process CPU run resume: transformers 5.6 loads the optimizer state with
+    map_location=args.device, which is "cpu:0" on CPU processes, and torch.load only knows "cpu" (the
+    same memory). Only a CPU place's name changes (GPU places pass untouched); nothing else does."""
+    import functools
+
+    import torch
+
+    if getattr(torch.load, "_llmft_cpu_fix", False):
+        return
+    original = torch.load
+
+    @functools.wraps(original)
+    def load(*args, map_location=None, **kwargs):
+        if isinstance(map_location, (str, torch.device)) and torch.device(map_location).type == "cpu":
+            map_location = "cpu"
+        return original(*args, map_location=map_location, **kwargs)
+
+    load._llmft_cpu_fix = True
+    torch.load = load
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -74,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             args["include_num_input_tokens_seen"] = "all"
         else:
             varlen.install()
+    cpu_resume_fix()
     callbacks = [
         DivergenceGuard(
             factor=float(ours.get("divergence_factor", 100)),
