@@ -39,8 +39,8 @@ if [ -z "$DRY" ]; then
   if [ ! -f /tmp/site/llamafactory/__init__.py ] || [ ! -d /tmp/site/jieba ] || [ ! -d /tmp/site/rouge_chinese ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl >"$R/pip.log" 2>&1 ||
       { say "pip install failed"; tail -20 "$R/pip.log"; pack; exit 1; }
-    # The wheels go in without bytecode: compile it now, or whichever tool runs first pays for
-    # compiling transformers & co. inside its timed start-up (ours did, in the 2026-11-30 run).
+    # The wheels go in without bytecode: compile it now, or whichever tool runs first on a fresh
+    # machine pays for compiling transformers & co. inside its timed start-up.
     python3 -m compileall -q -j 0 /tmp/site >"$R/compileall.log" 2>&1 || true
     say "bytecode compiled"
   fi
