@@ -153,23 +153,29 @@ class FastPath:
     def encode(self, text: str) -> list[int]:
         if self._added is None or self._added.search(text) is None:
             return self._encode_plain(text)
-        # Added tokens cut the text; the parts between them are tokenized on their own.
         ids: list[int] = []
+        for added, part in self._segments(text):
+            if added:
+                ids.append(self._added_ids[part])
+            else:
+                ids += self._encode_plain(part)
+        return ids
+
+    def _segments(self, text: str):
+        """Added tokens cut the text; the parts between them are tokenized on their own. Yields
+        (True, added token) and (False, plain part) in order."""
         pos = 0
         for m in self._added.finditer(text):
             if m.start() > pos:
-                ids += self._encode_plain(text[pos : m.start()])
-            ids.append(self._added_ids[m.group()])
+                yield False, text[pos : m.start()]
+            yield True, m.group()
             pos = m.end()
         if pos < len(text):
-            ids += self._encode_plain(text[pos:])
-        return ids
+            yield False, text[pos:]
 
     def _encode_plain(self, text: str) -> list[int]:
         # C-level loops only (findall, map, chain) on the usual path: this runs for every row.
-        pieces = self._findall(text) if self._plain_findall else None
-        if pieces is None or sum(map(len, pieces)) != len(text):
-            pieces = self._pieces(text)
+        pieces = self._plain_keys(text)
         got = list(map(self._cache.get, pieces))
         if None in got:
             for i, piece in enumerate(pieces):
@@ -183,14 +189,11 @@ class FastPath:
         if self._added is None or self._added.search(text) is None:
             return self._plain_keys(text)
         out: list[str] = []
-        pos = 0
-        for m in self._added.finditer(text):
-            if m.start() > pos:
-                out += self._plain_keys(text[pos : m.start()])
-            out.append("\x00" + m.group())
-            pos = m.end()
-        if pos < len(text):
-            out += self._plain_keys(text[pos:])
+        for added, part in self._segments(text):
+            if added:
+                out.append("\x00" + part)
+            else:
+                out += self._plain_keys(part)
         return out
 
     def _plain_keys(self, text: str) -> list[str]:
