@@ -14,12 +14,8 @@
 # $OUT/eval-gpu-{bs1,batched}.json, $OUT/eval_gpu.log, $OUT/eval_runs.tar.gz (every tool's log).
 # BENCH_DRY_RUN=1: the same path on this machine's venv (CPU, the tiny model shape), before device time.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-export TOKENIZERS_PARALLELISM=false
+source "$(dirname "$0")/gpu_common.sh"
 DEADLINE=${DEADLINE:-200}
-T0=$(date +%s)
-el() { echo $(($(date +%s) - T0)); }
 OUT=${OUT:-/tmp/out}
 R=${BENCH_OUT:-/tmp/eval_bench}
 MODELS=${BENCH_MODELS:-/tmp/models}
@@ -36,9 +32,8 @@ pack() {
 
 if [ -z "$DRY" ]; then
   # A warm machine may hold the SFT bench's install without predict's extras: check for them too.
-  if [ ! -f /tmp/site/llamafactory/__init__.py ] || [ ! -d /tmp/site/jieba ] || [ ! -d /tmp/site/rouge_chinese ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl >"$R/pip.log" 2>&1 ||
-      { say "pip install failed"; tail -20 "$R/pip.log"; pack; exit 1; }
+  if wheels_missing jieba rouge_chinese; then
+    install_wheels "$R/pip.log" || { say "pip install failed"; tail -20 "$R/pip.log"; pack; exit 1; }
     # The wheels go in without bytecode: compile it now, or whichever tool runs first on a fresh
     # machine pays for compiling transformers & co. inside its timed start-up.
     python3 -m compileall -q -j 0 /tmp/site >"$R/compileall.log" 2>&1 || true

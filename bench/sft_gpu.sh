@@ -8,13 +8,9 @@
 #   python -m llmft prepare-data ... --out-dir bench/work/sft/data; python bench/sft_bench.py lengths ...
 # Results: $OUT/sft_h200x2.json (+ sft_runs.tar.gz with every run's logs, YAML and curves).
 set -u
-# Never NVLink multicast on the shared host.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RECORD_VRAM=1
-export TOKENIZERS_PARALLELISM=false
+source "$(dirname "$0")/gpu_common.sh"
+export RECORD_VRAM=1
 DEADLINE=${DEADLINE:-560}
-T0=$(date +%s)
-el() { echo $(($(date +%s) - T0)); }
 OUT=${OUT:-/tmp/out}
 R=${BENCH_OUT:-/tmp/sft_bench}
 export BENCH_MODELS=${BENCH_MODELS:-/tmp/models} BENCH_RUNS=${BENCH_RUNS:-/tmp/bench_runs}
@@ -27,9 +23,8 @@ pack() {
 }
 
 # BENCH_DRY_RUN=1: the same path on this machine's venv (CPU, tiny models), before spending device time.
-if [ -z "${BENCH_DRY_RUN:-}" ] && [ ! -f /tmp/site/llamafactory/__init__.py ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >"$R/pip.log" 2>&1 ||
-    { say "pip install failed"; tail -20 "$R/pip.log"; exit 1; }
+if [ -z "${BENCH_DRY_RUN:-}" ] && wheels_missing; then
+  install_wheels "$R/pip.log" || { say "pip install failed"; tail -20 "$R/pip.log"; exit 1; }
 fi
 export PYTHONPATH=/tmp/site:$PWD/workflow
 export PATH=/tmp/site/bin:$(dirname "$(command -v python3)"):$PATH

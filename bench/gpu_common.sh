@@ -1,0 +1,22 @@
+# Sourced by the GPU bench scripts (bench/sft_gpu.sh, bench/eval_gpu.sh): the environment every
+# device run needs, the run clock, and the install of the carried wheels.
+# Never NVLink multicast on the shared host.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export TOKENIZERS_PARALLELISM=false
+T0=$(date +%s)
+el() { echo $(($(date +%s) - T0)); }
+
+# wheels_missing MODULE...: true unless every module is in /tmp/site (a warm machine keeps the last
+# call's install, which may lack what this script needs).
+wheels_missing() {
+  local m
+  [ -f /tmp/site/llamafactory/__init__.py ] || return 0
+  for m in "$@"; do [ -d "/tmp/site/$m" ] || return 0; done
+  return 1
+}
+
+# install_wheels LOG: the carried .whl/*.whl into /tmp/site (no network on the device machine).
+install_wheels() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl >"$1" 2>&1
+}
