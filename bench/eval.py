@@ -307,6 +307,8 @@ def main() -> int:
                 res["eval_s"] = round(m["loss_seconds"] + m["generate_seconds"], 3)
                 res["generate_s"] = m["generate_seconds"]
                 res["first_batch_s"] = m.get("first_batch_seconds")
+                for key in ("setup", "start_delay", "load"):
+                    res[f"{key}_s"] = m.get(f"{key}_seconds")
                 res["decoding"] = m.get("decoding")
                 res["processes"] = m["processes"]
             else:

@@ -184,6 +184,7 @@ class ShardJob:
     pad_id: int
     threads: int = 0
     decoding: str = "dynamic"  # "dynamic" or "static" (see DECODING)
+    submitted: float = 0.0  # time.time() when the job was handed out (to time a process's start)
 
 
 def run_shard(job: ShardJob) -> dict:
@@ -192,6 +193,7 @@ def run_shard(job: ShardJob) -> dict:
     from transformers import AutoModelForCausalLM
 
     t_start = time.perf_counter()
+    start_delay = time.time() - job.submitted if job.submitted else 0.0
     if job.threads:
         torch.set_num_threads(job.threads)
     torch.manual_seed(0)
@@ -204,7 +206,9 @@ def run_shard(job: ShardJob) -> dict:
         device = torch.device(job.device)
         if on_gpu:
             torch.cuda.set_device(device)
-        model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=dtype).to(device)
+        # On a GPU straight to it: no full copy of the weights in host memory first.
+        placement = {"device_map": {"": device}} if on_gpu else {}
+        model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=dtype, **placement)
     model.eval()
     load_s = time.perf_counter() - t_start
 
@@ -254,6 +258,7 @@ def run_shard(job: ShardJob) -> dict:
         "device": str(device),
         "row_nll": row_nll,
         "generated": generated,
+        "start_delay_seconds": start_delay,
         "load_seconds": load_s,
         "loss_seconds": loss_s,
         "generate_seconds": gen_s,
@@ -456,6 +461,9 @@ def evaluate(
         kind,
         decoding,
     )
+    t_jobs = time.perf_counter()
+    for job in jobs:
+        job.submitted = time.time()
     results = run_all(jobs)
 
     row_nll: dict[int, tuple[float, int]] = {}
@@ -514,6 +522,10 @@ def evaluate(
         "first_batch_seconds": round(max(r["first_batch_seconds"] for r in results), 3),
         "new_tokens": new_tokens,
         # The slowest process sets the wall time of each phase.
+        # Until the evaluation processes start (reading and encoding the rows, spawning one process
+        # per further device), then their model load (CUDA set-up included).
+        "setup_seconds": round(t_jobs - t_start, 3),
+        "start_delay_seconds": round(max(r["start_delay_seconds"] for r in results), 3),
         "load_seconds": round(max(r["load_seconds"] for r in results), 3),
         "loss_seconds": round(max(r["loss_seconds"] for r in results), 3),
         "generate_seconds": round(gen_wall, 3),
