@@ -64,6 +64,11 @@ VARIANTS = {
     "recipe_1b": ("1b", RECIPE, 10, 3),
     "hand_1b": ("1b", HAND_1B, 24, 5),
     "ours_1b": ("1b", {}, 24, 5),
+    # compiled decoder layers recompile for the first few packed shapes: more warm-up steps
+    "ours_1b_rc": ("1b", {"torch_compile": True}, 30, 12),
+    # logging every 10 steps (the config default) instead of every step: each log syncs host and GPU
+    "ours_1b_log10": ("1b", {"logging_steps": 10, "torch_compile": True}, 30, 10),
+    "hand_1b_log10": ("1b", {**HAND_1B, "logging_steps": 10}, 30, 10),
     "ours_1b_noliger": ("1b", {"liger_kernel": False}, 24, 5),
     "ours_1b_sdpamask": ("1b", {"flash_attn": "sdpa"}, 24, 5),
     "ours_1b_zero2": ("1b", {"zero_stage": 2}, 24, 5),
@@ -80,8 +85,14 @@ VARIANTS = {
     "hand_8b": ("8b", HAND_8B, 10, 3),
     # the hand-tuned run's global batch (1 x 4 x 2 GPUs x 2048 tokens), so the losses compare step by step
     "ours_8b": ("8b", {"tokens_per_step": 16384}, 10, 3),
+    "ours_8b_rc": ("8b", {"tokens_per_step": 16384, "torch_compile": True}, 16, 8),
 }  # fmt: skip
-VARIANT_ENV = {"ours_1b_prof": {"LLMFT_PROFILE_STEPS": "6:8"}}
+# TORCH_LOGS=recompiles: the compiled runs log each recompilation (warm-up should end them)
+VARIANT_ENV = {
+    "ours_1b_prof": {"LLMFT_PROFILE_STEPS": "6:8"},
+    "ours_1b_rc": {"TORCH_LOGS": "recompiles"},
+    "ours_8b_rc": {"TORCH_LOGS": "recompiles"},
+}
 
 
 def config_for(name: str, max_steps: int) -> dict:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 from llmft.config import ConfigError, validate
-from llmft.plan import _bucket_elems, estimate, model_shape, resolve
+from llmft.plan import _bucket_elems, describe, estimate, model_shape, resolve
 
 from tests.conftest import REPO
 
@@ -62,7 +62,9 @@ def test_predictions_within_15_percent_of_measured_gpu_peaks(model):
     """Every run of the committed 2 x H200 benches (torch's max allocated, rank 0) against the planner's
     estimate for the settings the run recorded: recipe, hand-tuned and our own, 1.24 B and 8 B."""
     checked = []
-    for name in ("sft_h200x2_1b.json", "sft_h200x2_8b.json", "sft_h200x2_explore_ddp.json"):
+    files = ["sft_h200x2_1b.json", "sft_h200x2_8b.json", "sft_h200x2_explore_ddp.json"]
+    files += ["sft_h200x2_compile.json", "sft_h200x2_log10.json"]
+    for name in files:
         runs = json.loads((REPO / "bench/results" / name).read_text())["runs"]
         for run, r in runs.items():
             if r.get("status") != "ok" or run in UNMODELLED:
@@ -82,7 +84,8 @@ def test_predictions_within_15_percent_of_measured_gpu_peaks(model):
             measured = r["peak_vram_allocated_gib"]
             assert abs(predicted - measured) / measured <= 0.15, (name, run, predicted, measured)
             checked.append(run)
-    assert {"recipe_1b", "hand_1b", "ours_1b", "recipe_8b", "hand_8b", "ours_8b"} <= set(checked)
+    want = {"recipe_1b", "hand_1b", "ours_1b", "recipe_8b", "hand_8b", "ours_8b", "ours_1b_rc"}
+    assert want <= set(checked)
 
 
 def test_auto_picks_zero2_without_recompute_for_1b_on_two_h200(model):
@@ -149,3 +152,12 @@ def test_cpu_auto_keeps_the_demo_row_by_row(model):
     cfg = validate({"data": {"cutoff_len": 64}})
     plan = resolve(cfg, model("1b"), "cpu")
     assert plan.packing == "off" and plan.attention == "auto" and not plan.liger
+
+
+def test_torch_compile_is_asked_for_and_refused_with_zero3(model):
+    assert not resolve(gpu_cfg(), model("1b"), "cuda").compile  # auto: off (measured no faster)
+    plan = resolve(gpu_cfg(torch_compile=True), model("1b"), "cuda")
+    assert plan.compile and plan.zero_stage == 2
+    assert "torch.compile per decoder layer" in describe(plan)
+    with pytest.raises(ConfigError, match="sft.torch_compile"):
+        resolve(gpu_cfg(torch_compile=True, zero_stage=3), model("1b"), "cuda")

@@ -86,6 +86,32 @@ def test_gpu_auto_render_uses_the_plan(tmp_path, tiny):
     assert ds["zero_optimization"]["stage3_prefetch_bucket_size"] >= 5e7  # not HF's h^2
 
 
+def test_torch_compile_renders_compiled_layers_and_liger_loss_alone(tmp_path, tiny):
+    hw = {"vendor": "cuda", "gpus_per_node": 8, "gpu_model": "h100"}
+    cfg = validate({"hardware": hw, "sft": {"torch_compile": True, "liger_kernel": True}})
+    args = render(cfg, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w")
+    # LLaMA-Factory's switch would patch every Liger kernel; the launcher applies the fused loss alone
+    assert "enable_liger_kernel" not in args
+    assert args["llmft"]["compile_layers"] is True and args["llmft"]["liger_loss_only"] is True
+    eager = validate({"hardware": hw, "sft": {"liger_kernel": True}})
+    args = render(eager, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w")
+    assert args["enable_liger_kernel"] is True and not args["llmft"]["compile_layers"]
+
+
+def test_compile_layers_compiles_each_decoder_layer_in_place(tiny):
+    from llmft.callbacks import compile_layers
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny))  # random init, no weights
+    keys = list(model.state_dict())
+    n = compile_layers(model)
+    assert n == model.config.num_hidden_layers
+    assert all(layer._compiled_call_impl is not None for layer in model.model.layers)
+    assert list(model.state_dict()) == keys  # checkpoints keep their parameter names
+    with pytest.raises(RuntimeError, match="sft.torch_compile"):
+        compile_layers(model.lm_head)  # names no repeated blocks
+
+
 def test_launch_env_rocm_preset():
     cfg = validate(
         {"hardware": {"vendor": "rocm", "gpus_per_node": 8, "nodes": 2, "socket_ifname": "ens50f0"}}

@@ -10,6 +10,8 @@
 - ProfileWindow: with LLMFT_PROFILE_STEPS=FIRST:LAST, torch.profiler records those optimizer steps
   on every rank and writes a table of the most expensive kernels and operators per rank
   (llmft_profile_rank<N>.txt), with the steps' wall time to compare GPU busy time against.
+- CompileLayers: torch.compile every decoder layer in place before the first step (regional
+  compilation: one graph, reused by all layers; parameter names and checkpoints are unchanged).
 
 Exceptions end the run from inside the training loop, on every rank at the same step (the values
 they act on are global: the logged loss is averaged over ranks, the grad norm is the global norm,
@@ -266,3 +268,38 @@ class ProfileWindow(TrainerCallback):
             f"optimizer steps {self.first}-{self.last} ({steps}): {wall:.3f} s wall, sorted by {sort}\n"
             f"{table}\n"
         )
+
+
+# Packed batches vary the number of samples and the longest one: dynamo recompiles for the first few
+# shapes before it treats them as dynamic; leave room for that on every layer.
+RECOMPILE_LIMIT = 64
+
+
+def compile_layers(model) -> int:
+    """Compile each repeated block (the model's `_no_split_modules`, e.g. LlamaDecoderLayer) in
+    place; the embedding, final norm and loss stay eager. Returns the number of blocks compiled."""
+    import torch
+
+    blocks = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in blocks]
+    if not layers:
+        raise RuntimeError(
+            f"sft.torch_compile: {type(model).__name__} names no repeated blocks (_no_split_modules) "
+            "to compile; set sft.torch_compile to false"
+        )
+    cfg = torch._dynamo.config
+    for key in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, key):
+            setattr(cfg, key, max(getattr(cfg, key), RECOMPILE_LIMIT))
+    for layer in layers:
+        layer.compile()
+    return len(layers)
+
+
+class CompileLayers(TrainerCallback):
+    def __init__(self):
+        self.compiled = 0
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is not None and not self.compiled:
+            self.compiled = compile_layers(model)

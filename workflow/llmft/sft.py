@@ -156,7 +156,9 @@ def llamafactory_args(
         args["neat_packing"] = True
     elif plan.packing == "plain":
         args["packing"] = True
-    if plan.liger:
+    if plan.liger and not plan.compile:
+        # With compiled layers llmft.train applies Liger's fused loss alone (its other kernels do
+        # not compile under dynamo; the compiler fuses those operations itself).
         args["enable_liger_kernel"] = True
     if sft["precision"] == "bf16":
         args["bf16"] = True
@@ -254,6 +256,8 @@ def render(cfg: dict, base_model: str, data_dir: str, out_yaml: str, out_ds: str
         "precision": cfg["sft"]["precision"],
         "finetuning_type": cfg["sft"]["finetuning_type"],
         "cutoff_len": cfg["data"]["cutoff_len"],
+        "compile_layers": plan.compile,
+        "liger_loss_only": plan.liger and plan.compile,
         "plan": plan.to_json(),
     }
     lay = layout(cfg)

@@ -11,6 +11,8 @@ block read here and removed before LLaMA-Factory parses the rest:
       precision: bf16
       finetuning_type: full
       cutoff_len: 2048
+      compile_layers: false             # torch.compile each decoder layer (CompileLayers)
+      liger_loss_only: false            # Liger's fused linear + cross-entropy alone
 
 Exit codes: 0 done, EXIT_DIVERGED (with llmft_divergence.json), EXIT_PREEMPTED (after saving a
 checkpoint), anything else is a crash.
@@ -31,6 +33,7 @@ from .callbacks import (
     EXIT_PREEMPTED,
     PROFILE_ENV,
     STOP_REQUEST_FILE,
+    CompileLayers,
     Diverged,
     DivergenceGuard,
     Preempted,
@@ -72,6 +75,28 @@ def cpu_resume_fix() -> None:
     torch.load = load
 
 
+def liger_loss_only(model_path: str) -> None:
+    """Patch the model family's causal-LM forward with Liger's fused linear + cross-entropy (no
+    materialised logits) and nothing else: RMSNorm, SwiGLU and RoPE stay transformers' own, for
+    torch.compile to fuse (Liger's Triton kernels fail to compile under dynamo)."""
+    import inspect
+
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    from transformers import AutoConfig
+
+    model_type = AutoConfig.from_pretrained(model_path).model_type
+    apply = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
+    if apply is None:
+        raise RuntimeError(
+            f"liger-kernel has no patch for model type {model_type!r}; set sft.liger_kernel: false"
+        )
+    wanted = {"fused_linear_cross_entropy": True, "cross_entropy": False, "rope": False, "rms_norm": False}
+    wanted.update(swiglu=False, geglu=False, layer_norm=False)
+    params = inspect.signature(apply).parameters
+    apply(**{k: v for k, v in wanted.items() if k in params})
+    log.info("liger: fused linear + cross-entropy only (%s); the decoder layers are compiled", model_type)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -96,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             args["include_num_input_tokens_seen"] = "all"
         else:
             varlen.install()
+    if ours.get("liger_loss_only"):
+        liger_loss_only(args["model_name_or_path"])
     cpu_resume_fix()
     callbacks = [
         DivergenceGuard(
@@ -107,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         saver,
         StepClock(),
     ]
+    if ours.get("compile_layers"):
+        callbacks.append(CompileLayers())
     window = profile_window(os.environ.get(PROFILE_ENV))
     if window:
         callbacks.append(ProfileWindow(*window))

@@ -105,6 +105,12 @@ def kernel_dtype(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(t.to(half) for t in tensors)
 
 
+def _max_len(value):
+    """The longest sample: an int from the collator (a SymInt under torch.compile, which int()
+    would specialise, recompiling for every new length), or a tensor."""
+    return int(value) if isinstance(value, torch.Tensor) else value
+
+
 def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """transformers attention interface: (batch, heads, seq, dim) in, (batch, seq, heads, dim) out."""
     cu = kwargs.get("cu_seq_lens_q")
@@ -119,7 +125,7 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     cu = cu.to(device=q.device, dtype=torch.int32)
     if q.is_cuda:
         q, k, v = kernel_dtype(q, k, v)
-        out = _kernel(q, k, v, cu, int(kwargs["max_length_q"]), scaling)
+        out = _kernel(q, k, v, cu, _max_len(kwargs["max_length_q"]), scaling)
     else:
         out = _reference(q, k, v, cu, scaling)
     return out.view(batch, seq, heads, dim), None
