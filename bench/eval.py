@@ -108,6 +108,23 @@ def machine() -> dict:
     return info
 
 
+def fp32_view(model: Path, folder: Path) -> Path:
+    """The model as a float32 checkpoint for LLaMA-Factory, which loads the dtype the config names
+    (torch_dtype "auto"; its infer_dtype does not reach the load): the same weight files linked,
+    with a config.json that says float32. Ours reads the same folder."""
+    cfg = json.loads((model / "config.json").read_text())
+    if cfg.get("dtype", cfg.get("torch_dtype")) == "float32":
+        return model
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in model.iterdir():
+        if f.name != "config.json":
+            (folder / f.name).symlink_to(f.resolve())
+    cfg["dtype"] = "float32"
+    cfg.pop("torch_dtype", None)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    return folder
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", help="a finished run: uses its sft/model and data/heldout.jsonl")
@@ -148,6 +165,13 @@ def main() -> int:
         default=0,
         help="seconds one tool run may take; a run past it is killed and recorded, and that tool is "
         "left out of the comparisons (0: no limit)",
+    )
+    ap.add_argument(
+        "--precision",
+        choices=["auto", "bf16", "fp32"],
+        default="auto",
+        help="both tools' weights and compute: our eval.precision, LLaMA-Factory's bf16 flag or "
+        "infer_dtype float32 (auto: bf16 on GPUs, fp32 on CPU)",
     )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--min-match", type=float, default=1.0, help="fail below this greedy match rate")
@@ -193,6 +217,7 @@ def main() -> int:
                     "batch_size": args.batch_size,
                     "max_new_tokens": args.max_new_tokens,
                     "decoding": decoding,
+                    "precision": precision,
                 },
             }
         )
@@ -219,6 +244,9 @@ def main() -> int:
         / ("ours" if k == 0 else f"ours-{d.replace(':', '-')}")
         for k, d in enumerate(decodings)
     }
+    precision = args.precision if args.precision != "auto" else ("bf16" if gpu else "fp32")
+    if precision == "fp32":
+        model = fp32_view(model, work / "model-fp32")
     lf_args = {
         "model_name_or_path": str(model),
         "stage": "sft",
@@ -235,8 +263,10 @@ def main() -> int:
         "max_new_tokens": args.max_new_tokens,
         "report_to": "none",
     }
-    if gpu:
-        lf_args["bf16"] = True  # our evaluation generates in bf16 on GPUs
+    if precision == "bf16":
+        lf_args["bf16"] = True
+    else:
+        lf_args["infer_dtype"] = "float32"  # predict-only: LLaMA-Factory's compute dtype
 
     env = dict(os.environ, **OFFLINE)
     env["PYTHONPATH"] = str(REPO / "workflow") + os.pathsep + env.get("PYTHONPATH", "")
@@ -399,6 +429,7 @@ def main() -> int:
         "model": str(model),
         "rows": len(rows),
         "max_new_tokens": args.max_new_tokens,
+        "precision": precision,
         "ours": {"batch_size": args.batch_size, **variants["ours"]},
         "ours_variants": variants,
         "timed_out": sorted(timed_out),

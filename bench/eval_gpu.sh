@@ -3,8 +3,10 @@
 # LLaMA-Factory's do_predict + predict_with_generate on a random-init 1.24 B Llama, bf16, both GPUs.
 #   bash bench/eval_gpu.sh
 # Two comparisons, each one bench/eval.py run (same rows for every tool in it):
-#   bs1:     LLaMA-Factory at batch 1 (its example predict config) vs ours, on a few held-out rows
-#            (it generates one row at a time: rows x new tokens x ~25 ms);
+#   bs1:     LLaMA-Factory at batch 1 (its example predict config) vs ours on the held-out rows, both
+#            in fp32 (BS1_PRECISION): greedy outputs then do not depend on the batch a row lands in
+#            (in bf16 a random-init model's near-flat logits flip; it generates one row at a time:
+#            rows x new tokens x ~25 ms);
 #   batched: a generation-heavy set (train rows: the held-out split has only 83) at batch 64, ours
 #            with transformers' dynamic cache (as LLaMA-Factory), then ours with the static cache and
 #            a compiled decoding step (CUDA graphs of the eager kernels, then inductor) if time is left.
@@ -21,7 +23,7 @@ R=${BENCH_OUT:-/tmp/eval_bench}
 MODELS=${BENCH_MODELS:-/tmp/models}
 DRY=${BENCH_DRY_RUN:-}
 # Rows x new tokens of each comparison (the dry run keeps the same shape, smaller).
-BS1_ROWS=${BS1_ROWS:-32} BS1_TOKENS=${BS1_TOKENS:-32}
+BS1_ROWS=${BS1_ROWS:-32} BS1_TOKENS=${BS1_TOKENS:-32} BS1_PRECISION=${BS1_PRECISION:-fp32}
 BATCH_ROWS=${BATCH_ROWS:-256} BATCH_TOKENS=${BATCH_TOKENS:-64}
 mkdir -p "$R" "$OUT" "$MODELS"
 say() { echo "[t=$(el)s] $*" | tee -a "$R/eval_gpu.log"; }
@@ -76,7 +78,8 @@ bench() {
 # Estimates (2 x H200): ~15 s start-up per LLaMA-Factory run, ~10 s per ours, ~25 ms per decoding
 # step at batch 1; the compiled variants add their compile time (seconds for CUDA graphs, tens of
 # seconds for inductor) and go last, within the budget.
-bench bs1 bench/work/sft/data/heldout.jsonl "$BS1_ROWS" "$BS1_TOKENS" 45 "${BS1_MAX:-80}" --lf-batch-size 1
+bench bs1 bench/work/sft/data/heldout.jsonl "$BS1_ROWS" "$BS1_TOKENS" 45 "${BS1_MAX:-80}" --lf-batch-size 1 \
+  --precision "$BS1_PRECISION"
 bench batched bench/work/sft/data/train.jsonl "$BATCH_ROWS" "$BATCH_TOKENS" 45 999 --lf-batch-size 64 \
   --ours-decoding dynamic --ours-decoding static:cudagraphs --ours-decoding static:inductor
 
@@ -88,7 +91,8 @@ parts = {p.stem.removeprefix("eval-gpu-"): json.loads(p.read_text()) for p in so
 summary = {}
 for name, r in parts.items():
     summary[name] = {
-        "rows": r["rows"], "max_new_tokens": r["max_new_tokens"], "timed_out": r["timed_out"],
+        "rows": r["rows"], "max_new_tokens": r["max_new_tokens"], "precision": r.get("precision"),
+        "timed_out": r["timed_out"],
         "ours": {k: {x: v.get(x) for x in ("decoding_ran", "median_wall_s", "median_eval_s", "median_generate_s",
                                            "median_first_batch_s", "identical_to_ours")}
                  for k, v in r["ours_variants"].items()},

@@ -18,8 +18,9 @@ def setup(tmp_path_factory):
     return tmp
 
 
-def run(setup, decoding: str, out: str) -> tuple[dict, list[dict]]:
-    cfg = validate({"eval": {"batch_size": 8, "max_new_tokens": 12, "decoding": decoding}})
+def run(setup, decoding: str, out: str, precision: str = "auto") -> tuple[dict, list[dict]]:
+    ecfg = {"batch_size": 8, "max_new_tokens": 12, "decoding": decoding, "precision": precision}
+    cfg = validate({"eval": ecfg})
     ev.evaluate(cfg, str(setup / "model"), str(setup / "heldout.jsonl"), str(setup / out), out, threads=1)
     return read_json(setup / out / "metrics.json"), read_jsonl(setup / out / "predictions.jsonl")
 
@@ -54,3 +55,10 @@ def test_static_failure_falls_back_to_dynamic(setup, monkeypatch):
     # One static attempt, then dynamic for every batch, at the batches' own sizes.
     assert calls[0] == ("static", 8) and [c[0] for c in calls[1:]] == ["dynamic"] * 3
     assert [c[1] for c in calls[1:]] == [8, 8, 7]
+
+
+def test_precision_auto_is_fp32_on_cpu_and_bf16_can_be_asked(setup):
+    auto, _ = run(setup, "dynamic", "prec-auto")
+    half, rows = run(setup, "dynamic", "prec-bf16", precision="bf16")
+    assert auto["precision"] == "fp32" and half["precision"] == "bf16"
+    assert len(rows) == 23 and half["eval_loss"] != auto["eval_loss"]  # really computed in bf16

@@ -185,6 +185,7 @@ class ShardJob:
     threads: int = 0
     decoding: str = "dynamic"  # "dynamic" or "static" (see DECODING)
     submitted: float = 0.0  # time.time() when the job was handed out (to time a process's start)
+    precision: str = "auto"  # eval.precision: auto (bf16 on GPUs, fp32 on CPU), bf16, fp32
 
 
 def run_shard(job: ShardJob) -> dict:
@@ -198,7 +199,8 @@ def run_shard(job: ShardJob) -> dict:
         torch.set_num_threads(job.threads)
     torch.manual_seed(0)
     on_gpu = job.device != "cpu"
-    dtype = torch.bfloat16 if on_gpu else torch.float32
+    half = job.precision == "bf16" or (job.precision == "auto" and on_gpu)
+    dtype = torch.bfloat16 if half else torch.float32
     if job.device == "auto":
         model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=dtype, device_map="auto")
         device = model.get_input_embeddings().weight.device
@@ -264,6 +266,7 @@ def run_shard(job: ShardJob) -> dict:
         "generate_seconds": gen_s,
         "first_batch_seconds": first_batch_s or 0.0,
         "decoding": decoding,
+        "precision": "bf16" if dtype == torch.bfloat16 else "fp32",
         "peak_memory_gib": peak_gib,
     }
 
@@ -357,18 +360,43 @@ def plan_processes(requested: int, weight_bytes: int) -> tuple[str, int]:
     return "cuda", min(requested or n_gpu, n_gpu)
 
 
-def run_all(jobs: list[ShardJob]) -> list[dict]:
-    """Run the shards: job 0 in this process, the others in spawned processes at the same time."""
-    if len(jobs) == 1:
-        return [run_shard(jobs[0])]
+def _warm_up() -> None:
+    """Run in each spawned process as soon as it exists: the imports and the accelerator's driver
+    set-up, while the parent still reads and encodes the rows (on GPUs ~15 s per process)."""
+    import torch
+    from transformers import AutoModelForCausalLM  # noqa: F401
+
+    if torch.cuda.is_available():
+        torch.cuda.init()
+
+
+def worker_pool(n: int):
+    """n - 1 spawned processes for shards 1..n-1, started and warming up at once (None for n = 1)."""
+    if n <= 1:
+        return None
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     # spawn, not fork: CUDA cannot be used in a forked child of a process that touched it.
-    with ProcessPoolExecutor(max_workers=len(jobs) - 1, mp_context=mp.get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(max_workers=n - 1, mp_context=mp.get_context("spawn"))
+    for _ in range(n - 1):
+        pool.submit(_warm_up)
+    return pool
+
+
+def run_all(jobs: list[ShardJob], pool=None) -> list[dict]:
+    """Run the shards: job 0 in this process, the others in the (warm) pool at the same time."""
+    if len(jobs) == 1:
+        return [run_shard(jobs[0])]
+    own = pool is None
+    pool = pool or worker_pool(len(jobs))
+    try:
         futures = [pool.submit(_spawned_worker, job) for job in jobs[1:]]
         first = run_shard(jobs[0])
         return [first] + [f.result() for f in futures]
+    finally:
+        if own:
+            pool.shutdown()
 
 
 def encode(rows: list[dict], model_dir: str, template_name: str):
@@ -422,12 +450,14 @@ def evaluate(
     """
     ecfg = cfg["eval"]
     t_start = time.perf_counter()
+    weights = safetensors_stats(model_dir)
+    kind, n = plan_processes(processes, weights["weight_bytes"])
+    # The other shards' processes start now and import while this one reads and encodes the rows.
+    pool = worker_pool(n)
     rows = read_jsonl(heldout)[: ecfg["max_rows"]]
     tokenizer, encoded = encode(rows, model_dir, cfg["model"]["template"])
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stops = eos_ids(tokenizer)
-    weights = safetensors_stats(model_dir)
-    kind, n = plan_processes(processes, weights["weight_bytes"])
     bs = ecfg["batch_size"]
     max_tokens = max(1, LOGIT_BUDGET // max(1, len(tokenizer)))
     loss_plan = plan_batches([len(p) + len(a) for p, a in encoded], bs, max_tokens)
@@ -448,6 +478,7 @@ def evaluate(
             pad_id=pad,
             threads=cpu_threads,
             decoding=decoding,
+            precision=ecfg.get("precision", "auto"),
         )
         for k in range(n)
     ]
@@ -464,7 +495,11 @@ def evaluate(
     t_jobs = time.perf_counter()
     for job in jobs:
         job.submitted = time.time()
-    results = run_all(jobs)
+    try:
+        results = run_all(jobs, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown()
 
     row_nll: dict[int, tuple[float, int]] = {}
     generated: dict[int, list[int]] = {}
@@ -519,6 +554,7 @@ def evaluate(
         "max_new_tokens": ecfg["max_new_tokens"],
         # What decoding ran: a process whose static path failed fell back to dynamic.
         "decoding": "+".join(sorted({r["decoding"] for r in results})),
+        "precision": "+".join(sorted({r["precision"] for r in results})),
         "first_batch_seconds": round(max(r["first_batch_seconds"] for r in results), 3),
         "new_tokens": new_tokens,
         # The slowest process sets the wall time of each phase.
