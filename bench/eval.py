@@ -339,6 +339,7 @@ def main() -> int:
                 res["first_batch_s"] = m.get("first_batch_seconds")
                 for key in ("setup", "start_delay", "load"):
                     res[f"{key}_s"] = m.get(f"{key}_seconds")
+                res["setup_breakdown_s"] = m.get("setup_breakdown_seconds")
                 res["decoding"] = m.get("decoding")
                 res["processes"] = m["processes"]
             else:

@@ -61,4 +61,5 @@ def test_precision_auto_is_fp32_on_cpu_and_bf16_can_be_asked(setup):
     auto, _ = run(setup, "dynamic", "prec-auto")
     half, rows = run(setup, "dynamic", "prec-bf16", precision="bf16")
     assert auto["precision"] == "fp32" and half["precision"] == "bf16"
+    assert set(auto["setup_breakdown_seconds"]) == {"devices", "spawn", "encode"}
     assert len(rows) == 23 and half["eval_loss"] != auto["eval_loss"]  # really computed in bf16

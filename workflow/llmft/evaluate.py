@@ -450,12 +450,22 @@ def evaluate(
     """
     ecfg = cfg["eval"]
     t_start = time.perf_counter()
+    setup: dict[str, float] = {}  # seconds per set-up step, in metrics.json
+    mark = [t_start]
+
+    def clock(step: str) -> None:
+        mark.append(time.perf_counter())
+        setup[step] = round(mark[-1] - mark[-2], 3)
+
     weights = safetensors_stats(model_dir)
     kind, n = plan_processes(processes, weights["weight_bytes"])
+    clock("devices")  # torch import and the accelerator's driver set-up
     # The other shards' processes start now and import while this one reads and encodes the rows.
     pool = worker_pool(n)
+    clock("spawn")
     rows = read_jsonl(heldout)[: ecfg["max_rows"]]
     tokenizer, encoded = encode(rows, model_dir, cfg["model"]["template"])
+    clock("encode")  # transformers import, tokenizer, prompts
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stops = eos_ids(tokenizer)
     bs = ecfg["batch_size"]
@@ -561,6 +571,7 @@ def evaluate(
         # Until the evaluation processes start (reading and encoding the rows, spawning one process
         # per further device), then their model load (CUDA set-up included).
         "setup_seconds": round(t_jobs - t_start, 3),
+        "setup_breakdown_seconds": setup,
         "start_delay_seconds": round(max(r["start_delay_seconds"] for r in results), 3),
         "load_seconds": round(max(r["load_seconds"] for r in results), 3),
         "loss_seconds": round(max(r["loss_seconds"] for r in results), 3),
