@@ -185,7 +185,7 @@ class ShardJob:
     threads: int = 0
     decoding: str = "dynamic"  # "dynamic" or "static" (see DECODING)
     submitted: float = 0.0  # time.time() when the job was handed out (to time a process's start)
-    precision: str = "auto"  # eval.precision: auto (bf16 on GPUs, fp32 on CPU), bf16, fp32
+    precision: str = "fp32"  # "bf16" or "fp32" (eval.precision, auto resolved by evaluate())
 
 
 def run_shard(job: ShardJob) -> dict:
@@ -199,8 +199,7 @@ def run_shard(job: ShardJob) -> dict:
         torch.set_num_threads(job.threads)
     torch.manual_seed(0)
     on_gpu = job.device != "cpu"
-    half = job.precision == "bf16" or (job.precision == "auto" and on_gpu)
-    dtype = torch.bfloat16 if half else torch.float32
+    dtype = torch.bfloat16 if job.precision == "bf16" else torch.float32
     if job.device == "auto":
         model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=dtype, device_map="auto")
         device = model.get_input_embeddings().weight.device
@@ -266,7 +265,6 @@ def run_shard(job: ShardJob) -> dict:
         "generate_seconds": gen_s,
         "first_batch_seconds": first_batch_s or 0.0,
         "decoding": decoding,
-        "precision": "bf16" if dtype == torch.bfloat16 else "fp32",
         "peak_memory_gib": peak_gib,
     }
 
@@ -384,19 +382,13 @@ def worker_pool(n: int):
     return pool
 
 
-def run_all(jobs: list[ShardJob], pool=None) -> list[dict]:
-    """Run the shards: job 0 in this process, the others in the (warm) pool at the same time."""
+def run_all(jobs: list[ShardJob], pool) -> list[dict]:
+    """Run the shards: job 0 in this process, the others in worker_pool's processes at the same time."""
     if len(jobs) == 1:
         return [run_shard(jobs[0])]
-    own = pool is None
-    pool = pool or worker_pool(len(jobs))
-    try:
-        futures = [pool.submit(_spawned_worker, job) for job in jobs[1:]]
-        first = run_shard(jobs[0])
-        return [first] + [f.result() for f in futures]
-    finally:
-        if own:
-            pool.shutdown()
+    futures = [pool.submit(_spawned_worker, job) for job in jobs[1:]]
+    first = run_shard(jobs[0])
+    return [first] + [f.result() for f in futures]
 
 
 def encode(rows: list[dict], model_dir: str, template_name: str):
@@ -475,6 +467,9 @@ def evaluate(
     decoding = ecfg.get("decoding", "dynamic")
     if decoding == "auto":
         decoding = "dynamic" if kind == "cpu" else "static"
+    precision = ecfg.get("precision", "auto")
+    if precision == "auto":
+        precision = "fp32" if kind == "cpu" else "bf16"
     cpu_threads = threads or (max(1, (os.cpu_count() or 1) // n) if kind == "cpu" and n > 1 else 0)
     jobs = [
         ShardJob(
@@ -488,7 +483,7 @@ def evaluate(
             pad_id=pad,
             threads=cpu_threads,
             decoding=decoding,
-            precision=ecfg.get("precision", "auto"),
+            precision=precision,
         )
         for k in range(n)
     ]
@@ -564,7 +559,7 @@ def evaluate(
         "max_new_tokens": ecfg["max_new_tokens"],
         # What decoding ran: a process whose static path failed fell back to dynamic.
         "decoding": "+".join(sorted({r["decoding"] for r in results})),
-        "precision": "+".join(sorted({r["precision"] for r in results})),
+        "precision": precision,
         "first_batch_seconds": round(max(r["first_batch_seconds"] for r in results), 3),
         "new_tokens": new_tokens,
         # The slowest process sets the wall time of each phase.
