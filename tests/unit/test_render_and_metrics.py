@@ -48,6 +48,8 @@ def test_render_writes_yaml_and_zero3(tmp_path, tiny):
     ds = json.loads((tmp_path / "ds.json").read_text())
     assert ds["zero_optimization"]["stage"] == 3
     assert ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    # no per-step overflow pass in bf16: the divergence guard stops a NaN/inf run instead
+    assert ds["bf16"] == {"enabled": "auto", "check_grad_overflow": False}
 
 
 def test_extra_passes_through_and_changes_work_dir(tmp_path, tiny):
@@ -69,7 +71,7 @@ def test_gpu_auto_render_uses_the_plan(tmp_path, tiny):
     args = render(cfg, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w")
     assert args["neat_packing"] is True and args["flash_attn"] == "sdpa"  # sdpa loads, varlen runs
     assert args["llmft"]["attention"] == "varlen"
-    assert args["include_num_input_tokens_seen"] == "non_padding"
+    assert args["include_num_input_tokens_seen"] == "all"  # varlen batches carry no padding
     assert args["disable_gradient_checkpointing"] is True
     plan = args["llmft"]["plan"]
     # several GPUs in bf16: ZeRO-2 (16-bit compute, sharded states), not plain DDP under autocast

@@ -90,3 +90,51 @@ def test_kernel_inputs_follow_autocast_like_sdpa():
         assert [t.dtype for t in cast] == [torch.bfloat16] * 3
         half = q.half()
         assert varlen.kernel_dtype(half)[0] is half  # already 16 bit: unchanged
+
+
+def test_flattened_batch_has_no_padding_and_the_same_loss_as_llamafactory_neat_packing():
+    """The varlen collator's one-row batch (padding dropped) gives the loss LLaMA-Factory's own neat
+    packing gives on the padded batch (4-D block-diagonal mask), on a tiny random Llama."""
+    from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
+    from transformers.masking_utils import AttentionMaskInterface
+
+    torch.manual_seed(0)
+    seg = torch.tensor([[1] * 5 + [2] * 7 + [3] * 3 + [0] * 3, [1] * 9 + [2] * 9, [1] * 6 + [0] * 12])
+    ids = torch.randint(3, 100, seg.shape).masked_fill(seg == 0, 0)
+    labels = ids.clone().masked_fill(seg == 0, -100)
+    labels[0, 5:8] = -100  # a prompt inside a row: no target
+    batch = {"input_ids": ids, "labels": labels, "attention_mask": seg}
+    flat = varlen.flatten_packed({k: v.clone() for k, v in batch.items()})
+    real = int((seg != 0).sum())
+    assert flat["input_ids"].shape == (1, real) and "attention_mask" not in flat
+    assert flat["cu_seq_lens_q"].tolist() == [0, 5, 12, 15, 24, 33, 39] and flat["max_length_q"] == 9
+    assert flat["position_ids"][0, :14].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 0, 1]
+    # each row's first token is no target once rows are joined
+    assert flat["labels"][0, [0, 15, 33]].tolist() == [-100, -100, -100]
+
+    cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    model = LlamaForCausalLM(cfg).eval()
+    AttentionInterface.register(varlen.NAME, varlen.attention)
+    AttentionMaskInterface.register(varlen.NAME, varlen._no_mask)
+    with torch.no_grad():
+        model.set_attn_implementation("sdpa")
+        mask = prepare_4d_attention_mask(seg, torch.float32)
+        ref = model(input_ids=ids, labels=labels, attention_mask=mask)
+        model.set_attn_implementation(varlen.NAME)
+        ours = model(**flat)
+    assert torch.allclose(ours.loss, ref.loss, atol=1e-5), (ours.loss, ref.loss)
+
+
+def test_guard_logs_before_every_save():
+    """A checkpoint's steps pass the guard first: a step that saves also logs (logging comes first)."""
+    from llmft.callbacks import DivergenceGuard
+    from transformers import TrainerControl
+
+    guard = DivergenceGuard(factor=100, precision="bf16", finetuning_type="full", cutoff_len=2048)
+    control = TrainerControl()
+    guard.on_step_end(None, None, control)
+    assert control.should_log is False  # no save, logging stays on its own schedule
+    control.should_save = True
+    guard.on_step_end(None, None, control)
+    assert control.should_log is True

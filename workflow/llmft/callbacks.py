@@ -111,6 +111,12 @@ class DivergenceGuard(TrainerCallback):
         self.history: list[dict] = []
         self.fp16_overflows = 0
 
+    def on_step_end(self, args, state, control, **kwargs):
+        # Log before every save (transformers logs, then saves): the loss and grad norm of the steps
+        # a checkpoint holds pass through on_log first, so a diverged model is never saved.
+        if control.should_save:
+            control.should_log = True
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
         if "loss" not in logs:

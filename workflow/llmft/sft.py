@@ -97,7 +97,10 @@ def deepspeed_config(cfg: dict, plan: Plan) -> dict | None:
         "gradient_clipping": "auto",
         "zero_allow_untested_optimizer": True,
         "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16},
-        "bf16": {"enabled": "auto"},
+        # No overflow pass in bf16 (it has fp32's range): DeepSpeed's check reads every gradient
+        # and waits on an all-reduce each step. A NaN/inf loss or grad norm stops the job through
+        # llmft's divergence guard instead, which sees every step a checkpoint holds.
+        "bf16": {"enabled": "auto", "check_grad_overflow": False},
         "zero_optimization": zero,
     }
 
@@ -146,10 +149,9 @@ def llamafactory_args(
         "disable_gradient_checkpointing": not plan.gradient_checkpointing,
         "per_device_eval_batch_size": plan.micro_batch,
         "eval_strategy": "steps",
-        # LLaMA-Factory's neat-packing mask holds sample indices, not 0/1: count all tokens then.
-        "include_num_input_tokens_seen": (
-            "all" if plan.packing == "neat" and plan.attention != "varlen" else "non_padding"
-        ),
+        # Neat packing: LLaMA-Factory's mask holds sample indices, not 0/1, and llmft.varlen's
+        # batches carry no padding at all: count all tokens.
+        "include_num_input_tokens_seen": "all" if plan.packing == "neat" else "non_padding",
         "eval_steps": sft["logging_steps"] * 5,
     }
     if plan.packing == "neat":

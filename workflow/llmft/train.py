@@ -115,10 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         from . import varlen
 
         if torch.cuda.is_available() and not varlen.available():
-            # An older torch: LLaMA-Factory's own neat packing (SDPA with a 4-D mask) still works;
-            # its mask is no 0/1 padding mask, so count all tokens.
+            # An older torch: LLaMA-Factory's own neat packing (SDPA with a 4-D mask) still works.
             log.warning("torch has no varlen FlashAttention: neat packing falls back to SDPA + 4-D mask")
-            args["include_num_input_tokens_seen"] = "all"
         else:
             varlen.install()
     if ours.get("liger_loss_only"):

@@ -6,9 +6,10 @@ images) it expands a (batch, 1, seq, seq) mask for SDPA, which rules out SDPA's 
 computes the full square instead of each sample's triangle and builds the mask on the CPU.
 
 torch >= 2.10 ships the FlashAttention varlen kernel itself (`torch.nn.attention.varlen`). The
-collator below keeps LLaMA-Factory's packing but hands the model per-sample position ids and
-cumulative sequence lengths (transformers forwards these `cu_seq_lens_*` keyword arguments down to
-the attention function); the attention function runs the varlen kernel over the flattened batch.
+collator below keeps LLaMA-Factory's packing, drops the padding and hands the model one row with
+per-sample position ids and cumulative sequence lengths (transformers forwards these
+`cu_seq_lens_*` keyword arguments down to the attention function); the attention function runs
+the varlen kernel over that row.
 On a CPU (tests) the same function loops over the samples with causal SDPA, so the wiring is
 tested end to end there and the kernel on the GPU bench.
 """
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 log = logging.getLogger("llmft.varlen")
 
 NAME = "llmft_varlen"
+IGNORE_INDEX = -100  # transformers' and LLaMA-Factory's ignored label
 
 
 def segments_to_varlen(segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -43,6 +45,36 @@ def segments_to_varlen(segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(lengths, 0)
     return positions.view(batch, seq), cu, int(lengths.max())
+
+
+def flatten_packed(batch: dict) -> dict:
+    """A collated neat-packing batch -> one row of its real tokens, for the varlen kernel.
+
+    `batch["attention_mask"]` holds sample indices (0 = padding). Padding would cost as much compute
+    as real tokens (~2 % of a packed micro-batch), so it is dropped: the rows are concatenated
+    without it, each sample keeping its own position ids and sequence. The loss stays the same:
+    a row's first token was never a target (the causal shift drops it); flattened it would become
+    the target of the previous row's last token, so its label is set to be ignored.
+    """
+    segments = batch.pop("attention_mask")
+    positions, cu, _ = segments_to_varlen(segments)
+    rows, seq = segments.shape
+    keep = segments.reshape(-1) != 0
+    starts = cu[:-1].long()
+    real = segments.reshape(-1)[starts] != 0  # a sequence is a run of one index: all padding or none
+    lengths = torch.diff(cu.long())[real]
+    new_cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32)
+    new_cu[1:] = torch.cumsum(lengths, 0)
+    labels = batch["labels"].clone()
+    labels[torch.arange(rows), keep.view(rows, seq).int().argmax(1)] = IGNORE_INDEX
+    batch["labels"] = labels
+    for key, value in list(batch.items()):
+        if isinstance(value, torch.Tensor) and value.shape == (rows, seq):
+            batch[key] = value.reshape(-1)[keep].unsqueeze(0)
+    batch["position_ids"] = positions.reshape(-1)[keep].unsqueeze(0)
+    batch["cu_seq_lens_q"] = batch["cu_seq_lens_k"] = new_cu
+    batch["max_length_q"] = batch["max_length_k"] = int(lengths.max()) if lengths.numel() else 0
+    return batch
 
 
 def _varlen_kernel():
@@ -155,11 +187,7 @@ def collator_class(base):
                 return super().__call__(features)
             batch = MultiModalDataCollatorForSeq2Seq.__call__(self, features)
             batch.pop("has_dummy_image", None)
-            positions, cu, max_len = segments_to_varlen(batch.pop("attention_mask"))
-            batch["position_ids"] = positions
-            batch["cu_seq_lens_q"] = batch["cu_seq_lens_k"] = cu
-            batch["max_length_q"] = batch["max_length_k"] = max_len
-            return batch
+            return flatten_packed(batch)
 
     return VarlenNeatPackingCollator
 
