@@ -61,5 +61,25 @@ def test_precision_auto_is_fp32_on_cpu_and_bf16_can_be_asked(setup):
     auto, _ = run(setup, "dynamic", "prec-auto")
     half, rows = run(setup, "dynamic", "prec-bf16", precision="bf16")
     assert auto["precision"] == "fp32" and half["precision"] == "bf16"
-    assert set(auto["setup_breakdown_seconds"]) == {"devices", "spawn", "encode"}
+    assert set(auto["setup_breakdown_seconds"]) == {"imports", "spawn", "devices", "encode"}
     assert len(rows) == 23 and half["eval_loss"] != auto["eval_loss"]  # really computed in bf16
+
+
+def test_forked_workers_give_the_same_outputs(setup, monkeypatch):
+    """The GPU start-up path: the other processes are forked with the imports done, before any
+    driver set-up. Driven here on CPU (two processes standing for two GPUs)."""
+    one_metrics, one = run(setup, "dynamic", "one-process")
+    made = []
+    real_pool = ev.worker_pool
+    monkeypatch.setattr(ev, "fork_safe_gpu_count", lambda: 2)
+    monkeypatch.setattr(ev, "plan_processes", lambda requested, weight_bytes: ("cpu", 2))
+    monkeypatch.setattr(ev, "worker_pool", lambda n, fork=False: made.append((n, fork)) or real_pool(n, fork))
+    metrics, two = run(setup, "dynamic", "forked")
+    assert made == [(2, True)] and metrics["processes"] == 2
+    assert [r["prediction"] for r in two] == [r["prediction"] for r in one]
+    assert metrics["eval_loss"] == pytest.approx(one_metrics["eval_loss"], rel=1e-6)
+    # Planned otherwise (e.g. a model too big to replicate): the forked pool is dropped.
+    monkeypatch.setattr(ev, "plan_processes", lambda requested, weight_bytes: ("cpu", 1))
+    made.clear()
+    metrics, single = run(setup, "dynamic", "dropped")
+    assert made == [(2, True), (1, False)] and metrics["processes"] == 1 and single == one

@@ -187,3 +187,16 @@ def test_conversation_is_the_one_llamafactory_builds(row):
     converted = AlpacaDatasetConverter(attr, DataArguments())({"system": None, "history": None, **row})
     assert messages(row) == converted["_prompt"] + converted["_response"]
     assert (row.get("system") or None) == (converted["_system"] or None)
+
+
+def test_loss_batches_spread_by_padded_size():
+    """One long batch and many short ones: the process that draws the long batch gets few others."""
+    lengths = [1000] * 4 + [100] * 40
+    plan = plan_batches(lengths, batch_size=8, max_tokens=4000)
+    shards = [shard(plan, 2, k, cost=lengths) for k in range(2)]
+    assert sorted(map(tuple, (b for s in shards for b in s))) == sorted(map(tuple, plan))
+    work = [sum(len(b) * max(lengths[i] for i in b) for b in s) for s in shards]
+    assert max(work) <= 1.25 * min(work), work
+    # every n-th batch would give one process all the long rows' work and more
+    rr = [sum(len(b) * max(lengths[i] for i in b) for b in plan[k::2]) for k in range(2)]
+    assert max(rr) > max(work)
