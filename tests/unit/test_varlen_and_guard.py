@@ -104,13 +104,18 @@ def test_flattened_batch_has_no_padding_and_the_same_loss_as_llamafactory_neat_p
     labels = ids.clone().masked_fill(seg == 0, -100)
     labels[0, 5:8] = -100  # a prompt inside a row: no target
     batch = {"input_ids": ids, "labels": labels, "attention_mask": seg}
-    flat = varlen.flatten_packed({k: v.clone() for k, v in batch.items()})
+    flat = varlen.flatten_packed({k: v.clone() for k, v in batch.items()}, pad_id=0, multiple=1)
     real = int((seg != 0).sum())
     assert flat["input_ids"].shape == (1, real) and "attention_mask" not in flat
     assert flat["cu_seq_lens_q"].tolist() == [0, 5, 12, 15, 24, 33, 39] and flat["max_length_q"] == 9
     assert flat["position_ids"][0, :14].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 0, 1]
     # each row's first token is no target once rows are joined
     assert flat["labels"][0, [0, 15, 33]].tolist() == [-100, -100, -100]
+    # padded to a multiple of 16: 39 real tokens + a 9-token sequence of padding, never a target
+    padded = varlen.flatten_packed({k: v.clone() for k, v in batch.items()}, pad_id=1, multiple=16)
+    assert padded["input_ids"].shape == (1, 48) and padded["cu_seq_lens_q"].tolist()[-2:] == [39, 48]
+    assert padded["input_ids"][0, 39:].tolist() == [1] * 9 and padded["labels"][0, 39:].eq(-100).all()
+    assert padded["position_ids"][0, 39:].tolist() == list(range(9))
 
     cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
@@ -123,7 +128,9 @@ def test_flattened_batch_has_no_padding_and_the_same_loss_as_llamafactory_neat_p
         ref = model(input_ids=ids, labels=labels, attention_mask=mask)
         model.set_attn_implementation(varlen.NAME)
         ours = model(**flat)
+        ours_padded = model(**padded)
     assert torch.allclose(ours.loss, ref.loss, atol=1e-5), (ours.loss, ref.loss)
+    assert torch.allclose(ours_padded.loss, ref.loss, atol=1e-5), (ours_padded.loss, ref.loss)
 
 
 def test_guard_logs_before_every_save():

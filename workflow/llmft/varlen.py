@@ -26,6 +26,10 @@ log = logging.getLogger("llmft.varlen")
 
 NAME = "llmft_varlen"
 IGNORE_INDEX = -100  # transformers' and LLaMA-Factory's ignored label
+# A flattened row's length is padded to a multiple of this. Triton (Liger's kernels) specialises an
+# integer argument divisible by 16: rows whose length is sometimes a multiple of 16 compiled each
+# kernel again mid-run (0.1-0.3 s pauses at a few steps of the first run on 2 x H200).
+PAD_MULTIPLE = 16
 
 
 def segments_to_varlen(segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -47,14 +51,15 @@ def segments_to_varlen(segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return positions.view(batch, seq), cu, int(lengths.max())
 
 
-def flatten_packed(batch: dict) -> dict:
+def flatten_packed(batch: dict, pad_id: int = 0, multiple: int = PAD_MULTIPLE) -> dict:
     """A collated neat-packing batch -> one row of its real tokens, for the varlen kernel.
 
     `batch["attention_mask"]` holds sample indices (0 = padding). Padding would cost as much compute
-    as real tokens (~2 % of a packed micro-batch), so it is dropped: the rows are concatenated
+    as real tokens (~1-2 % of a packed micro-batch), so it is dropped: the rows are concatenated
     without it, each sample keeping its own position ids and sequence. The loss stays the same:
     a row's first token was never a target (the causal shift drops it); flattened it would become
-    the target of the previous row's last token, so its label is set to be ignored.
+    the target of the previous row's last token, so its label is set to be ignored. The row is then
+    padded to a multiple of `multiple` tokens (`pad_id`, no targets, a sequence of their own).
     """
     segments = batch.pop("attention_mask")
     positions, cu, _ = segments_to_varlen(segments)
@@ -63,15 +68,21 @@ def flatten_packed(batch: dict) -> dict:
     starts = cu[:-1].long()
     real = segments.reshape(-1)[starts] != 0  # a sequence is a run of one index: all padding or none
     lengths = torch.diff(cu.long())[real]
+    tail = -int(keep.sum()) % max(1, multiple)
+    if tail:
+        lengths = torch.cat([lengths, torch.tensor([tail])])
     new_cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32)
     new_cu[1:] = torch.cumsum(lengths, 0)
     labels = batch["labels"].clone()
     labels[torch.arange(rows), keep.view(rows, seq).int().argmax(1)] = IGNORE_INDEX
     batch["labels"] = labels
+    fill = {"input_ids": pad_id, "labels": IGNORE_INDEX}
     for key, value in list(batch.items()):
         if isinstance(value, torch.Tensor) and value.shape == (rows, seq):
-            batch[key] = value.reshape(-1)[keep].unsqueeze(0)
-    batch["position_ids"] = positions.reshape(-1)[keep].unsqueeze(0)
+            flat = value.reshape(-1)[keep]
+            pad = torch.full((tail,), fill.get(key, 0), dtype=value.dtype)
+            batch[key] = torch.cat([flat, pad]).unsqueeze(0)
+    batch["position_ids"] = torch.cat([positions.reshape(-1)[keep], torch.arange(tail)]).unsqueeze(0)
     batch["cu_seq_lens_q"] = batch["cu_seq_lens_k"] = new_cu
     batch["max_length_q"] = batch["max_length_k"] = int(lengths.max()) if lengths.numel() else 0
     return batch
@@ -187,7 +198,8 @@ def collator_class(base):
                 return super().__call__(features)
             batch = MultiModalDataCollatorForSeq2Seq.__call__(self, features)
             batch.pop("has_dummy_image", None)
-            return flatten_packed(batch)
+            pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
+            return flatten_packed(batch, pad_id=pad if pad is not None else 0)
 
     return VarlenNeatPackingCollator
 
