@@ -87,16 +87,16 @@ VARIANTS = {
     # the hand-tuned run's global batch (1 x 4 x 2 GPUs x 2048 tokens), so the losses compare step by step
     "ours_8b": ("8b", {"tokens_per_step": 16384}, 10, 3),
     "ours_8b_rc": ("8b", {"tokens_per_step": 16384, "torch_compile": True}, 16, 8),
+    "ours_1b_ovf": ("1b", {}, 24, 5),  # ours with DeepSpeed's bf16 overflow pass left on (DS_BF16)
+    # 2026-11-30 (session 4), results/sft_h200x2_1b_s4.json: ours_1b again, second in its call, with
+    # an experimental gc.freeze switched off (measured no effect and removed): the default path
+    "ours_1b_nogc": ("1b", {}, 24, 5),
+    # Untimed warm-ups: ours' first run in a device call compiles Liger's Triton kernels for new batch
+    # shapes inside its window (1 B: steps 15 and 23; 8 B: steps 3-4). Run one first, on the same
+    # data order, and the measured run finds the kernel cache warm.
+    "warm_1b": ("1b", {}, 25, 5),
+    "warm_8b": ("8b", {"tokens_per_step": 16384}, 6, 3),
 }  # fmt: skip
-VARIANTS["ours_1b_ovf"] = ("1b", {}, 24, 5)  # ours with DeepSpeed's bf16 overflow pass left on
-# Untimed warm-ups: ours' first run in a device call compiles Liger's Triton kernels for new batch
-# shapes inside its window (1 B: steps 15 and 23; 8 B: steps 3-4). Run one first, on the same data
-# order, and the measured run finds the kernel cache warm.
-VARIANTS["warm_1b"] = ("1b", {}, 25, 5)
-VARIANTS["warm_8b"] = ("8b", {"tokens_per_step": 16384}, 6, 3)
-# 2026-11-30 (session 4), results/sft_h200x2_1b_s4.json: ours_1b again, second in its call, with an
-# experimental gc.freeze switched off (measured no effect and removed): the default path
-VARIANTS["ours_1b_nogc"] = ("1b", {}, 24, 5)
 # DeepSpeed's bf16 section as LLaMA-Factory's example configs leave it (the overflow pass on): the
 # recipe and hand-tuned runs are LLaMA-Factory as its users run it, not llmft's rendering.
 LF_BF16 = {"enabled": "auto"}
@@ -357,15 +357,14 @@ def report(out: Path, json_path: Path | None, command: str) -> dict:
         size = r["size"]
         for ref in ("recipe", "hand"):
             other = runs.get(f"{ref}_{size}", {})
-            if r.get("tokens_per_s_per_gpu") and other.get("tokens_per_s_per_gpu"):
-                key = "speedup_vs_recipe" if ref == "recipe" else "speedup_vs_hand_tuned"
-                r[key] = round(r["tokens_per_s_per_gpu"] / other["tokens_per_s_per_gpu"], 2)
-                med, other_med = (
-                    r.get("median_step_tokens_per_s_per_gpu"),
-                    other.get("median_step_tokens_per_s_per_gpu"),
+            key = "speedup_vs_recipe" if ref == "recipe" else "speedup_vs_hand_tuned"
+            for prefix in ("", "median_step_"):  # window mean, then median step
+                rate, other_rate = (
+                    r.get(prefix + "tokens_per_s_per_gpu"),
+                    other.get(prefix + "tokens_per_s_per_gpu"),
                 )
-                if med and other_med:
-                    r["median_step_" + key] = round(med / other_med, 2)
+                if rate and other_rate:
+                    r[prefix + key] = round(rate / other_rate, 2)
         hand = runs.get(f"hand_{size}", {})
         if name.startswith("ours") and r.get("loss") and hand.get("loss"):
             common = [s for s in r["loss"] if s in hand["loss"]]

@@ -383,8 +383,8 @@ def plan_processes(requested: int, weight_bytes: int) -> tuple[str, int]:
 
 
 def _warm_up() -> None:
-    """Run in each spawned process as soon as it exists: the imports and the accelerator's driver
-    set-up, while the parent still reads and encodes the rows (on GPUs ~15 s per process)."""
+    """Run in each worker process as soon as it exists: the imports (already done in a forked one)
+    and the accelerator's driver set-up, while the parent still reads and encodes the rows."""
     import torch
     from transformers import AutoModelForCausalLM  # noqa: F401
 
@@ -505,9 +505,9 @@ def evaluate(
     setup: dict[str, float] = {}  # seconds per set-up step, in metrics.json
     mark = [t_start]
 
-    def clock(step: str) -> None:
+    def clock(step: str) -> None:  # a step clocked twice adds up
         mark.append(time.perf_counter())
-        setup[step] = round(mark[-1] - mark[-2], 3)
+        setup[step] = round(setup.get(step, 0.0) + mark[-1] - mark[-2], 3)
 
     weights = safetensors_stats(model_dir)
     import_libraries()
@@ -525,8 +525,7 @@ def evaluate(
     if pool is None:
         # Spawned: these start now and import while this process reads and encodes the rows.
         pool = worker_pool(n)
-        setup["spawn"] = round(setup["spawn"] + time.perf_counter() - mark[-1], 3)
-        mark[-1] = time.perf_counter()
+        clock("spawn")
     rows = read_jsonl(heldout)[: ecfg["max_rows"]]
     tokenizer, encoded = encode(rows, model_dir, cfg["model"]["template"])
     clock("encode")  # transformers import, tokenizer, prompts

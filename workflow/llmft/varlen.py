@@ -198,8 +198,7 @@ def collator_class(base):
                 return super().__call__(features)
             batch = MultiModalDataCollatorForSeq2Seq.__call__(self, features)
             batch.pop("has_dummy_image", None)
-            pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
-            return flatten_packed(batch, pad_id=pad if pad is not None else 0)
+            return flatten_packed(batch, pad_id=getattr(self.tokenizer, "pad_token_id", None) or 0)
 
     return VarlenNeatPackingCollator
 
