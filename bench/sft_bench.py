@@ -83,11 +83,14 @@ VARIANTS = {
     # ours_1b under torch.profiler (llmft_profile_rank*.txt): where a step's time goes
     "ours_1b_prof": ("1b", {}, 9, 5),
     "recipe_8b": ("8b", RECIPE, 5, 2),
+    # the recipe as sessions 1-4 measured it: llmft's ZeRO-3 rendering (overlap_comm on), not LF's example
+    "recipe_1b_ovl": ("1b", RECIPE, 10, 3),
+    "recipe_8b_ovl": ("8b", RECIPE, 5, 2),
     "hand_8b": ("8b", HAND_8B, 10, 3),
     # the hand-tuned run's global batch (1 x 4 x 2 GPUs x 2048 tokens), so the losses compare step by step
     "ours_8b": ("8b", {"tokens_per_step": 16384}, 10, 3),
     "ours_8b_rc": ("8b", {"tokens_per_step": 16384, "torch_compile": True}, 16, 8),
-    "ours_1b_ovf": ("1b", {}, 24, 5),  # ours with DeepSpeed's bf16 overflow pass left on (DS_BF16)
+    "ours_1b_ovf": ("1b", {}, 24, 5),  # ours with DeepSpeed's bf16 overflow pass left on (DS_LF)
     # 2026-11-30 (session 4), results/sft_h200x2_1b_s4.json: ours_1b again, second in its call, with
     # an experimental gc.freeze switched off (measured no effect and removed): the default path
     "ours_1b_nogc": ("1b", {}, 24, 5),
@@ -97,10 +100,25 @@ VARIANTS = {
     "warm_1b": ("1b", {}, 25, 5),
     "warm_8b": ("8b", {"tokens_per_step": 16384}, 6, 3),
 }  # fmt: skip
-# DeepSpeed's bf16 section as LLaMA-Factory's example configs leave it (the overflow pass on): the
-# recipe and hand-tuned runs are LLaMA-Factory as its users run it, not llmft's rendering.
-LF_BF16 = {"enabled": "auto"}
-DS_BF16 = {n: LF_BF16 for n in VARIANTS if n.startswith(("recipe", "hand"))} | {"ours_1b_ovf": LF_BF16}
+# Where LLaMA-Factory 0.9.5's example DeepSpeed configs differ from llmft's rendering: the recipe and
+# hand-tuned runs are LLaMA-Factory as its users run it. Every one keeps DeepSpeed's bf16 overflow
+# pass; the recipe is the seed's `deepspeed: examples/deepspeed/ds_z3_config.json`, which also turns
+# communication overlap off (llmft's ZeRO-3 rendering turns it on; sessions 1-4 measured the recipe
+# with it on). FACTS.md's hand-tuned 8 B run is ZeRO-2 with overlap_comm on, as rendered.
+# Sections replace the rendered ones, except zero_optimization, whose keys are updated.
+LF_BF16 = {"bf16": {"enabled": "auto"}}
+LF_Z3_EXAMPLE = {**LF_BF16, "zero_optimization": {"overlap_comm": False}}
+DS_LF = {n: LF_BF16 for n in VARIANTS if n.startswith(("recipe", "hand"))} | {"ours_1b_ovf": LF_BF16}
+DS_LF |= {"recipe_1b": LF_Z3_EXAMPLE, "recipe_8b": LF_Z3_EXAMPLE}
+
+
+def lf_deepspeed(name: str, ds: dict) -> dict:
+    """The rendered DeepSpeed config of variant NAME with LLaMA-Factory's example settings put back."""
+    for key, section in DS_LF.get(name, {}).items():
+        ds[key] = {**ds.get(key, {}), **section} if key == "zero_optimization" else dict(section)
+    return ds
+
+
 # TORCH_LOGS=recompiles: the compiled runs log each recompilation (warm-up should end them)
 VARIANT_ENV = {
     "ours_1b_prof": {"LLMFT_PROFILE_STEPS": "6:8"},
@@ -210,9 +228,8 @@ def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> di
         (rd / "result.json").write_text(json.dumps(result, indent=2))
         return result
     args = yaml.safe_load((rd / "llamafactory.yaml").read_text())
-    if name in DS_BF16 and args.get("deepspeed"):
-        ds = json.loads(Path(args["deepspeed"]).read_text())
-        ds["bf16"] = DS_BF16[name]
+    if name in DS_LF and args.get("deepspeed"):
+        ds = lf_deepspeed(name, json.loads(Path(args["deepspeed"]).read_text()))
         Path(args["deepspeed"]).write_text(json.dumps(ds, indent=2))
     work = Path(args["output_dir"])
     subprocess.run(["rm", "-rf", str(work)])
