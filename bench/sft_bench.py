@@ -4,6 +4,7 @@ choices, side by side on the same data, each through llmft's render path and lau
     python bench/sft_bench.py lengths DATA_DIR TOKENIZER           # here: token length per train row
     python bench/sft_bench.py run NAME --out OUT [--max-steps N]   # on the GPU machine, one variant
     python bench/sft_bench.py check-varlen --out OUT               # varlen kernel vs reference
+    python bench/sft_bench.py triton-compiles --out OUT/triton_compiles.json  # kernels compiled, when
     python bench/sft_bench.py report OUT --json RESULT.json        # table + JSON of all variants
 
 Each run renders an llmft config (`python -m llmft render-sft`), launches `python -m llmft sft
@@ -310,6 +311,33 @@ def step_stats(steps: list[dict], skip: int, world: int, tps_gpu: float, mfu: fl
     }
 
 
+def triton_compiles(cache: Path) -> list[dict]:
+    """Every kernel in Triton's on-disk cache: when it was compiled (the metadata file's mtime), its
+    name and its specialised signature (the `tt.func` line of its TTIR: which integer arguments were
+    taken as divisible by 16 or equal to 1). A kernel compiled in a run sits between two of its steps."""
+    found = []
+    for meta in cache.glob("*/*.json"):
+        if meta.name.startswith("__grp__"):
+            continue
+        ttir = meta.with_suffix(".ttir")
+        sig = ""
+        if ttir.exists():
+            sig = next((ln.strip() for ln in ttir.read_text().splitlines() if "tt.func" in ln), "")[:600]
+        found.append({"time": meta.stat().st_mtime, "kernel": meta.stem, "signature": sig})
+    return sorted(found, key=lambda k: k["time"])
+
+
+def compiles_by_step(steps: list[dict], compiles: list[dict]) -> dict:
+    """{step: [kernel, ...]} for the kernels compiled while that step ran (after the previous one)."""
+    timing = [e for e in steps if "time" in e]
+    by_step: dict = {}
+    for a, b in zip(timing, timing[1:], strict=False):
+        names = [k["kernel"] for k in compiles if a["time"] < k["time"] <= b["time"]]
+        if names:
+            by_step[b["step"]] = names
+    return by_step
+
+
 def summarise(out: Path, name: str, lengths: list[int]) -> dict:
     rd = out / name
     size, _, _, skip = VARIANTS[name]
@@ -364,6 +392,9 @@ def summarise(out: Path, name: str, lengths: list[int]) -> dict:
         }
     )
     res.update(step_stats(steps, skip, plan["world_size"], tps_gpu, res["mfu"]))
+    compiles = out / "triton_compiles.json"
+    if compiles.exists():
+        res["triton_compiles_by_step"] = compiles_by_step(steps, json.loads(compiles.read_text()))
     return res
 
 
@@ -477,6 +508,8 @@ def main() -> None:
     p.add_argument("--timeout", type=int, default=300)
     p = sub.add_parser("check-varlen")
     p.add_argument("--out", required=True)
+    p = sub.add_parser("triton-compiles")
+    p.add_argument("--out", required=True)
     p = sub.add_parser("report")
     p.add_argument("out")
     p.add_argument("--json", default=None)
@@ -488,6 +521,11 @@ def main() -> None:
         print(f"{len(lengths)} rows, mean {sum(lengths) / len(lengths):.1f} tokens")
     elif args.cmd == "run":
         print(json.dumps(run_variant(args.name, Path(args.out), args.max_steps, args.timeout))[:2000])
+    elif args.cmd == "triton-compiles":
+        cache = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton/cache")
+        found = triton_compiles(cache)
+        Path(args.out).write_text(json.dumps(found, indent=1))
+        print(f"{len(found)} Triton kernels in {cache}")
     elif args.cmd == "check-varlen":
         check_varlen(Path(args.out))
     else:

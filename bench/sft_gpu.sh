@@ -71,6 +71,8 @@ for spec in ${@:-ours_1b:55 hand_1b:55 recipe_1b:60 ours_8b:95 hand_8b:95 recipe
   say "$name: ${res:0:400}"
   pack
 done
+# Which Triton kernels this call compiled, and when (map the times onto the first run's steps).
+python3 bench/sft_bench.py triton-compiles --out "$R/triton_compiles.json" 2>&1 | tail -1 | tee -a "$R/driver.log"
 python3 bench/sft_bench.py report "$R" --json "$OUT/sft_h200x2.json" \
   --command "bash bench/sft_gpu.sh $*" 2>&1 | tee -a "$R/driver.log"
 pack
