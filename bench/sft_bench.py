@@ -142,7 +142,8 @@ def config_for(name: str, max_steps: int) -> dict:
     }
     sft.update({k: v for k, v in overrides.items() if k != "extra"})
     sft["extra"].update(overrides.get("extra", {}))
-    hw = {"vendor": "cuda", "nodes": 1, "gpus_per_node": 2, "gpu_model": "h200"}
+    gpus = int(os.environ.get("BENCH_GPUS", 2))  # 1 for a diagnostic run on a one-GPU machine
+    hw = {"vendor": "cuda", "nodes": 1, "gpus_per_node": gpus, "gpu_model": "h200"}
     if os.environ.get("BENCH_DRY_RUN"):
         # The same path on 2 CPU processes and a tiny model, to catch mistakes before device time;
         # neat packing + varlen are forced since auto keeps them for GPUs.
@@ -322,7 +323,7 @@ def triton_compiles(cache: Path) -> list[dict]:
         ttir = meta.with_suffix(".ttir")
         sig = ""
         if ttir.exists():
-            sig = next((ln.strip() for ln in ttir.read_text().splitlines() if "tt.func" in ln), "")[:600]
+            sig = next((ln.strip() for ln in ttir.read_text().splitlines() if "tt.func" in ln), "")
         found.append({"time": meta.stat().st_mtime, "kernel": meta.stem, "signature": sig})
     return sorted(found, key=lambda k: k["time"])
 
