@@ -95,8 +95,7 @@ def test_kernel_inputs_follow_autocast_like_sdpa():
 def test_flattened_batch_has_no_padding_and_the_same_loss_as_llamafactory_neat_packing():
     """The varlen collator's one-row batch (padding dropped) gives the loss LLaMA-Factory's own neat
     packing gives on the padded batch (4-D block-diagonal mask), on a tiny random Llama."""
-    from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
-    from transformers.masking_utils import AttentionMaskInterface
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     seg = torch.tensor([[1] * 5 + [2] * 7 + [3] * 3 + [0] * 3, [1] * 9 + [2] * 9, [1] * 6 + [0] * 12])
@@ -120,8 +119,7 @@ def test_flattened_batch_has_no_padding_and_the_same_loss_as_llamafactory_neat_p
     cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
     model = LlamaForCausalLM(cfg).eval()
-    AttentionInterface.register(varlen.NAME, varlen.attention)
-    AttentionMaskInterface.register(varlen.NAME, varlen._no_mask)
+    varlen.register()
     with torch.no_grad():
         model.set_attn_implementation("sdpa")
         mask = prepare_4d_attention_mask(seg, torch.float32)

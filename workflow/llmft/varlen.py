@@ -203,14 +203,20 @@ def collator_class(base):
     return VarlenNeatPackingCollator
 
 
-def install() -> None:
-    """Register the attention function and swap LLaMA-Factory's SFT collator (before run_exp)."""
-    from llamafactory.train.sft import workflow
+def register() -> None:
+    """Make NAME an attention implementation transformers models can switch to."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, attention)
     AttentionMaskInterface.register(NAME, _no_mask)
+
+
+def install() -> None:
+    """Register the attention function and swap LLaMA-Factory's SFT collator (before run_exp)."""
+    from llamafactory.train.sft import workflow
+
+    register()
     if not getattr(workflow.SFTDataCollatorWith4DAttentionMask, "_llmft_varlen", False):
         cls = collator_class(workflow.SFTDataCollatorWith4DAttentionMask)
         cls._llmft_varlen = True

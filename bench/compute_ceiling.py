@@ -1,0 +1,180 @@
+"""How fast can one GPU compute an 8 B training step, with nothing else in the way?
+
+    python bench/compute_ceiling.py --out RESULT.json [--layers 2 4] [--tokens-per-row 2048 --rows 4]
+
+The 8 B model of `bench/sft_models.py` cut to a few decoder layers (same hidden size, heads, MLP,
+vocabulary and untied head), with the kernels llmft's `auto` chose for the measured ours_8b run
+(Liger RoPE, RMSNorm, SwiGLU and fused linear cross-entropy; torch's varlen FlashAttention through
+`llmft.varlen`), fed the micro-batch that run trained on: 4 neat-packed rows of 2 048 tokens from
+the bench's own row lengths, flattened into one row. Forward + backward is timed at two depths;
+the difference is one layer's cost, the rest embeddings, head and loss, and the two extrapolate to
+the full 32 layers. The fused AdamW step over half the 8 B parameters in fp32 (ZeRO-2's share on 2
+GPUs) is timed on its own. Their sum is a step with no collectives, no data loading and no Python
+between kernels: an upper bound for ours_8b's step on the same GPU, so the MFU it implies is the
+most any setting of the real run could reach. No communication, so one GPU answers it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "workflow"))
+sys.path.insert(0, str(REPO / "bench"))
+
+from llmft import hardware, varlen  # noqa: E402
+from llmft.plan import ModelShape  # noqa: E402
+from sft_models import SHAPES  # noqa: E402
+
+VOCAB = 128256
+SEQ = 2048
+
+
+def packed_batch(lengths: list[int], rows: int, seq: int, seed: int = 0) -> dict:
+    """`rows` neat-packed rows of at most `seq` tokens (first fit over shuffled row lengths), as
+    LLaMA-Factory's collator hands them over (attention_mask = sample index), then flattened."""
+    rng = random.Random(seed)
+    order = [min(n, seq) for n in lengths]
+    rng.shuffle(order)
+    packs: list[list[int]] = [[] for _ in range(rows)]
+    for n in order:
+        pack = next((p for p in packs if sum(p) + n <= seq), None)
+        if pack is None:
+            if all(sum(p) > seq - 64 for p in packs):
+                break
+            continue
+        pack.append(n)
+    segments = torch.zeros(rows, seq, dtype=torch.long)
+    for r, pack in enumerate(packs):
+        pos = 0
+        for i, n in enumerate(pack, start=1):
+            segments[r, pos : pos + n] = i
+            pos += n
+    ids = torch.randint(3, VOCAB, (rows, seq))
+    batch = {"input_ids": ids, "labels": ids.clone(), "attention_mask": segments}
+    return varlen.flatten_packed(batch, pad_id=2)
+
+
+def shape_of(layers: int) -> ModelShape:
+    s = SHAPES["8b"]
+    hidden, heads = s["hidden_size"], s["num_attention_heads"]
+    shape = ModelShape("llama", hidden, layers, heads, s["num_key_value_heads"], hidden // heads,
+                       s["intermediate_size"], VOCAB, False, 0)  # fmt: skip
+    return shape
+
+
+def time_fwd_bwd(layers: int, batch: dict, warmup: int, repeats: int) -> float:
+    from liger_kernel.transformers import apply_liger_kernel_to_llama
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=True)
+    cfg = LlamaConfig(**{**SHAPES["8b"], "num_hidden_layers": layers}, vocab_size=VOCAB,
+                      max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5)  # fmt: skip
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg)
+    torch.set_default_dtype(torch.float32)
+    model.set_attn_implementation(varlen.NAME)
+    model.train()
+    dev = {
+        k: v.cuda() if isinstance(v, torch.Tensor) and k != "cu_seq_lens_q" else v for k, v in batch.items()
+    }
+    dev["cu_seq_lens_q"] = dev["cu_seq_lens_k"] = batch["cu_seq_lens_q"].cuda()
+    times = []
+    for i in range(warmup + repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model(**dev).loss.backward()
+        torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+        model.zero_grad(set_to_none=True)
+    del model
+    torch.cuda.empty_cache()
+    times.sort()
+    return times[len(times) // 2]
+
+
+def time_adamw(n_params: int, repeats: int) -> float:
+    """torch's fused AdamW (what DeepSpeed's ZeRO-2 steps here) over one flat fp32 partition."""
+    p = torch.nn.Parameter(torch.zeros(n_params, device="cuda"))
+    p.grad = torch.full_like(p, 1e-3)
+    opt = torch.optim.AdamW([p], lr=1e-5, fused=True)
+    times = []
+    for i in range(repeats + 2):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.step()
+        torch.cuda.synchronize()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    del opt, p
+    torch.cuda.empty_cache()
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--layers", type=int, nargs=2, default=[2, 4])
+    ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--world", type=int, default=2, help="GPUs the real run shards the optimizer over")
+    ap.add_argument("--measured-mfu", type=float, default=0.5058, help="ours_8b's median-step MFU")
+    ap.add_argument("--repeats", type=int, default=8)
+    args = ap.parse_args()
+    varlen.register()
+    lengths = json.loads((REPO / "bench/work/sft/lengths.json").read_text())
+    batch = packed_batch(lengths, args.rows, SEQ)
+    tokens = int(batch["input_ids"].shape[1])  # as the bench counts them (<= 15 pad tokens included)
+    cu = batch["cu_seq_lens_q"].long()
+    seqs = torch.diff(cu)
+    context = float((seqs * seqs).sum() / seqs.sum())
+    lo, hi = args.layers
+    t_lo = time_fwd_bwd(lo, batch, 3, args.repeats)
+    t_hi = time_fwd_bwd(hi, batch, 3, args.repeats)
+    per_layer = (t_hi - t_lo) / (hi - lo)
+    rest = t_lo - lo * per_layer
+    full = shape_of(SHAPES["8b"]["num_hidden_layers"])
+    params = full.layers * full.layer_params + 2 * VOCAB * full.hidden + full.hidden
+    fwd_bwd = rest + full.layers * per_layer
+    adamw = time_adamw(params // args.world, 5)
+    peak = hardware.GPUS["h200"].peak_bf16_tflops if "H200" in torch.cuda.get_device_name() else None
+    name = torch.cuda.get_device_name()
+    attn = full.attention_flops_per_token(context)
+
+    def mfu(seconds: float) -> float | None:
+        return round(hardware.mfu(tokens / seconds, params, peak, attn), 4) if peak else None
+
+    doc = {
+        "device": name,
+        "torch": torch.__version__,
+        "command": "python bench/compute_ceiling.py " + " ".join(sys.argv[1:]),
+        "tokens_per_micro_batch": tokens,
+        "attention_context_tokens": round(context, 1),
+        "params": params,
+        "fwd_bwd_seconds": {str(lo): round(t_lo, 4), str(hi): round(t_hi, 4)},
+        "per_layer_seconds": round(per_layer, 5),
+        "embed_head_loss_seconds": round(rest, 4),
+        "fwd_bwd_32_layers_seconds": round(fwd_bwd, 4),
+        "adamw_seconds": round(adamw, 4),
+        "ceiling_step_seconds": round(fwd_bwd + adamw, 4),
+        "mfu_fwd_bwd_only": mfu(fwd_bwd),
+        "mfu_ceiling_step": mfu(fwd_bwd + adamw),
+        "measured_median_step_mfu": args.measured_mfu,
+        "measured_share_of_ceiling": round(args.measured_mfu / mfu(fwd_bwd + adamw), 3) if peak else None,
+    }
+    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc))
+
+
+if __name__ == "__main__":
+    main()
