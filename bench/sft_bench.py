@@ -369,6 +369,7 @@ def summarise(out: Path, name: str, lengths: list[int]) -> dict:
         {
             "params": shape.params,
             "settings": {
+                "world_size": plan["world_size"],
                 "zero_stage": plan["zero_stage"],
                 "micro_batch": plan["micro_batch"],
                 "gradient_accumulation": plan["gradient_accumulation"],
