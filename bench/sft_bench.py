@@ -90,6 +90,9 @@ VARIANTS = {
     "hand_8b": ("8b", HAND_8B, 10, 3),
     # the hand-tuned run's global batch (1 x 4 x 2 GPUs x 2048 tokens), so the losses compare step by step
     "ours_8b": ("8b", {"tokens_per_step": 16384}, 10, 3),
+    # larger ZeRO-2 buckets than the planner's 5e8 elements (fewer, longer collectives)
+    "ours_8b_b1e9": ("8b", {"tokens_per_step": 16384, "zero_bucket_size": 1000000000}, 10, 3),
+    "ours_8b_b2e9": ("8b", {"tokens_per_step": 16384, "zero_bucket_size": 2000000000}, 10, 3),
     "ours_8b_rc": ("8b", {"tokens_per_step": 16384, "torch_compile": True}, 16, 8),
     "ours_1b_ovf": ("1b", {}, 24, 5),  # ours with DeepSpeed's bf16 overflow pass left on (DS_LF)
     # 2026-11-30 (session 4), results/sft_h200x2_1b_s4.json: ours_1b again, second in its call, with
