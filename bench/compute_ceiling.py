@@ -1,6 +1,6 @@
 """How fast can one GPU compute an 8 B training step, with nothing else in the way?
 
-    python bench/compute_ceiling.py --out RESULT.json [--layers 2 4] [--tokens-per-row 2048 --rows 4]
+    python bench/compute_ceiling.py --out RESULT.json [--layers 2 4] [--rows 4] [--world 2]
 
 The 8 B model of `bench/sft_models.py` cut to a few decoder layers (same hidden size, heads, MLP,
 vocabulary and untied head), with the kernels llmft's `auto` chose for the measured ours_8b run
@@ -17,8 +17,10 @@ most any setting of the real run could reach. No communication, so one GPU answe
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,14 +32,13 @@ sys.path.insert(0, str(REPO / "workflow"))
 sys.path.insert(0, str(REPO / "bench"))
 
 from llmft import hardware, varlen  # noqa: E402
-from llmft.plan import ModelShape  # noqa: E402
-from sft_models import SHAPES  # noqa: E402
+from llmft.plan import shape_from_config  # noqa: E402
+from sft_models import llama_config  # noqa: E402
 
-VOCAB = 128256
 SEQ = 2048
 
 
-def packed_batch(lengths: list[int], rows: int, seq: int, seed: int = 0) -> dict:
+def packed_batch(lengths: list[int], rows: int, seq: int, vocab: int, seed: int = 0) -> dict:
     """`rows` neat-packed rows of at most `seq` tokens (first fit over shuffled row lengths), as
     LLaMA-Factory's collator hands them over (attention_mask = sample index), then flattened."""
     rng = random.Random(seed)
@@ -57,17 +58,27 @@ def packed_batch(lengths: list[int], rows: int, seq: int, seed: int = 0) -> dict
         for i, n in enumerate(pack, start=1):
             segments[r, pos : pos + n] = i
             pos += n
-    ids = torch.randint(3, VOCAB, (rows, seq))
+    ids = torch.randint(3, vocab, (rows, seq))
     batch = {"input_ids": ids, "labels": ids.clone(), "attention_mask": segments}
     return varlen.flatten_packed(batch, pad_id=2)
 
 
-def shape_of(layers: int) -> ModelShape:
-    s = SHAPES["8b"]
-    hidden, heads = s["hidden_size"], s["num_attention_heads"]
-    shape = ModelShape("llama", hidden, layers, heads, s["num_key_value_heads"], hidden // heads,
-                       s["intermediate_size"], VOCAB, False, 0)  # fmt: skip
-    return shape
+def median_seconds(step, warmup: int, repeats: int) -> float:
+    """The (upper) median wall time of `step()` on the GPU over `repeats` runs after `warmup` untimed ones."""
+    times = []
+    for i in range(warmup + repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median_high(times)
+
+
+def fwd_bwd(model, batch: dict) -> None:
+    model(**batch).loss.backward()
+    model.zero_grad(set_to_none=True)
 
 
 def time_fwd_bwd(layers: int, batch: dict, warmup: int, repeats: int) -> float:
@@ -75,8 +86,7 @@ def time_fwd_bwd(layers: int, batch: dict, warmup: int, repeats: int) -> float:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=True)
-    cfg = LlamaConfig(**{**SHAPES["8b"], "num_hidden_layers": layers}, vocab_size=VOCAB,
-                      max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5)  # fmt: skip
+    cfg = LlamaConfig(**llama_config("8b", num_hidden_layers=layers))
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
@@ -84,23 +94,11 @@ def time_fwd_bwd(layers: int, batch: dict, warmup: int, repeats: int) -> float:
     torch.set_default_dtype(torch.float32)
     model.set_attn_implementation(varlen.NAME)
     model.train()
-    dev = {
-        k: v.cuda() if isinstance(v, torch.Tensor) and k != "cu_seq_lens_q" else v for k, v in batch.items()
-    }
-    dev["cu_seq_lens_q"] = dev["cu_seq_lens_k"] = batch["cu_seq_lens_q"].cuda()
-    times = []
-    for i in range(warmup + repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        model(**dev).loss.backward()
-        torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-        model.zero_grad(set_to_none=True)
+    dev = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    seconds = median_seconds(functools.partial(fwd_bwd, model, dev), warmup, repeats)
     del model
     torch.cuda.empty_cache()
-    times.sort()
-    return times[len(times) // 2]
+    return seconds
 
 
 def time_adamw(n_params: int, repeats: int) -> float:
@@ -108,18 +106,10 @@ def time_adamw(n_params: int, repeats: int) -> float:
     p = torch.nn.Parameter(torch.zeros(n_params, device="cuda"))
     p.grad = torch.full_like(p, 1e-3)
     opt = torch.optim.AdamW([p], lr=1e-5, fused=True)
-    times = []
-    for i in range(repeats + 2):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        opt.step()
-        torch.cuda.synchronize()
-        if i >= 2:
-            times.append(time.perf_counter() - t0)
+    seconds = median_seconds(opt.step, 2, repeats)
     del opt, p
     torch.cuda.empty_cache()
-    times.sort()
-    return times[len(times) // 2]
+    return seconds
 
 
 def main() -> None:
@@ -133,7 +123,8 @@ def main() -> None:
     args = ap.parse_args()
     varlen.register()
     lengths = json.loads((REPO / "bench/work/sft/lengths.json").read_text())
-    batch = packed_batch(lengths, args.rows, SEQ)
+    full_cfg = llama_config("8b")
+    batch = packed_batch(lengths, args.rows, SEQ, full_cfg["vocab_size"])
     tokens = int(batch["input_ids"].shape[1])  # as the bench counts them (<= 15 pad tokens included)
     cu = batch["cu_seq_lens_q"].long()
     seqs = torch.diff(cu)
@@ -143,12 +134,13 @@ def main() -> None:
     t_hi = time_fwd_bwd(hi, batch, 3, args.repeats)
     per_layer = (t_hi - t_lo) / (hi - lo)
     rest = t_lo - lo * per_layer
-    full = shape_of(SHAPES["8b"]["num_hidden_layers"])
-    params = full.layers * full.layer_params + 2 * VOCAB * full.hidden + full.hidden
+    full = shape_from_config(full_cfg)
+    params = full.params
     fwd_bwd = rest + full.layers * per_layer
     adamw = time_adamw(params // args.world, 5)
-    peak = hardware.GPUS["h200"].peak_bf16_tflops if "H200" in torch.cuda.get_device_name() else None
     name = torch.cuda.get_device_name()
+    gpu = hardware.identify_gpu(name)
+    peak = gpu.peak_bf16_tflops if gpu else None
     attn = full.attention_flops_per_token(context)
 
     def mfu(seconds: float) -> float | None:

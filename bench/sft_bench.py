@@ -342,7 +342,7 @@ def compiles_by_step(steps: list[dict], compiles: list[dict]) -> dict:
     return by_step
 
 
-def summarise(out: Path, name: str, lengths: list[int]) -> dict:
+def summarise(out: Path, name: str, lengths: list[int], compiles: list[dict] | None = None) -> dict:
     rd = out / name
     size, _, _, skip = VARIANTS[name]
     base = (
@@ -397,15 +397,21 @@ def summarise(out: Path, name: str, lengths: list[int]) -> dict:
         }
     )
     res.update(step_stats(steps, skip, plan["world_size"], tps_gpu, res["mfu"]))
-    compiles = out / "triton_compiles.json"
-    if compiles.exists():
-        res["triton_compiles_by_step"] = compiles_by_step(steps, json.loads(compiles.read_text()))
+    if compiles is not None:
+        res["triton_compiles_by_step"] = compiles_by_step(steps, compiles)
     return res
 
 
 def report(out: Path, json_path: Path | None, command: str) -> dict:
+    def load(name):
+        try:
+            return json.loads((out / name).read_text())
+        except (OSError, ValueError):
+            return None
+
     lengths = json.loads((WORK / "lengths.json").read_text())
-    runs = {name: summarise(out, name, lengths) for name in VARIANTS if (out / name).exists()}
+    compiles = load("triton_compiles.json")
+    runs = {name: summarise(out, name, lengths, compiles) for name in VARIANTS if (out / name).exists()}
     for name, r in runs.items():
         size = r["size"]
         for ref in ("recipe", "hand"):
@@ -427,12 +433,6 @@ def report(out: Path, json_path: Path | None, command: str) -> dict:
                 "max_rel_diff": round(max(diffs), 4) if diffs else None,
                 "mean_rel_diff": round(sum(diffs) / len(diffs), 4) if diffs else None,
             }
-
-    def load(name):
-        try:
-            return json.loads((out / name).read_text())
-        except (OSError, ValueError):
-            return None
 
     doc = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

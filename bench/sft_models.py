@@ -84,23 +84,29 @@ def make_rows(n: int) -> list[dict]:
     return rows
 
 
+def llama_config(size: str, **overrides) -> dict:
+    """The LlamaConfig arguments of the bench's model of this size (Llama-3-like: 128 k vocabulary)."""
+    return {
+        **SHAPES[size],
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "rope_theta": 500000.0,
+        "initializer_range": 0.02,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 2,
+        **overrides,
+    }
+
+
 def make_model(size: str, out_dir: str, tokenizer_dir: str, device: str = "cuda") -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     t0 = time.time()
-    cfg = LlamaConfig(
-        **SHAPES[size],
-        vocab_size=128256,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-5,
-        hidden_act="silu",
-        rope_theta=500000.0,
-        initializer_range=0.02,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=2,
-    )
+    cfg = LlamaConfig(**llama_config(size))
     cfg.dtype = "bfloat16"
     torch.manual_seed(SEED)
     dev = torch.device(device if device == "cpu" or torch.cuda.is_available() else "cpu")

@@ -105,6 +105,11 @@ def model_shape(model_dir: str | Path) -> ModelShape:
         cfg = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"config key model.name_or_path: cannot read {path}: {exc}") from None
+    return shape_from_config(cfg, str(path))
+
+
+def shape_from_config(cfg: dict, where: str = "the model config") -> ModelShape:
+    """The shape of a decoder from its HF config dict (config.json's contents)."""
     cfg = cfg.get("text_config", cfg)
     try:
         hidden = int(cfg["hidden_size"])
@@ -114,7 +119,7 @@ def model_shape(model_dir: str | Path) -> ModelShape:
         vocab = int(cfg["vocab_size"])
     except KeyError as exc:
         raise ConfigError(
-            f"config key model.name_or_path: {path} lacks {exc}; the planner needs a decoder config"
+            f"config key model.name_or_path: {where} lacks {exc}; the planner needs a decoder config"
         ) from None
     kv = int(cfg.get("num_key_value_heads") or heads)
     head_dim = int(cfg.get("head_dim") or hidden // heads)
@@ -468,16 +473,16 @@ def resolve(cfg: dict, model_dir: str | Path, vendor: str, shape: ModelShape | N
         raise ConfigError(_refusal(cfg, shape, gpu, usable, smallest, seq))
     stage, offload, rows, gc, memory = chosen
     if sft["zero_stage"] == "auto":
+        if not zero2_first:
+            why2 = "states need sharding, weights fit whole"
+        elif world > 1:
+            why2 = "16-bit compute with sharded AdamW states, faster than plain DDP on GPUs"
+        else:
+            why2 = "16-bit compute, fp32 master weights: faster than autocast on a GPU"
         reasons.append(
             {
                 0: "zero_stage 0: the whole model and its AdamW states fit on each GPU (plain DDP)",
-                2: (
-                    "zero_stage 2: 16-bit compute with sharded AdamW states, faster than plain DDP on GPUs"
-                    if world > 1
-                    else "zero_stage 2: 16-bit compute, fp32 master weights: faster than autocast on a GPU"
-                )
-                if zero2_first
-                else "zero_stage 2: states need sharding, weights fit whole",
+                2: f"zero_stage 2: {why2}",
                 3: "zero_stage 3: even the 16-bit weights need sharding",
             }[stage]
         )
