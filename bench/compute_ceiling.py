@@ -12,6 +12,14 @@ the full 32 layers. The fused AdamW step over half the 8 B parameters in fp32 (Z
 GPUs) is timed on its own. Their sum is a step with no collectives, no data loading and no Python
 between kernels: an upper bound for ours_8b's step on the same GPU, so the MFU it implies is the
 most any setting of the real run could reach. No communication, so one GPU answers it.
+
+How far those kernels are from the chip, measured in the same call:
+- `gemm_*`: every matrix product of the step alone (each linear layer's forward and both backward
+  products at the micro-batch's token count, through the same cuBLAS calls as the model; the head
+  unchunked), so `gemm_only_mfu` is the MFU of a step whose attention, norms, activations, loss
+  and optimizer took no time at all. The fused-projection shapes (q|k|v, gate|up) are timed too.
+- `kernel_ms_per_layer`: one decoder layer's GPU time by kind of kernel (torch.profiler, the
+  difference of the two depths), to show where the time that is not matrix products goes.
 """
 
 from __future__ import annotations
@@ -81,7 +89,45 @@ def fwd_bwd(model, batch: dict) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def time_fwd_bwd(layers: int, batch: dict, warmup: int, repeats: int) -> float:
+KINDS = (  # first match wins: FlashAttention's Hopper kernels are CUTLASS kernels too
+    ("attention", ("flash", "attn", "fmha")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas")),
+    ("norm", ("rms_norm",)),
+    ("swiglu", ("swiglu",)),
+    ("rope", ("rope",)),
+    ("loss", ("cross_entropy",)),
+    ("copy", ("copy", "memcpy", "memset", "fill")),
+    ("elementwise", ("elementwise", "reduce")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other")
+
+
+def profile_ms(step) -> dict[str, float]:
+    """GPU milliseconds of one `step()` by kind of kernel (and the names of the attention kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    spans = []
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            kind = kernel_kind(ev.name)
+            for key in (kind, f"{kind}: {ev.name[:90]}") if kind == "attention" else (kind,):
+                out[key] = out.get(key, 0.0) + ev.device_time_total / 1e3
+            spans.append((ev.time_range.start, ev.time_range.end))
+    if spans:  # GPU busy share between the first kernel's start and the last one's end
+        busy = sum(e - s for s, e in spans)
+        out["busy_share"] = busy / (max(e for _, e in spans) - min(s for s, _ in spans))
+    return out
+
+
+def time_fwd_bwd(layers: int, batch: dict, warmup: int, repeats: int) -> tuple[float, dict[str, float]]:
     from liger_kernel.transformers import apply_liger_kernel_to_llama
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -95,10 +141,33 @@ def time_fwd_bwd(layers: int, batch: dict, warmup: int, repeats: int) -> float:
     model.set_attn_implementation(varlen.NAME)
     model.train()
     dev = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-    seconds = median_seconds(functools.partial(fwd_bwd, model, dev), warmup, repeats)
+    step = functools.partial(fwd_bwd, model, dev)
+    seconds = median_seconds(step, warmup, repeats)
+    kinds = profile_ms(step)
     del model
     torch.cuda.empty_cache()
-    return seconds
+    return seconds, kinds
+
+
+def time_linear(tokens: int, d_in: int, d_out: int, repeats: int) -> float:
+    """Forward + backward (input and weight gradients) of one bias-free bf16 linear layer."""
+    x = torch.randn(tokens, d_in, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(d_out, d_in, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(tokens, d_out, device="cuda", dtype=torch.bfloat16)
+
+    def step() -> None:
+        torch.nn.functional.linear(x, w).backward(dy)
+        x.grad = w.grad = None
+
+    return median_seconds(step, 3, repeats)
+
+
+def layer_linears(shape) -> dict[str, tuple[int, int]]:
+    kv = shape.kv_heads * shape.head_dim
+    q = shape.heads * shape.head_dim
+    h, i = shape.hidden, shape.intermediate
+    return {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "gate": (h, i), "up": (h, i),
+            "down": (i, h), "qkv_fused": (h, q + 2 * kv), "gate_up_fused": (h, 2 * i)}  # fmt: skip
 
 
 def time_adamw(n_params: int, repeats: int) -> float:
@@ -130,11 +199,19 @@ def main() -> None:
     seqs = torch.diff(cu)
     context = float((seqs * seqs).sum() / seqs.sum())
     lo, hi = args.layers
-    t_lo = time_fwd_bwd(lo, batch, 3, args.repeats)
-    t_hi = time_fwd_bwd(hi, batch, 3, args.repeats)
+    t_lo, k_lo = time_fwd_bwd(lo, batch, 3, args.repeats)
+    t_hi, k_hi = time_fwd_bwd(hi, batch, 3, args.repeats)
     per_layer = (t_hi - t_lo) / (hi - lo)
     rest = t_lo - lo * per_layer
+    busy = {str(lo): round(k_lo.pop("busy_share", 0.0), 3), str(hi): round(k_hi.pop("busy_share", 0.0), 3)}
+    kernel_ms = {k: round((k_hi.get(k, 0.0) - k_lo.get(k, 0.0)) / (hi - lo), 3) for k in sorted(k_hi)}
     full = shape_from_config(full_cfg)
+    shapes = layer_linears(full)
+    linears = {n: time_linear(tokens, *io, args.repeats) for n, io in shapes.items()}
+    head = time_linear(tokens, full.hidden, full.vocab, args.repeats)
+    gemm_layer = sum(linears[n] for n in ("q", "k", "v", "o", "gate", "up", "down"))
+    gemm_layer_fused = linears["qkv_fused"] + linears["o"] + linears["gate_up_fused"] + linears["down"]
+    gemm_step = full.layers * gemm_layer + head
     params = full.params
     fwd_bwd = rest + full.layers * per_layer
     adamw = time_adamw(params // args.world, 5)
@@ -161,6 +238,14 @@ def main() -> None:
         "ceiling_step_seconds": round(fwd_bwd + adamw, 4),
         "mfu_fwd_bwd_only": mfu(fwd_bwd),
         "mfu_ceiling_step": mfu(fwd_bwd + adamw),
+        "gemm_ms": {n: round(t * 1e3, 3) for n, t in linears.items()} | {"head": round(head * 1e3, 3)},
+        "gemm_tflops": {n: round(6 * tokens * i * o / linears[n] / 1e12, 1) for n, (i, o) in shapes.items()},
+        "gemm_per_layer_seconds": round(gemm_layer, 5),
+        "gemm_per_layer_fused_seconds": round(gemm_layer_fused, 5),
+        "gemm_only_step_seconds": round(gemm_step, 4),
+        "gemm_only_mfu": mfu(gemm_step),
+        "kernel_ms_per_layer": kernel_ms,
+        "gpu_busy_share": busy,
         "measured_median_step_mfu": args.measured_mfu,
         "measured_share_of_ceiling": round(args.measured_mfu / mfu(fwd_bwd + adamw), 3) if peak else None,
     }
