@@ -1,6 +1,7 @@
 """How fast can one GPU compute an 8 B training step, with nothing else in the way?
 
     python bench/compute_ceiling.py --out RESULT.json [--layers 2 4] [--rows 4] [--world 2]
+    python bench/compute_ceiling.py --out RESULT.json --size 1b --rows 8 --world 1 --accum 2  # ours_1b, 1 GPU
 
 The 8 B model of `bench/sft_models.py` cut to a few decoder layers (same hidden size, heads, MLP,
 vocabulary and untied head), with the kernels llmft's `auto` chose for the measured ours_8b run
@@ -12,6 +13,7 @@ the full 32 layers. The fused AdamW step over half the 8 B parameters in fp32 (Z
 GPUs) is timed on its own. Their sum is a step with no collectives, no data loading and no Python
 between kernels: an upper bound for ours_8b's step on the same GPU, so the MFU it implies is the
 most any setting of the real run could reach. No communication, so one GPU answers it.
+`--size 1b` does the same for the 1.24 B model (tied head), `--accum N` for N micro-batches a step.
 
 How far those kernels are from the chip, measured in the same call:
 - `gemm_*`: every matrix product of the step alone (each linear layer's forward and both backward
@@ -127,12 +129,12 @@ def profile_ms(step) -> dict[str, float]:
     return out
 
 
-def time_fwd_bwd(layers: int, batch: dict, warmup: int, repeats: int) -> tuple[float, dict[str, float]]:
+def time_fwd_bwd(size: str, layers: int, batch: dict, warmup: int, repeats: int) -> tuple[float, dict]:
     from liger_kernel.transformers import apply_liger_kernel_to_llama
     from transformers import LlamaConfig, LlamaForCausalLM
 
     apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=True)
-    cfg = LlamaConfig(**llama_config("8b", num_hidden_layers=layers))
+    cfg = LlamaConfig(**llama_config(size, num_hidden_layers=layers))
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
@@ -186,21 +188,25 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--layers", type=int, nargs=2, default=[2, 4])
     ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--size", choices=["1b", "8b"], default="8b")
     ap.add_argument("--world", type=int, default=2, help="GPUs the real run shards the optimizer over")
-    ap.add_argument("--measured-mfu", type=float, default=0.5058, help="ours_8b's median-step MFU")
+    ap.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
+    ap.add_argument("--measured-mfu", type=float, help="the real run's median-step MFU (8 B: session 4's)")
     ap.add_argument("--repeats", type=int, default=8)
     args = ap.parse_args()
+    if args.measured_mfu is None and args.size == "8b":
+        args.measured_mfu = 0.5058
     varlen.register()
     lengths = json.loads((REPO / "bench/work/sft/lengths.json").read_text())
-    full_cfg = llama_config("8b")
+    full_cfg = llama_config(args.size)
     batch = packed_batch(lengths, args.rows, SEQ, full_cfg["vocab_size"])
     tokens = int(batch["input_ids"].shape[1])  # as the bench counts them (<= 15 pad tokens included)
     cu = batch["cu_seq_lens_q"].long()
     seqs = torch.diff(cu)
     context = float((seqs * seqs).sum() / seqs.sum())
     lo, hi = args.layers
-    t_lo, k_lo = time_fwd_bwd(lo, batch, 3, args.repeats)
-    t_hi, k_hi = time_fwd_bwd(hi, batch, 3, args.repeats)
+    t_lo, k_lo = time_fwd_bwd(args.size, lo, batch, 3, args.repeats)
+    t_hi, k_hi = time_fwd_bwd(args.size, hi, batch, 3, args.repeats)
     per_layer = (t_hi - t_lo) / (hi - lo)
     rest = t_lo - lo * per_layer
     busy = {str(lo): round(k_lo.pop("busy_share", 0.0), 3), str(hi): round(k_hi.pop("busy_share", 0.0), 3)}
@@ -220,8 +226,10 @@ def main() -> None:
     peak = gpu.peak_bf16_tflops if gpu else None
     attn = full.attention_flops_per_token(context)
 
-    def mfu(seconds: float) -> float | None:
-        return round(hardware.mfu(tokens / seconds, params, peak, attn), 4) if peak else None
+    step = args.accum * fwd_bwd + adamw
+
+    def mfu(seconds: float, n_tokens: int = tokens) -> float | None:
+        return round(hardware.mfu(n_tokens / seconds, params, peak, attn), 4) if peak else None
 
     doc = {
         "device": name,
@@ -233,11 +241,12 @@ def main() -> None:
         "fwd_bwd_seconds": {str(lo): round(t_lo, 4), str(hi): round(t_hi, 4)},
         "per_layer_seconds": round(per_layer, 5),
         "embed_head_loss_seconds": round(rest, 4),
-        "fwd_bwd_32_layers_seconds": round(fwd_bwd, 4),
+        f"fwd_bwd_{full.layers}_layers_seconds": round(fwd_bwd, 4),
+        "micro_batches_per_step": args.accum,
         "adamw_seconds": round(adamw, 4),
-        "ceiling_step_seconds": round(fwd_bwd + adamw, 4),
+        "ceiling_step_seconds": round(step, 4),
         "mfu_fwd_bwd_only": mfu(fwd_bwd),
-        "mfu_ceiling_step": mfu(fwd_bwd + adamw),
+        "mfu_ceiling_step": mfu(step, args.accum * tokens),
         "gemm_ms": {n: round(t * 1e3, 3) for n, t in linears.items()} | {"head": round(head * 1e3, 3)},
         "gemm_tflops": {n: round(6 * tokens * i * o / linears[n] / 1e12, 1) for n, (i, o) in shapes.items()},
         "gemm_per_layer_seconds": round(gemm_layer, 5),
@@ -247,7 +256,11 @@ def main() -> None:
         "kernel_ms_per_layer": kernel_ms,
         "gpu_busy_share": busy,
         "measured_median_step_mfu": args.measured_mfu,
-        "measured_share_of_ceiling": round(args.measured_mfu / mfu(fwd_bwd + adamw), 3) if peak else None,
+        "measured_share_of_ceiling": (
+            round(args.measured_mfu / mfu(step, args.accum * tokens), 3)
+            if peak and args.measured_mfu
+            else None
+        ),
     }
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(doc))

@@ -42,11 +42,16 @@ def test_kernel_kind(name, kind):
 
 
 @pytest.mark.parametrize(
-    "name", ["compute_ceiling_8b_h200_s6.json", "compute_ceiling_8b_h200_s6_repeat.json"]
+    ("name", "size"),
+    [
+        ("compute_ceiling_8b_h200_s6.json", "8b"),
+        ("compute_ceiling_8b_h200_s6_repeat.json", "8b"),
+        ("compute_ceiling_1b_h200x1_s6.json", "1b"),
+    ],
 )
-def test_committed_roofline_holds_together(name):
+def test_committed_roofline_holds_together(name, size):
     d = json.loads((REPO / "bench/results" / name).read_text())
-    layers = shape_from_config(llama_config("8b")).layers
+    layers = shape_from_config(llama_config(size)).layers
     gemm_step = layers * d["gemm_per_layer_seconds"] + d["gemm_ms"]["head"] / 1e3
     assert d["gemm_only_step_seconds"] == pytest.approx(gemm_step, abs=2e-3)
     linears = ("q", "k", "v", "o", "gate", "up", "down")
@@ -54,4 +59,7 @@ def test_committed_roofline_holds_together(name):
     # products alone < a whole layer; the bound above the kernels' ceiling above the measured run
     assert d["gemm_per_layer_seconds"] < d["per_layer_seconds"]
     assert d["gemm_only_mfu"] > d["mfu_fwd_bwd_only"] > d["mfu_ceiling_step"] > d["measured_median_step_mfu"]
-    assert d["mfu_ceiling_step"] < 0.6, "the 8 B 30x goal (59.6 % MFU) vs the ceiling, as bench/README says"
+    if size == "8b":
+        assert d["mfu_ceiling_step"] < 0.6, (
+            "the 8 B 30x goal (59.6 % MFU) vs the ceiling, as bench/README says"
+        )
