@@ -2,6 +2,7 @@
 # GPU held-out evaluation bench, one device run (nvidia-h200-x2, ~200 s): llmft evaluate vs
 # LLaMA-Factory's do_predict + predict_with_generate on a random-init 1.24 B Llama, bf16, both GPUs.
 #   bash bench/eval_gpu.sh
+#   ONLY=batched DEADLINE=400 bash bench/eval_gpu.sh   # one comparison, with the whole deadline
 # Two comparisons, each one bench/eval.py run (same rows for every tool in it):
 #   bs1:     LLaMA-Factory at batch 1 (its example predict config) vs ours on the held-out rows, both
 #            in fp32 (BS1_PRECISION): greedy outputs then do not depend on the batch a row lands in
@@ -25,6 +26,7 @@ DRY=${BENCH_DRY_RUN:-}
 # Rows x new tokens of each comparison (the dry run keeps the same shape, smaller).
 BS1_ROWS=${BS1_ROWS:-32} BS1_TOKENS=${BS1_TOKENS:-32} BS1_PRECISION=${BS1_PRECISION:-fp32}
 BATCH_ROWS=${BATCH_ROWS:-256} BATCH_TOKENS=${BATCH_TOKENS:-64}
+ONLY=${ONLY:-bs1 batched}  # which comparisons to run, e.g. ONLY=batched to give it the whole deadline
 mkdir -p "$R" "$OUT" "$MODELS"
 say() { echo "[t=$(el)s] $*" | tee -a "$R/eval_gpu.log"; }
 pack() {
@@ -63,6 +65,7 @@ say "model $SIZE: $(tail -1 "$R/model.log" 2>/dev/null)"
 bench() {
   local name=$1 rows_file=$2 rows=$3 tokens=$4 est=$5 most=$6
   shift 6
+  case " $ONLY " in *" $name "*) ;; *) return ;; esac
   local left=$((DEADLINE - $(el)))
   if [ "$left" -lt "$est" ]; then say "SKIP $name (${left}s left < ${est}s estimated)"; return; fi
   [ "$left" -gt "$most" ] && left=$most
