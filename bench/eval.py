@@ -146,7 +146,7 @@ def main() -> int:
     ap.add_argument(
         "--ours-decoding",
         action="append",
-        choices=["dynamic", "static", "auto", "static:inductor", "static:cudagraphs"],
+        choices=["dynamic", "static", "graphs", "auto", "static:inductor", "static:cudagraphs"],
         help="our eval.decoding, repeatable: each is its own tool; the first is the one LLaMA-Factory's "
         "outputs are matched against (default: dynamic, what LLaMA-Factory's predict uses); "
         "static:BACKEND also sets the compiler of the decoding step (LLMFT_EVAL_COMPILE_BACKEND). "

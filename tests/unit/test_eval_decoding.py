@@ -37,6 +37,37 @@ def test_static_equals_dynamic_in_fp32(setup):
     assert auto_metrics["decoding"] == "dynamic" and auto == dyn
 
 
+def test_graphs_equals_dynamic_in_fp32(setup):
+    """llmft's own loop (eager here: no graphs on CPU) gives generate's greedy tokens, stops and all."""
+    dyn_metrics, dyn = run(setup, "dynamic", "dynamic-g")
+    g_metrics, g = run(setup, "graphs", "graphs")
+    assert g_metrics["decoding"] == "graphs"
+    assert [r["prediction"] for r in g] == [r["prediction"] for r in dyn]
+    assert [r["new_tokens"] for r in g] == [r["new_tokens"] for r in dyn]
+    assert g_metrics["eval_loss"] == dyn_metrics["eval_loss"]
+
+
+def test_graphs_leaves_generation_config_processors_to_generate(setup, monkeypatch):
+    """A model whose generation_config changes greedy tokens (here a repetition penalty) is decoded
+    by generate, which applies it, with a warning, not by the loop, which would not."""
+    from transformers import GenerationConfig
+
+    assert ev.greedy_changers(GenerationConfig()) == []
+    assert ev.greedy_changers(GenerationConfig(repetition_penalty=1.3, min_new_tokens=2)) == [
+        "repetition_penalty",
+        "min_new_tokens",
+    ]
+    real = ev._generate_graphs
+
+    def penalised(model, prompts, job, device):
+        model.generation_config.repetition_penalty = 1.3
+        return real(model, prompts, job, device)
+
+    monkeypatch.setattr(ev, "_generate_graphs", penalised)
+    metrics, _ = run(setup, "graphs", "graphs-penalty")
+    assert metrics["decoding"] == "dynamic"
+
+
 def test_static_failure_falls_back_to_dynamic(setup, monkeypatch):
     _, dyn = run(setup, "dynamic", "dynamic2")
     real = ev._generate
