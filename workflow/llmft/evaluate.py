@@ -55,9 +55,10 @@ LOSS_BATCH_TOKENS = 16384
 #            under a second) and replayed, so a step costs its kernels, not Python and launches.
 #            On CPU the same loop runs eagerly (what the CPU tests compare with `dynamic`).
 #   auto:    graphs on GPUs (one model per GPU), dynamic on CPU and for a model spread over GPUs.
-#            Measured on one H200 (bench/README.md): graphs decoded 256 rows x 64 tokens in 4.4 s
-#            against 16.6 s dynamic, 13.4 s static + CUDA graphs and 22.1 s static + inductor, and in
-#            fp32 gave dynamic's and LLaMA-Factory's tokens on all 83 held-out rows.
+#            Measured on one H200 (bench/README.md): graphs decoded 256 rows x 64 tokens in 1.75 s
+#            against 3.4 s dynamic (4.4 s against 16.6 s, 13.4 s static + CUDA graphs and 22.1 s
+#            static + inductor before cuDNN attention was turned off), and in fp32 gave dynamic's
+#            and LLaMA-Factory's tokens on all 83 held-out rows.
 # Static decoding pads a shard's short last batch to the full batch size (copies of its last prompt,
 # dropped afterwards) so every batch reuses one compiled graph and one cache; if the model cannot
 # use a static cache, or generation with it fails, the shard falls back to dynamic and says so.
@@ -237,6 +238,12 @@ def run_shard(job: ShardJob) -> dict:
         placement = {"device_map": {"": device}} if on_gpu else {}
         model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=dtype, **placement)
     model.eval()
+    if on_gpu and torch.version.cuda and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        # cuDNN's attention builds an execution plan for every new shape: every batch width and,
+        # with a growing cache, every decoding step. Measured on one H200 (bench/decode_probe.py),
+        # the first generate of a 64-row batch took 3.9 s with it and 1.1 s without; a graphs batch
+        # at a new width 1.0 s and 0.45 s. The other SDPA kernels need no plan.
+        torch.backends.cuda.enable_cudnn_sdp(False)
     load_s = time.perf_counter() - t_start
 
     t0 = time.perf_counter()
@@ -409,6 +416,8 @@ def _generate_graphs(model, prompts: list[list[int]], job: ShardJob, device) -> 
     out = torch.empty((n, new), dtype=torch.long, device=device)
     out[:, 0] = step(ids, positions[:, :width], torch.arange(width, device=device))
     # The one-token step's inputs live in fixed tensors, filled before each run (a graph reads them).
+    # transformers 5 ignores cache_position (its StaticCache counts filled columns on the device,
+    # which a replayed graph advances too); 4.x needs it.
     tok = torch.empty((n, 1), dtype=torch.long, device=device)
     pos = torch.empty((n, 1), dtype=torch.long, device=device)
     cache_pos = torch.empty((1,), dtype=torch.long, device=device)
