@@ -148,7 +148,7 @@ def main() -> int:
         action="append",
         choices=["dynamic", "static", "graphs", "auto", "static:inductor", "static:cudagraphs"],
         help="our eval.decoding, repeatable: each is its own tool; the first is the one LLaMA-Factory's "
-        "outputs are matched against (default: dynamic, what LLaMA-Factory's predict uses); "
+        "outputs are matched against (default: auto, the config default: graphs on GPUs, dynamic on CPU); "
         "static:BACKEND also sets the compiler of the decoding step (LLMFT_EVAL_COMPILE_BACKEND). "
         "Variants after the first run after LLaMA-Factory within a repeat",
     )
@@ -187,7 +187,7 @@ def main() -> int:
     model = Path(args.model or Path(args.run_dir) / "sft/model").resolve()
     heldout = Path(args.heldout or Path(args.run_dir) / "data/heldout.jsonl")
     lf_sizes = list(dict.fromkeys(args.lf_batch_size or [1, args.batch_size]))
-    decodings = list(dict.fromkeys(args.ours_decoding or ["dynamic"]))
+    decodings = list(dict.fromkeys(args.ours_decoding or ["auto"]))
     gpu = torch.cuda.is_available()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     work = (REPO / "bench/work" / f"eval-{stamp}").resolve()

@@ -8,9 +8,10 @@
 #            in fp32 (BS1_PRECISION): greedy outputs then do not depend on the batch a row lands in
 #            (in bf16 a random-init model's near-flat logits flip; it generates one row at a time:
 #            rows x new tokens x ~25 ms);
-#   batched: a generation-heavy set (train rows: the held-out split has only 83) at batch 64, ours
-#            with transformers' dynamic cache (as LLaMA-Factory), then ours with the static cache and
-#            a compiled decoding step (CUDA graphs of the eager kernels, then inductor) if time is left.
+#   batched: a generation-heavy set (train rows: the held-out split has only 83) at batch 64 on both
+#            sides, ours as configured by default (eval.decoding auto: llmft's CUDA-graph loop on
+#            GPUs), then ours with transformers' dynamic cache (as LLaMA-Factory) if time is left.
+# Ours runs with the config default (auto) unless --ours-decoding says otherwise.
 # Needs, carried from the checkout: .whl/ (the wheels bench/sft_gpu.sh installs, plus jieba, nltk,
 # rouge-chinese and defusedxml: LLaMA-Factory's predict_with_generate refuses to start without them)
 # and bench/work/sft/ (tok/ and data/, made as bench/sft_gpu.sh says). Results: $OUT/eval-gpu.json (both comparisons),
@@ -84,7 +85,7 @@ bench() {
 bench bs1 bench/work/sft/data/heldout.jsonl "$BS1_ROWS" "$BS1_TOKENS" 45 "${BS1_MAX:-80}" --lf-batch-size 1 \
   --precision "$BS1_PRECISION"
 bench batched bench/work/sft/data/train.jsonl "$BATCH_ROWS" "$BATCH_TOKENS" 45 999 --lf-batch-size 64 \
-  --ours-decoding dynamic --ours-decoding static:cudagraphs --ours-decoding static:inductor
+  --ours-decoding auto --ours-decoding dynamic
 
 python3 - "$OUT" "$(el)" <<'PY' 2>&1 | tee -a "$R/eval_gpu.log"
 import json, os, sys
