@@ -657,7 +657,7 @@ def evaluate(
     lengths = [len(p) + len(a) for p, a in encoded]
     loss_plan = plan_batches(lengths, bs, max_tokens)
     gen_plan = plan_batches([len(p) for p, _ in encoded], bs)
-    decoding = ecfg.get("decoding", "dynamic")
+    decoding = ecfg.get("decoding", "auto")
     if decoding == "auto":
         decoding = "dynamic" if kind in ("cpu", "auto") else "graphs"
     precision = ecfg.get("precision", "auto")
