@@ -73,17 +73,21 @@ def packed_batch(lengths: list[int], rows: int, seq: int, vocab: int, seed: int 
     return varlen.flatten_packed(batch, pad_id=2)
 
 
-def median_seconds(step, warmup: int, repeats: int) -> float:
-    """The (upper) median wall time of `step()` on the GPU over `repeats` runs after `warmup` untimed ones."""
+def gpu_times(step, runs: int) -> list[float]:
+    """Wall seconds of each of `runs` calls of `step()`, the GPU synchronised before and after each."""
     times = []
-    for i in range(warmup + repeats):
+    for _ in range(runs):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         step()
         torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median_high(times)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def median_seconds(step, warmup: int, repeats: int) -> float:
+    """The (upper) median wall time of `step()` on the GPU over `repeats` runs after `warmup` untimed ones."""
+    return statistics.median_high(gpu_times(step, warmup + repeats)[warmup:])
 
 
 def fwd_bwd(model, batch: dict) -> None:

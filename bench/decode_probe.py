@@ -22,7 +22,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
+sys.path.insert(0, str(REPO / "bench"))
 
+from compute_ceiling import gpu_times  # noqa: E402
 from llmft import evaluate as ev  # noqa: E402
 from llmft.io import read_jsonl  # noqa: E402
 
@@ -30,13 +32,7 @@ FIRST: dict[str, float] = {}  # each timing's first call, apart: it carries one-
 
 
 def timed(fn, repeats: int = 3, name: str = "") -> float:
-    times = []
-    for _ in range(repeats + 1):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+    times = gpu_times(fn, repeats + 1)
     if name:
         FIRST[name] = times[0]
     return statistics.median(times[1:])
@@ -120,7 +116,6 @@ def main() -> None:
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         res["replay_kernels"] = len(kernels)
         res["replay_gpu_ms"] = round(sum(e.device_time_total for e in kernels) / 1e3, 3)
-    res["first_call_s"] = FIRST
     res = {k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}
     res["first_call_s"] = {k: round(v, 4) for k, v in FIRST.items()}
     print(json.dumps(res))

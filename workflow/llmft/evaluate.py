@@ -306,18 +306,27 @@ def run_shard(job: ShardJob) -> dict:
     }
 
 
+def _left_pad(prompts: list[list[int]], pad_id: int, tail: int = 0):
+    """(ids, attention mask) of left-padded prompts: every prompt ends at the same column. The mask
+    has `tail` more columns, closed, for the tokens still to come."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width + tail), dtype=torch.long)
+    for j, p in enumerate(prompts):
+        ids[j, width - len(p) :] = torch.tensor(p)
+        mask[j, width - len(p) : width] = 1
+    return ids, mask
+
+
 def _generate(model, prompts: list[list[int]], job: ShardJob, device, decoding: str) -> list[list[int]]:
     """Greedy continuations of left-padded prompts (new tokens only, up to max_new_tokens each)."""
-    import torch
 
     if decoding == "graphs":
         return _generate_graphs(model, prompts, job, device)
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), job.pad_id, dtype=torch.long)
-    attn = torch.zeros((len(prompts), width), dtype=torch.long)
-    for j, p in enumerate(prompts):  # left padding: every prompt ends at the same column
-        ids[j, width - len(p) :] = torch.tensor(p)
-        attn[j, width - len(p) :] = 1
+    ids, attn = _left_pad(prompts, job.pad_id)
+    width = ids.shape[1]
     extra = {}
     if decoding == "static":
         from transformers import CompileConfig
@@ -386,12 +395,9 @@ def _generate_graphs(model, prompts: list[list[int]], job: ShardJob, device) -> 
         raise ValueError(
             f"the model's generation_config sets {', '.join(changers)}, which only generate applies"
         )
-    n, width, new = len(prompts), max(len(p) for p in prompts), job.max_new_tokens
-    ids = torch.full((n, width), job.pad_id, dtype=torch.long)
-    mask = torch.zeros((n, width + new), dtype=torch.long)
-    for j, p in enumerate(prompts):
-        ids[j, width - len(p) :] = torch.tensor(p)
-        mask[j, width - len(p) : width] = 1
+    new = job.max_new_tokens
+    ids, mask = _left_pad(prompts, job.pad_id, tail=new)
+    n, width = ids.shape
     # Position ids as if every column were filled: each row counts from its first real token.
     positions = (
         torch.cat([mask[:, :width], torch.ones((n, new), dtype=torch.long)], 1).cumsum(-1) - 1
