@@ -7,37 +7,86 @@ otherwise.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
+import shutil
 import socket
 import subprocess
 from dataclasses import dataclass
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
-    """Expand a Slurm hostlist ("n[1-3,5],gpu01") into host names, in order.
+    """Expand a Slurm hostlist ("rack[1-2]-node[01-02],gpu7") into host names, in Slurm's order.
 
-    Pure Python so it works where `scontrol` is not on PATH (and in unit tests).
+    `scontrol show hostnames` is the reference: it is used when it is on PATH and answers; the
+    pure-Python `parse_hostlist` otherwise (login hosts without Slurm's tools, unit tests).
+    """
+    if shutil.which("scontrol"):
+        try:
+            out = subprocess.run(
+                ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=20
+            )
+            hosts = out.stdout.split()
+            if out.returncode == 0 and hosts:
+                return hosts
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return parse_hostlist(nodelist)
+
+
+def parse_hostlist(nodelist: str) -> list[str]:
+    """Slurm's hostlist syntax in pure Python, expanded as `scontrol show hostnames` does.
+
+    Names are separated by commas (or whitespace) outside brackets. Inside a bracket group, a comma
+    list of numbers and lo-hi ranges; a range keeps the width of its lower bound ("01-10" gives
+    01..10). Several groups in one name expand to their cartesian product, the first group varying
+    slowest ("r[1-2]n[1-2]" gives r1n1 r1n2 r2n1 r2n2). Text after the last group ("n[1-2]-ib"),
+    which scontrol rejects, is kept as a suffix: a superset of Slurm's syntax, never a different
+    expansion of a list Slurm accepts.
     """
     hosts: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist):
-        part = part.strip()
-        if not part:
-            continue
-        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
-        if not m:
-            hosts.append(part)
-            continue
-        prefix, ranges, suffix = m.groups()
-        for rng in ranges.split(","):
-            if "-" in rng:
-                lo, hi = rng.split("-", 1)
-                width = len(lo)
-                for i in range(int(lo), int(hi) + 1):
-                    hosts.append(f"{prefix}{i:0{width}d}{suffix}")
-            else:
-                hosts.append(f"{prefix}{rng}{suffix}")
+    for name in _split_top_level(nodelist):
+        parts = re.split(r"\[([^\[\]]*)\]", name)  # odd items: the inside of each bracket group
+        if any("[" in p or "]" in p for p in parts[::2]):
+            raise ValueError(f"unbalanced brackets in hostlist {nodelist!r}")
+        choices = [[p] if i % 2 == 0 else _expand_group(p, nodelist) for i, p in enumerate(parts)]
+        hosts.extend("".join(combo) for combo in itertools.product(*choices))
     return hosts
+
+
+def _split_top_level(nodelist: str) -> list[str]:
+    names, depth, cur = [], 0, ""
+    for ch in nodelist:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced brackets in hostlist {nodelist!r}")
+        if depth == 0 and (ch == "," or ch.isspace()):
+            names.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if depth:
+        raise ValueError(f"unbalanced brackets in hostlist {nodelist!r}")
+    names.append(cur)
+    return [n for n in names if n]
+
+
+def _expand_group(group: str, nodelist: str) -> list[str]:
+    out: list[str] = []
+    for item in group.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", item.strip())
+        if not m or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
+            raise ValueError(f"bad range {item!r} in hostlist {nodelist!r}")
+        lo, hi = m.group(1), m.group(2)
+        if hi is None:
+            out.append(lo)
+        else:
+            out.extend(f"{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1))
+    return out
 
 
 def rendezvous_port(job_id: str | int | None, base: int = 29500, span: int = 2000) -> int:
