@@ -1,7 +1,7 @@
 """Offline inputs of the GPU SFT benchmark: synthetic alpaca rows and random-init Llama models.
 
     python bench/sft_models.py data OUT.json [--rows 4000]     # here, on the CPU (deterministic)
-    python bench/sft_models.py model {1b,8b,tiny} OUT_DIR TOKENIZER_DIR [--device cuda]
+    python bench/sft_models.py model {1b,4b5,8b,tiny} OUT_DIR TOKENIZER_DIR [--device cuda]
 
 Rows are made-up words with a Zipf-like distribution and lognormal answer lengths (median ~220
 words, long tail), so packing has real work to do; the models are Llama-3.2-1B-like (tied
@@ -31,6 +31,10 @@ SHAPES = {
                  intermediate_size=128, tie_word_embeddings=True),
     "1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
                intermediate_size=8192, tie_word_embeddings=True),
+    # 4.5 B (an 8 B cut to 16 layers): on one H200 (141 GB) and its 128 GiB host, every way to fit it
+    # (no recompute, gradient checkpointing, ZeRO-3 + CPU offload) fits: bench/steptime_check.py.
+    "4b5": dict(hidden_size=4096, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                intermediate_size=14336, tie_word_embeddings=False),
     "8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                intermediate_size=14336, tie_word_embeddings=False),
 }  # fmt: skip

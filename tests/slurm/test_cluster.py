@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slurm
 
 PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
 GPU_RULES = {"verify_env", "sft", "evaluate"}
-CPU_RULES = {"base_model", "synthetic_data", "prepare_data", "report"}
+CPU_RULES = {"base_model", "synthetic_data", "prepare_data", "pack_data", "report"}
 SUBMIT = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (\S+)\)\.")
 # A test node has 2 CPUs and ~11 GB; production asks for up to 96 CPUs and 1.5 TB per node.
 BOX = {"cpus_per_task": 1, "mem_mb": 2500}
@@ -80,8 +80,10 @@ def box_args() -> list[str]:
     return ["--default-resources", *default, "--set-resources", *sets, *polling]
 
 
-def cluster_run(work: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return snakemake(work, *box_args(), *args, profile="slurm", timeout=timeout)
+def cluster_run(
+    work: Path, *args: str, timeout: int = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    return snakemake(work, *box_args(), *args, profile="slurm", timeout=timeout, env=env)
 
 
 def submissions(log: str) -> dict[str, list[str]]:

@@ -63,7 +63,7 @@ def test_pytorch_rocm_arch_mismatch_says_what_to_do():
     facts["env"]["PYTORCH_ROCM_ARCH"] = "gfx90a"
     f = failed(judge(facts, ROCM_CFG, "rocm"))["PYTORCH_ROCM_ARCH"]
     assert "gfx90a" in f.message and "gfx942" in f.message
-    assert "PYTORCH_ROCM_ARCH=gfx942" in f.fix and "FLASH_ATTENTION_SKIP_CUDA_BUILD" in f.fix
+    assert "PYTORCH_ROCM_ARCH=gfx942" in f.fix and "GPU_ARCHS=gfx942 pip install flash-attn" in f.fix
 
 
 def test_cuda_torch_on_rocm_node_names_what_rocminfo_sees():
@@ -96,7 +96,8 @@ def test_flash_attn_without_hip_path():
     facts["attention"] = {"flash_attn_version": "2.8.3", "import_ok": False, "error": err, "sdpa_ok": True}
     f = failed(judge(facts, ROCM_CFG, "rocm"))["flash_attn"]
     assert "libcudart" in f.message
-    assert "built for CUDA, not ROCm/HIP" in f.fix and "FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE" in f.fix
+    assert "built for CUDA, not ROCm/HIP" in f.fix and "GPU_ARCHS=gfx942" in f.fix
+    assert "FLASH_ATTENTION_SKIP_CUDA_BUILD" not in f.fix  # it skips the ROCm kernels too
     assert "sdpa" in f.fix.lower()
 
 
@@ -135,7 +136,7 @@ def test_no_flash_attn_records_the_sdpa_fallback():
     assert "flash_attn" in failed(judge(facts, ROCM_CFG, "rocm"))  # fa2 asked for: not installed fails
 
 
-def test_varlen_attention_needed_for_neat_packing():
+def test_neat_packing_auto_takes_the_fastest_kernel_that_runs_varlen_only_when_asked():
     facts = mi300x()
     facts["attention"] = {
         "flash_attn_version": None,
@@ -146,9 +147,29 @@ def test_varlen_attention_needed_for_neat_packing():
     }
     neat = copy.deepcopy(ROCM_AUTO)
     neat["sft"]["packing"] = "neat"
-    f = failed(judge(facts, neat, "rocm"))["attention:varlen"]
-    assert "not supported" in f.message and "sft.flash_attn: sdpa" in f.fix
-    assert "attention:varlen" not in failed(judge(facts, ROCM_AUTO, "rocm"))  # plain packing: SDPA
+    # auto: no varlen here, no flash-attn: SDPA with neat packing's mask, as the planner chooses
+    found = {f.check: f for f in judge(facts, neat, "rocm")}
+    assert found["flash_attn"].ok and "sdpa" in found["flash_attn"].message
+    assert "attention:varlen" not in failed(judge(facts, neat, "rocm"))
+    # flash-attn's ROCm kernel runs (torch 2.9 has no varlen): auto takes it
+    facts["attention"].update(flash_attn_version="2.8.3", import_ok=True, kernel_ok=True, attention="fa2")
+    found = {f.check: f for f in judge(facts, neat, "rocm")}
+    assert found["flash_attn"].ok and "fa2" in found["flash_attn"].message
+    # varlen asked for by name must run
+    explicit = copy.deepcopy(neat)
+    explicit["sft"]["flash_attn"] = "varlen"
+    f = failed(judge(facts, explicit, "rocm"))["attention:varlen"]
+    assert "not supported" in f.message and "sft.flash_attn: auto" in f.fix
+
+
+def test_a_declared_gpu_model_must_be_what_the_node_has():
+    facts = mi300x()
+    for d in facts["devices"]:
+        d.update(name="NVIDIA H100 80GB HBM3", arch="sm_90", total_gib=79.1)
+    declared = validate({"hardware": {"gpus_per_node": 8, "gpu_model": "mi300x"}})
+    f = failed(judge(facts, declared, "rocm"))["gpu_model"]
+    assert "mi300x (AMD Instinct MI300X)" in f.message and "NVIDIA H100 80GB HBM3" in f.message
+    assert "gpu_model" not in failed(judge(mi300x(), declared, "rocm"))
 
 
 def test_missing_and_broken_packages():

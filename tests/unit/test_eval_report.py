@@ -4,7 +4,9 @@ import json
 
 import pytest
 from llmft import hardware
+from llmft.config import validate
 from llmft.evaluate import plan_batches, safetensors_stats, shard
+from llmft.platform import Platform
 from llmft.report import (
     attention_flops_per_token,
     collect_runs,
@@ -58,15 +60,16 @@ def test_throughput_is_per_interval_and_per_gpu_without_eval_time():
 
 
 def test_mfu_uses_6n_plus_attention_over_the_gpu_peak():
-    verify = {"nodes": [{"devices": [{"name": "NVIDIA H200", "arch": "sm_90"}]}]}
-    peak, note = peak_flops(verify)
+    h200 = validate({"hardware": {"gpus_per_node": 1, "gpu_model": "h200"}})
+    peak, note = peak_flops(Platform.declared(h200))
     assert peak == 989.0 and "H200" in note
     attn = attention_flops_per_token({"layers": 16, "hidden": 2048}, 420)
     assert attn == 12 * 16 * 2048 * 420
     # 1.24 B parameters at 5 131 tokens/s/GPU: FACTS.md's 3.8 % (6N only) plus attention.
     assert hardware.mfu(5131, 1.24e9, peak) == pytest.approx(0.0386, abs=5e-4)
     assert hardware.mfu(5131, 1.24e9, peak, attn) > hardware.mfu(5131, 1.24e9, peak)
-    assert peak_flops({"nodes": [{"devices": []}]})[0] is None  # CPU: n/a
+    assert peak_flops(Platform.declared(validate({})))[0] is None  # CPU: n/a
+    assert peak_flops(None)[0] is None  # a run rendered before the platform was recorded
 
 
 def test_data_rows_show_unknown_numeric_keys_generically():

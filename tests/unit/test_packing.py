@@ -14,7 +14,8 @@ from llmft.config import ConfigError, validate
 from llmft.data import prepare
 from llmft.packing import STAMP_FILE, pack, packed_dir_name, packing_args
 from llmft.plan import model_shape
-from llmft.sft import planned_packing, render, tiny_shape
+from llmft.platform import Platform
+from llmft.sft import check_packed_yaml, packs_from_pack_data, render, tiny_shape
 
 from tests.conftest import REPO
 
@@ -66,19 +67,27 @@ def test_packing_args_normalise_as_llamafactory_reads_them():
 )
 def test_a_run_that_packs_loads_the_packed_rows(tmp_path, model, sft, path, mode):
     cfg = cfg_with(**sft)
-    args = render(cfg, str(model), "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w")
-    planned = planned_packing(cfg, str(model), "d")
+    here = Platform.declared(cfg)
+    args = render(cfg, str(model), "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", here)
+    planned = packs_from_pack_data(args, "d")
     if mode:  # the folder is named by the packing arguments
         path += packed_dir_name(planned)[len("packed-") :]
     assert args.get("tokenized_path") == path
-    # what the workflow decides when it is parsed is what render writes
     assert planned == (packing_args(args) if mode else None)
     if mode:
         assert planned["neat_packing"] == (mode == "neat") and planned["cutoff_len"] == 64
-    # builtin:tiny is planned from model.tiny before it is built: same decision
-    assert planned_packing(cfg, "builtin:tiny", "d", tiny_shape(cfg["model"]["tiny"])) == (
-        None if planned is None else {**planned}
+    # builtin:tiny planned from model.tiny (before it is built) packs the same way
+    tiny = render(
+        cfg,
+        "builtin:tiny",
+        "d",
+        str(tmp_path / "t.yaml"),
+        str(tmp_path / "t.json"),
+        "w",
+        here,
+        tiny_shape(cfg["model"]["tiny"]),
     )
+    assert packs_from_pack_data(tiny, "d") == planned
 
 
 def test_tiny_shape_is_the_built_models(tmp_path):
@@ -99,7 +108,10 @@ def test_pack_is_atomic_stamped_and_refuses_stale_rows(tmp_path, monkeypatch, mo
     data.mkdir()
     for name in ("train.jsonl", "heldout.jsonl", "tokenized"):
         (data / name).symlink_to(prepared / name)
-    args = render(cfg, str(model), str(data), str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w")
+    here = Platform.declared(cfg)
+    yaml_a = str(tmp_path / "a.yaml")
+    args = render(cfg, str(model), str(data), yaml_a, str(tmp_path / "a.json"), "w", here)
+    check_packed_yaml(yaml_a)  # sft's check before training
     assert "is not packed yet" in caplog.text
     want, out = packing_args(args), Path(args["tokenized_path"])
     assert out.parent == data
@@ -131,13 +143,26 @@ def test_pack_is_atomic_stamped_and_refuses_stale_rows(tmp_path, monkeypatch, mo
     source = {s: json.loads((data / f"tokenized/{s}/state.json").read_text())["_fingerprint"] for s in rows}
     assert stamp == {"args": want, "rows": rows, "source": source}
     assert len(packed["train"]) < len(load_from_disk(str(data / "tokenized"))["train"])
-    # render accepts rows packed for its arguments and its rows ...
-    render(cfg, str(model), str(data), str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w")
+    # the pack_data rule: from the rendered YAML, reusing rows packed for the same arguments
+    pack_rule = ["pack-data", "--yaml", yaml_a, "--tokenizer", str(model), "--data-dir", str(data)]
+    assert main([*pack_rule, "--stamp-out", str(tmp_path / "packed.json")]) == 0
+    record = json.loads((tmp_path / "packed.json").read_text())
+    assert record["packed"] and record["reused"] and record["path"] == str(out)
+    # sft accepts rows packed for its arguments and its rows ...
+    check_packed_yaml(yaml_a)
     # ... and refuses rows packed for other arguments or from other rows
     (out / STAMP_FILE).write_text(json.dumps({**stamp, "args": {**want, "cutoff_len": 32}}))
     with pytest.raises(ConfigError, match="was packed for"):
-        render(cfg, str(model), str(data), str(tmp_path / "c.yaml"), str(tmp_path / "c.json"), "w")
+        check_packed_yaml(yaml_a)
     (out / STAMP_FILE).write_text(json.dumps({**stamp, "source": {**source, "train": "0" * 16}}))
     with pytest.raises(ConfigError, match="earlier prepare_data run"):
-        render(cfg, str(model), str(data), str(tmp_path / "d.yaml"), str(tmp_path / "d.json"), "w")
+        check_packed_yaml(yaml_a)
+    # pack_data repacks stale rows (here: packed from other rows) instead of reusing them
+    assert main([*pack_rule, "--stamp-out", str(tmp_path / "packed2.json")]) == 0
+    assert not json.loads((tmp_path / "packed2.json").read_text())["reused"]
+    check_packed_yaml(yaml_a)
     assert main(["pack-data", "--tokenizer", "m", "--data-dir", "d", "--out", "o"]) == 2
+    # a YAML that does not pack: pack_data packs nothing and says so
+    unpacked = {**args, "neat_packing": False, "tokenized_path": str(data / "tokenized")}
+    record = packing.ensure_packed(unpacked, data, model, tmp_path / "none.json")
+    assert record == {"packed": False, "why": "the rendered YAML does not load packed rows"}

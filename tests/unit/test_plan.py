@@ -1,10 +1,12 @@
 """The memory planner: parameter counts, predictions against measured GPU peaks, auto choices, refusals."""
 
+import dataclasses
 import json
 
 import pytest
 from llmft.config import ConfigError, validate
-from llmft.plan import _bucket_elems, describe, estimate, model_shape, resolve
+from llmft.plan import _bucket_elems, describe, estimate, model_shape, resolve, shape_from_config
+from llmft.platform import Platform
 
 from tests.conftest import REPO
 
@@ -37,6 +39,11 @@ def model(tmp_path):
         return str(folder)
 
     return make
+
+
+def plan_of(cfg, model_dir):
+    """The plan for what the config declares (its hardware.gpu_model), as `llmft plan` makes it."""
+    return resolve(cfg, model_dir, Platform.declared(cfg))
 
 
 def gpu_cfg(gpus=2, gpu="h200", nodes=1, **sft):
@@ -94,21 +101,21 @@ def test_predictions_within_15_percent_of_measured_gpu_peaks(model):
 
 
 def test_auto_picks_zero2_without_recompute_for_1b_on_two_h200(model):
-    plan = resolve(gpu_cfg(), model("1b"), "cuda")
+    plan = plan_of(gpu_cfg(), model("1b"))
     # ZeRO-2 before plain DDP on several GPUs in bf16 (measured faster: bench/results)
     assert (plan.zero_stage, plan.gradient_checkpointing, plan.offload) == (2, False, False)
     assert any("faster than plain DDP" in r for r in plan.reasons)
     # one GPU in bf16: ZeRO-2 too, for its 16-bit compute (measured faster on one H200: bench/results)
-    one = resolve(gpu_cfg(gpus=1), model("1b"), "cuda")
+    one = plan_of(gpu_cfg(gpus=1), model("1b"))
     assert one.zero_stage == 2 and any("faster than autocast" in r for r in one.reasons)
     # fp32 (or a CPU): plain (DDP) training when it fits
-    assert resolve(gpu_cfg(precision="fp32"), model("1b"), "cuda").zero_stage == 0
+    assert plan_of(gpu_cfg(precision="fp32"), model("1b")).zero_stage == 0
     assert plan.micro_batch == 8 and plan.gradient_accumulation == 1  # 16384-token budget, 32768 a step
     assert plan.packing == "neat" and plan.attention == "varlen"
 
 
 def test_auto_shards_8b_states_with_zero2_not_zero3(model):
-    plan = resolve(gpu_cfg(tokens_per_step=16384), model("8b"), "cuda")
+    plan = plan_of(gpu_cfg(tokens_per_step=16384), model("8b"))
     assert plan.zero_stage == 2 and not plan.gradient_checkpointing
     assert plan.tokens_per_step == 16384  # micro-batch x accumulation x world hits the target exactly
     assert plan.buckets["reduce"] == 5e8
@@ -116,29 +123,28 @@ def test_auto_shards_8b_states_with_zero2_not_zero3(model):
 
 
 def test_auto_needs_zero3_and_recompute_on_smaller_gpus(model):
-    plan = resolve(gpu_cfg(gpus=2, gpu="h100"), model("8b"), "cuda")
+    plan = plan_of(gpu_cfg(gpus=2, gpu="h100"), model("8b"))
     assert plan.zero_stage == 3  # 80 GB cannot hold 8 B 16-bit weights + sharded states + activations
-    one_gpu = resolve(gpu_cfg(gpus=1), model("8b"), "cuda")
+    one_gpu = plan_of(gpu_cfg(gpus=1), model("8b"))
     assert one_gpu.zero_stage == 3 and one_gpu.offload  # nothing left to shard over: offload
-    mi300x = resolve(gpu_cfg(gpus=8, gpu="mi300x", nodes=2), model("70b"), "rocm")
+    mi300x = plan_of(gpu_cfg(gpus=8, gpu="mi300x", nodes=2), model("70b"))
     assert mi300x.zero_stage == 3 and not mi300x.offload
 
 
 def test_a_config_that_cannot_fit_is_refused_naming_the_keys(model):
     with pytest.raises(ConfigError) as err:
-        resolve(gpu_cfg(zero_stage=0, gradient_checkpointing=False), model("8b"), "cuda")
+        plan_of(gpu_cfg(zero_stage=0, gradient_checkpointing=False), model("8b"))
     msg = str(err.value)
     assert "does not fit" in msg and "sft.zero_stage: 3" in msg and "sft.gradient_checkpointing: true" in msg
     with pytest.raises(ConfigError, match="hardware.nodes"):
-        resolve(gpu_cfg(gpus=1, offload=False), model("70b"), "cuda")
+        plan_of(gpu_cfg(gpus=1, offload=False), model("70b"))
 
 
 def test_explicit_settings_are_kept_when_they_fit(model):
-    plan = resolve(
+    plan = plan_of(
         gpu_cfg(zero_stage=3, per_device_train_batch_size=1, gradient_accumulation_steps=4,
                 gradient_checkpointing=True, packing="off", flash_attn="sdpa"),
         model("1b"),
-        "cuda",
     )  # fmt: skip
     assert (plan.zero_stage, plan.micro_batch, plan.gradient_accumulation) == (3, 1, 4)
     assert plan.gradient_checkpointing and plan.packing == "off" and plan.attention == "sdpa"
@@ -157,14 +163,46 @@ def test_recompute_and_zero3_lower_the_prediction(model):
 
 def test_cpu_auto_keeps_the_demo_row_by_row(model):
     cfg = validate({"data": {"cutoff_len": 64}})
-    plan = resolve(cfg, model("1b"), "cpu")
+    big_host = dataclasses.replace(Platform.declared(cfg), device_memory_gib=64.0)
+    plan = resolve(cfg, model("1b"), big_host)
     assert plan.packing == "off" and plan.attention == "auto" and not plan.liger
 
 
 def test_torch_compile_is_asked_for_and_refused_with_zero3(model):
-    assert not resolve(gpu_cfg(), model("1b"), "cuda").compile  # auto: off (measured no faster)
-    plan = resolve(gpu_cfg(torch_compile=True), model("1b"), "cuda")
+    assert not plan_of(gpu_cfg(), model("1b")).compile  # auto: off (measured no faster)
+    plan = plan_of(gpu_cfg(torch_compile=True), model("1b"))
     assert plan.compile and plan.zero_stage == 2
     assert "torch.compile per decoder layer" in describe(plan)
     with pytest.raises(ConfigError, match="sft.torch_compile"):
-        resolve(gpu_cfg(torch_compile=True, zero_stage=3), model("1b"), "cuda")
+        plan_of(gpu_cfg(torch_compile=True, zero_stage=3), model("1b"))
+
+
+def test_step_time_estimates_within_15_percent_of_measured_h200_steps():
+    """Every measured plan of the committed one-H200 step-time check, estimated again with the
+    committed constants from the shape and settings it recorded; and the ranking as measured."""
+    from llmft.platform import Platform
+    from llmft.steptime import step_time
+
+    from bench.sft_models import llama_config
+
+    checked = {}
+    for size in ("4b5", "1b"):
+        result = json.loads((REPO / f"bench/results/steptime_check_h200x1_20261201_{size}.json").read_text())
+        shape = shape_from_config({"model_type": "llama", **llama_config(size)})
+        node = {**result["node"], "build": "cuda", "host": "h200"}
+        h200 = Platform.from_facts(validate({"hardware": {"gpus_per_node": 1}}), [node])
+        runs = {}
+        for name, r in result["runs"].items():
+            s = r["settings"]
+            est = step_time(
+                shape, h200, stage=s["zero_stage"], offload=s["offload"], micro_batch=s["micro_batch"],
+                seq_len=2048, accumulation=s["gradient_accumulation"],
+                gradient_checkpointing=s["gradient_checkpointing"], trainable=shape.params,
+            )  # fmt: skip
+            measured = (r.get("measured") or {}).get("median_step_s")
+            if measured:
+                assert abs(est.total_s / measured - 1) <= 0.15, (size, name, est.total_s, measured)
+                runs[name] = (est.total_s, measured)
+        assert sorted(runs, key=lambda n: runs[n][0]) == sorted(runs, key=lambda n: runs[n][1])
+        checked[size] = set(runs)
+    assert checked == {"4b5": {"auto", "recompute"}, "1b": {"auto", "offload"}}

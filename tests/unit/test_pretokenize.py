@@ -9,6 +9,7 @@ from datasets import load_from_disk
 from llmft.assets import build_tiny_model, build_tokenizer, synthetic_rows
 from llmft.config import validate
 from llmft.data import prepare
+from llmft.platform import Platform
 from llmft.pretokenize import PREPROCESSING_DEFAULTS, SFTEncoder, blockers, messages_of
 from llmft.sft import render
 
@@ -213,10 +214,20 @@ DEMO = validate(yaml.safe_load((REPO / "config/config.yaml").read_text()), base_
 def test_rendered_yaml_points_sft_at_the_tokenized_data_unless_blocked(tmp_path):
     model = tmp_path / "model"
     build_tiny_model(model, 32, 1, 2, 512)
-    args = render(DEMO, str(model), "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w")
+    args = render(
+        DEMO,
+        str(model),
+        "d",
+        str(tmp_path / "a.yaml"),
+        str(tmp_path / "a.json"),
+        "w",
+        Platform.declared(DEMO),
+    )
     assert args["tokenized_path"] == "d/tokenized"
     cfg = validate({**DEMO, "sft": {**DEMO["sft"], "extra": {"train_on_prompt": True}}}, base_dir=REPO)
-    args = render(cfg, str(model), "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w")
+    args = render(
+        cfg, str(model), "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w", Platform.declared(cfg)
+    )
     assert "tokenized_path" not in args
 
 

@@ -6,9 +6,11 @@ import pytest
 import yaml
 from llmft.config import validate
 from llmft.evaluate import bleu, exact_match, rouge_l
+from llmft.launch import launch_env
 from llmft.plan import ZERO3_SUB_GROUP, resolve
+from llmft.platform import Platform
 from llmft.report import esc, svg_lines, table
-from llmft.sft import deepspeed_config, launch_env, render
+from llmft.sft import deepspeed_config, render
 from llmft.slurm import Allocation
 
 from tests.conftest import REPO
@@ -33,8 +35,15 @@ def tiny(tmp_path):
     return str(tmp_path / "tiny")
 
 
+def plan_of(cfg, model_dir):
+    """The plan for what the config declares (its hardware.gpu_model), as `llmft plan` makes it."""
+    return resolve(cfg, model_dir, Platform.declared(cfg))
+
+
 def test_render_writes_yaml_and_zero3(tmp_path, tiny):
-    args = render(DEMO, tiny, "d", str(tmp_path / "lf.yaml"), str(tmp_path / "ds.json"), "w")
+    args = render(
+        DEMO, tiny, "d", str(tmp_path / "lf.yaml"), str(tmp_path / "ds.json"), "w", Platform.declared(DEMO)
+    )
     on_disk = yaml.safe_load((tmp_path / "lf.yaml").read_text())
     assert on_disk == args
     assert args["overwrite_output_dir"] is False
@@ -54,21 +63,29 @@ def test_render_writes_yaml_and_zero3(tmp_path, tiny):
 
 def test_extra_passes_through_and_changes_work_dir(tmp_path, tiny):
     cfg = validate({**DEMO, "sft": {**DEMO["sft"], "extra": {"packing": True}}}, base_dir=REPO)
-    a = render(DEMO, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w")
-    b = render(cfg, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w")
+    a = render(
+        DEMO, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", Platform.declared(DEMO)
+    )
+    b = render(
+        cfg, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w", Platform.declared(cfg)
+    )
     assert b["packing"] is True and "packing" not in a
     assert a["output_dir"] != b["output_dir"]  # a new config never resumes an old checkpoint
 
 
 def test_zero0_has_no_deepspeed_and_no_unused_param_search(tmp_path, tiny):
     cfg = validate({**DEMO, "sft": {**DEMO["sft"], "zero_stage": 0}}, base_dir=REPO)
-    args = render(cfg, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w")
+    args = render(
+        cfg, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", Platform.declared(cfg)
+    )
     assert "deepspeed" not in args and args["ddp_find_unused_parameters"] is False
 
 
 def test_gpu_auto_render_uses_the_plan(tmp_path, tiny):
     cfg = validate({"hardware": {"vendor": "cuda", "gpus_per_node": 8, "gpu_model": "h100"}})
-    args = render(cfg, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w")
+    args = render(
+        cfg, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", Platform.declared(cfg)
+    )
     assert args["neat_packing"] is True and args["flash_attn"] == "sdpa"  # sdpa loads, varlen runs
     assert args["llmft"]["attention"] == "varlen"
     assert args["include_num_input_tokens_seen"] == "all"  # varlen batches carry no padding
@@ -78,11 +95,15 @@ def test_gpu_auto_render_uses_the_plan(tmp_path, tiny):
     assert plan["zero_stage"] == 2 and plan["tokens_per_step"] == cfg["sft"]["tokens_per_step"]
     assert json.loads((tmp_path / "a.json").read_text())["zero_optimization"]["stage"] == 2
     ddp = validate({**cfg, "sft": {"zero_stage": 0}})
-    args = render(ddp, tiny, "d", str(tmp_path / "c.yaml"), str(tmp_path / "c.json"), "w")
+    args = render(
+        ddp, tiny, "d", str(tmp_path / "c.yaml"), str(tmp_path / "c.json"), "w", Platform.declared(ddp)
+    )
     assert "deepspeed" not in args and args["ddp_find_unused_parameters"] is False
     zero3 = validate({**cfg, "sft": {"zero_stage": 3}})
-    render(zero3, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w")
-    ds = deepspeed_config(zero3, resolve(zero3, tiny, "cuda"))
+    render(
+        zero3, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w", Platform.declared(zero3)
+    )
+    ds = deepspeed_config(plan_of(zero3, tiny), Platform.declared(zero3))
     assert ds["zero_optimization"]["overlap_comm"] is True
     assert ds["zero_optimization"]["sub_group_size"] == ZERO3_SUB_GROUP  # what the planner assumes
     assert ds["zero_optimization"]["stage3_prefetch_bucket_size"] >= 5e7  # not HF's h^2
@@ -91,12 +112,16 @@ def test_gpu_auto_render_uses_the_plan(tmp_path, tiny):
 def test_torch_compile_renders_compiled_layers_and_liger_loss_alone(tmp_path, tiny):
     hw = {"vendor": "cuda", "gpus_per_node": 8, "gpu_model": "h100"}
     cfg = validate({"hardware": hw, "sft": {"torch_compile": True, "liger_kernel": True}})
-    args = render(cfg, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w")
+    args = render(
+        cfg, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", Platform.declared(cfg)
+    )
     # LLaMA-Factory's switch would patch every Liger kernel; the launcher applies the fused loss alone
     assert "enable_liger_kernel" not in args
     assert args["llmft"]["compile_layers"] is True and args["llmft"]["liger_loss_only"] is True
     eager = validate({"hardware": hw, "sft": {"liger_kernel": True}})
-    args = render(eager, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w")
+    args = render(
+        eager, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w", Platform.declared(eager)
+    )
     assert args["enable_liger_kernel"] is True and not args["llmft"]["compile_layers"]
 
 
@@ -118,7 +143,7 @@ def test_launch_env_rocm_preset():
     cfg = validate(
         {"hardware": {"vendor": "rocm", "gpus_per_node": 8, "nodes": 2, "socket_ifname": "ens50f0"}}
     )
-    env = launch_env(cfg, Allocation("9", ["a", "b"], 1, "10.0.0.1", 30000), base_env={})
+    env = launch_env(Platform.declared(cfg), Allocation("9", ["a", "b"], 1, "10.0.0.1", 30000), base_env={})
     assert env["PYTORCH_ROCM_ARCH"] == "gfx942"
     assert env["NCCL_SOCKET_IFNAME"] == "ens50f0"
     assert (env["NNODES"], env["NODE_RANK"], env["NPROC_PER_NODE"]) == ("2", "1", "8")
@@ -148,8 +173,8 @@ def test_every_zero_stage_config_leaves_nothing_for_deepspeed_to_guess(tiny, tmp
     cpu = validate({**DEMO, "sft": {**DEMO["sft"], "zero_stage": stage}}, base_dir=REPO)
     gpu = validate({"hardware": {"vendor": "cuda", "gpus_per_node": 2}, "sft": {"zero_stage": stage}})
     for cfg in (cpu, gpu):
-        vendor = "cpu" if cfg["hardware"]["gpus_per_node"] == 0 else "cuda"
-        ds = deepspeed_config(cfg, resolve(cfg, tiny, vendor))
+        platform = Platform.declared(cfg)
+        ds = deepspeed_config(resolve(cfg, tiny, platform), platform)
         hf = HfTrainerDeepSpeedConfig(ds)
         args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
         hf.trainer_config_process(args)
@@ -158,4 +183,4 @@ def test_every_zero_stage_config_leaves_nothing_for_deepspeed_to_guess(tiny, tmp
             config = LlamaConfig(hidden_size=64)
 
         hf.trainer_config_finalize(args, Model(), num_training_steps=10)
-        assert "auto" not in json.dumps(hf.config), (vendor, hf.config)
+        assert "auto" not in json.dumps(hf.config), (platform.vendor, hf.config)

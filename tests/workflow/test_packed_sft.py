@@ -51,7 +51,7 @@ def test_sft_loads_the_packed_rows_without_preprocessing_again(packed_run):
     assert summary["steps"] == SMALL["sft__max_steps"]
 
 
-def test_a_packing_change_repacks_and_packing_off_drops_pack_data(packed_run):
+def test_only_what_a_packing_or_training_change_touches_reruns(packed_run):
     work, _ = packed_run
     proc = snakemake(work, "-n", TARGET)
     assert rules_run(proc.stderr + proc.stdout) == []  # nothing changed: nothing reruns
@@ -59,10 +59,14 @@ def test_a_packing_change_repacks_and_packing_off_drops_pack_data(packed_run):
     proc = snakemake(work, "-n", TARGET)
     ran = rules_run(proc.stderr + proc.stdout)
     assert {"pack_data", "render_sft_config", "sft"} <= set(ran) and "prepare_data" not in ran
+    # a new learning rate re-renders the YAML; pack_data runs for it and reuses the packed rows
     make_workdir(work, sft__packing="neat", **{**SMALL, "sft__learning_rate": 0.002})
-    proc = snakemake(work, "-n", TARGET)
-    assert set(rules_run(proc.stderr + proc.stdout)) == {"render_sft_config", "sft"}  # no repacking
+    proc = snakemake(work, TARGET)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(rules_run(proc.stderr + proc.stdout)) == {"render_sft_config", "pack_data", "sft"}
+    stamp = json.loads((work / f"results/{RUN}/data/packed.json").read_text())
+    assert stamp["packed"] and stamp["reused"]
     make_workdir(work, sft__packing="off", **SMALL)
     proc = snakemake(work, "-n", TARGET)
     ran = rules_run(proc.stderr + proc.stdout)
-    assert "pack_data" not in ran and "render_sft_config" in ran
+    assert {"render_sft_config", "pack_data", "sft"} <= set(ran) and "prepare_data" not in ran

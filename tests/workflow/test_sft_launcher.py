@@ -40,6 +40,10 @@ def stage(tmp_path_factory):
     ):
         proc = llmft(*cmd, cwd=root)
         assert proc.returncode == 0, proc.stderr[-2000:]
+    # this machine's facts, as verify_env's probe records them: what render-sft plans from
+    probe = [sys.executable, "-m", "llmft.nodefacts", "--out", "facts.json", "--imports", "torch"]
+    proc = subprocess.run(probe, cwd=root, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     return root
 
 
@@ -48,7 +52,8 @@ def render(root: Path, name: str, sft: dict) -> tuple[str, dict]:
     overrides = json.dumps({"sft": {"logging_steps": 1, **sft}})
     out = f"{name}.yaml"
     proc = llmft(
-        "render-sft", "--overrides", overrides, "--base-model", "base_model", "--data-dir", "data",
+        "render-sft", "--overrides", overrides, "--base-model", "base_model", "--verify", "facts.json",
+        "--data-dir", "data",
         "--out-yaml", out, "--out-deepspeed", f"{name}.json", "--work-root", "work", cwd=root,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -10,7 +10,7 @@ import json
 import logging
 import sys
 
-from .config import BUILTIN_DATA, ConfigError, layout, load_file, validate
+from .config import BUILTIN_DATA, ConfigError, load_file, validate
 
 
 def _cfg(args) -> dict:
@@ -76,21 +76,31 @@ def cmd_pack_data(args) -> int:
     """Pack prepare_data's tokenized rows as LLaMA-Factory would for a rendered llamafactory.yaml."""
     import yaml
 
-    from .packing import pack
+    from .packing import ensure_packed, pack, prune
 
     if bool(args.yaml) == bool(args.args_json):
         print("llmft pack-data: give either --yaml or --args-json", file=sys.stderr)
         return 2
     if args.yaml:
-        lf_args = yaml.safe_load(open(args.yaml, encoding="utf-8"))
+        if not args.stamp_out:
+            print("llmft pack-data: --yaml needs --stamp-out", file=sys.stderr)
+            return 2
+        record = ensure_packed(
+            yaml.safe_load(open(args.yaml, encoding="utf-8")), args.data_dir, args.tokenizer, args.stamp_out
+        )
+        print(json.dumps(record))
+        out = record.get("path")
     else:
-        lf_args = json.loads(args.args_json)
-    counts = pack(f"{args.data_dir}/tokenized", args.data_dir, args.out, args.tokenizer, lf_args)
-    print(json.dumps(counts))
-    if args.prune:
-        from .packing import prune
-
-        for name in prune(args.out):
+        if not args.out:
+            print("llmft pack-data: --args-json needs --out", file=sys.stderr)
+            return 2
+        counts = pack(
+            f"{args.data_dir}/tokenized", args.data_dir, args.out, args.tokenizer, json.loads(args.args_json)
+        )
+        print(json.dumps(counts))
+        out = args.out
+    if args.prune and out:
+        for name in prune(out):
             print(f"removed {args.data_dir}/{name}: packed for other arguments")
     return 0
 
@@ -103,33 +113,45 @@ def cmd_verify_env(args) -> int:
 
 
 def cmd_render_sft(args) -> int:
+    """Plan from the facts verify_env measured on the nodes, then render the YAML and DeepSpeed JSON."""
+    from .platform import read_platform
     from .sft import render
 
     cfg = _cfg(args)
-    render(cfg, args.base_model, args.data_dir, args.out_yaml, args.out_deepspeed, args.work_root)
+    platform = read_platform(cfg, args.verify)
+    render(cfg, args.base_model, args.data_dir, args.out_yaml, args.out_deepspeed, args.work_root, platform)
     return 0
 
 
 def cmd_plan(args) -> int:
-    """Print what `sft` would run with and the memory it needs; exit 2 if it cannot fit."""
+    """Print what `sft` would run with and the memory it needs; exit 2 if it cannot fit.
+
+    With --facts (a verify.json) the plan is the one render_sft_config makes for those nodes;
+    without, it is made from what the config declares (hardware.gpu_model, hardware.vendor).
+    """
     from .plan import describe, resolve
-    from .sft import resolve_vendor
+    from .platform import Platform, read_platform
 
     cfg = _cfg(args)
-    plan = resolve(cfg, args.model or cfg["model"]["name_or_path"], resolve_vendor(cfg))
-    print(json.dumps(plan.to_json(), indent=2) if args.json else describe(plan))
+    platform = read_platform(cfg, args.facts) if args.facts else Platform.declared(cfg)
+    plan = resolve(cfg, args.model or cfg["model"]["name_or_path"], platform)
+    if args.json:
+        print(json.dumps({**plan.to_json(), "platform": platform.to_json()}, indent=2))
+    else:
+        print(f"platform: {platform.describe()}\n  ({platform.source})\n{describe(plan)}")
     return 0
 
 
 def cmd_sft(args) -> int:
     """Gate on verify_env, launch this node's torchrun, publish the model: one step or all."""
     from .envcheck import gate
-    from .sft import finalize, launch
+    from .sft import check_packed_yaml, finalize, launch
 
     cfg = _cfg(args)
     if args.verify:
         gate(cfg, args.verify)
     if args.check_only:
+        check_packed_yaml(args.yaml)
         return 0
     if not args.finalize_only:
         rc = launch(cfg, args.yaml)
@@ -137,7 +159,7 @@ def cmd_sft(args) -> int:
             if rc:
                 print(f"[llmft] training failed with exit code {rc}", file=sys.stderr)
             return rc
-    finalize(args.yaml, args.model_out, args.summary_out, layout(cfg).world_size)
+    finalize(args.yaml, args.model_out, args.summary_out)
     return 0
 
 
@@ -225,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         "args-json:opt",
         "tokenizer",
         "data-dir",
-        "out",
+        "out:opt",
+        "stamp-out:opt",
         help="pack tokenized rows exactly as LLaMA-Factory packs them for this YAML (packing/neat_packing)",
     )
     p.add_argument(
@@ -236,13 +259,18 @@ def main(argv: list[str] | None = None) -> int:
         "render-sft",
         cmd_render_sft,
         "base-model",
+        "verify",
         "data-dir",
         "out-yaml",
         "out-deepspeed",
         "work-root",
     )
     p = add(
-        "plan", cmd_plan, "model:opt", help="per-GPU memory plan for the sft config; refuse if it cannot fit"
+        "plan",
+        cmd_plan,
+        "model:opt",
+        "facts:opt",
+        help="per-GPU memory plan for the sft config; refuse if it cannot fit",
     )
     p.add_argument("--json", action="store_true", help="the whole plan as JSON")
     p = add("sft", cmd_sft, "yaml", "model-out:opt", "summary-out:opt", "verify:opt")

@@ -1,7 +1,7 @@
 """Environment verification: per-node facts, a collective check over all nodes, one JSON report.
 
 `python -m llmft verify-env` runs once per node (under `srun --ntasks-per-node=1` on several nodes,
-plainly on one), through the same launch path as sft (`sft.launch_env`, `slurm.current_allocation`):
+plainly on one), through the same launch path as sft (`launch.launch_env`, `slurm.current_allocation`):
 
 1. `probe_node`: a child process (`python -m llmft.nodefacts`) records what this node is: torch build,
    devices and archs, rocminfo / nvidia-smi, package imports, DeepSpeed ops, a flash-attn kernel
@@ -28,10 +28,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import slurm
+from . import collectives, slurm
 from .config import layout
 from .envrules import judge_run
 from .io import read_json, write_json
+from .launch import launch_env
+from .platform import Platform
 
 # verify_env's torchrun listens this far below sft's port (slurm.rendezvous_port: 29500 + job id
 # mod 2000), so the two ranges never overlap and both stay below Linux's ephemeral ports (32768+).
@@ -46,11 +48,33 @@ NCCL_DEBUG_ENV = {
 }
 
 
-def _package_env(env: dict) -> dict:
-    """Children must import llmft from this checkout, also where it is not pip-installed."""
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    return env
+# Test-only switch: the path of recorded node facts (a JSON file as nodefacts writes it) that
+# replace this node's probe, for every node of the allocation, and skip the collective check (the
+# recorded GPUs are not there to measure). It lets the Slurm tests plan for MI300X nodes on a
+# machine without GPUs; verify.json then says the facts were injected, and the collective finding
+# fails, so only verify.on_failure: warn lets such a run go on. Never set it on a real cluster.
+TEST_FACTS_ENV = "LLMFT_TEST_NODE_FACTS"
+
+
+def injected_facts(alloc: slurm.Allocation) -> list[dict] | None:
+    """The test-only recorded facts, one copy per node of the allocation (named as its hosts)."""
+    path = os.environ.get(TEST_FACTS_ENV)
+    if not path:
+        return None
+    facts = read_json(path)
+    return [{**facts, "host": host, "injected_from": path} for host in alloc.nodes]
+
+
+def local_vendor(cfg: dict) -> str:
+    """The vendor verify_env checks on this node: the config's, else what this node's torch was built for."""
+    hw = cfg["hardware"]
+    if hw["gpus_per_node"] == 0:
+        return "cpu"
+    if hw["vendor"] != "auto":
+        return hw["vendor"]
+    import torch
+
+    return "rocm" if getattr(torch.version, "hip", None) else "cuda"
 
 
 def probe_node(env: dict, scratch: Path, timeout_s: float, cfg: dict) -> dict:
@@ -147,10 +171,10 @@ def _timeout_failure(timeout_s: float, progress: dict[str, str], alloc: slurm.Al
 
 
 def start_collectives(
-    cfg: dict, vendor: str, alloc: slurm.Allocation, env: dict, scratch: Path, timeout_s: float
+    platform: Platform, alloc: slurm.Allocation, env: dict, scratch: Path, timeout_s: float
 ) -> tuple[subprocess.Popen, int]:
     """Start `torchrun -m llmft.collectives` for this node; (process, rendezvous port)."""
-    lay = layout(cfg)
+    vendor = platform.vendor
     port = alloc.master_port + VERIFY_PORT_OFFSET
     env = dict(env)
     env["MASTER_PORT"] = str(port)
@@ -172,7 +196,7 @@ def start_collectives(
         "-m",
         "torch.distributed.run",
         *where,
-        f"--nproc_per_node={lay.processes_per_node}",
+        f"--nproc_per_node={platform.processes_per_node}",
         "--monitor_interval=0.1",
         "-m",
         "llmft.collectives",
@@ -189,8 +213,6 @@ def finish_collectives(
     proc: subprocess.Popen, alloc: slurm.Allocation, port: int, scratch: Path, timeout_s: float, wait_s: float
 ) -> dict:
     """Wait up to `wait_s` for the collective check; its result, or a `failure` saying what went wrong."""
-    from . import collectives
-
     try:
         rc = proc.wait(timeout=wait_s)
     except subprocess.TimeoutExpired:
@@ -216,16 +238,33 @@ def finish_collectives(
 
 def run_verify(cfg: dict, out_path: str) -> int:
     """This node's part of verify_env; node rank 0 writes the report. Non-zero: failed and on_failure=fail."""
-    from . import collectives
-    from .sft import launch_env, resolve_vendor
-
     t0 = time.monotonic()
-    vendor = resolve_vendor(cfg)
     alloc = slurm.current_allocation()
-    env = _package_env(launch_env(cfg, alloc))
+    injected = injected_facts(alloc)
+    vendor = (
+        injected[0].get("build", "cpu")
+        if injected and cfg["hardware"]["gpus_per_node"]
+        else local_vendor(cfg)
+    )
+    # What this node runs the check with (vendor, layout, collective preset); the facts come next.
+    platform = Platform.declared(cfg, vendor=vendor)
+    env = launch_env(platform, alloc)
     timeout_s = float(cfg["verify"]["timeout_seconds"])
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     print(f"[verify_env] node {host} rank {alloc.node_rank}/{alloc.nnodes}, vendor {vendor}", flush=True)
+    if injected:
+        print(
+            f"[verify_env] TEST ONLY: node facts from {os.environ[TEST_FACTS_ENV]}, no collective check",
+            flush=True,
+        )
+        coll = {
+            "failure": {
+                "check": "collectives",
+                "message": f"not measured: recorded node facts were injected ({TEST_FACTS_ENV}, test only)",
+                "fix": f"unset {TEST_FACTS_ENV}",
+            }
+        }
+        return _report(cfg, out_path, alloc, vendor, injected, coll, t0, timeout_s)
     # LLMFT_VERIFY_SCRATCH=DIR keeps the raw NCCL logs and progress files, in a fresh folder
     # under DIR per run (a reused one would hand a failed run the last run's results).
     keep = os.environ.get("LLMFT_VERIFY_SCRATCH")
@@ -238,7 +277,7 @@ def run_verify(cfg: dict, out_path: str) -> int:
         if vendor == "cpu":
             # CPU: the probe (~10 s of imports) overlaps the collective check, whose numbers are
             # recorded, not judged; the workers wait for the facts at the end.
-            proc, port = start_collectives(cfg, vendor, alloc, env, scratch, timeout_s)
+            proc, port = start_collectives(platform, alloc, env, scratch, timeout_s)
             facts = probe_node(env, scratch, probe_s, cfg)
             write_json(scratch / collectives.FACTS_FILE, facts)
             budget = timeout_s + (time.monotonic() - t0)
@@ -246,14 +285,20 @@ def run_verify(cfg: dict, out_path: str) -> int:
             # GPUs: one after the other, so the probe's kernels never share a GPU with the timings.
             facts = probe_node(env, scratch, probe_s, cfg)
             write_json(scratch / collectives.FACTS_FILE, facts)
-            proc, port = start_collectives(cfg, vendor, alloc, env, scratch, timeout_s)
+            proc, port = start_collectives(platform, alloc, env, scratch, timeout_s)
             budget = timeout_s
         print(f"[verify_env] node facts in {time.monotonic() - t0:.1f} s", flush=True)
         coll = finish_collectives(proc, alloc, port, scratch, timeout_s, budget)
     if alloc.node_rank != 0:
         print(f"[verify_env] node rank {alloc.node_rank} done; node rank 0 writes the report", flush=True)
         return 0
-    nodes = coll.get("nodes") or [facts]
+    return _report(cfg, out_path, alloc, vendor, coll.get("nodes") or [facts], coll, t0, timeout_s)
+
+
+def _report(cfg, out_path, alloc, vendor, nodes, coll, t0, timeout_s) -> int:
+    """Judge every node's facts and the collective check; write verify.json (node rank 0)."""
+    if alloc.node_rank != 0:
+        return 0
     findings, thresholds = judge_run(nodes, coll, cfg, vendor, alloc.nnodes)
     ok = all(f.ok for f in findings)
     report = {

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from . import hardware
 from .config import layout
+from .plan import choose_attention
+from .platform import KERNELS, gpu_mismatch, kernel_ok
 
 
 @dataclass
@@ -25,7 +27,8 @@ class Finding:
 def _flash_attn_fix(vendor: str, error: str) -> str:
     e = error.lower()
     rebuild = (
-        "FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE GPU_ARCHS=gfx942 pip install flash-attn --no-build-isolation"
+        # not FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE: flash-attn's setup.py then skips the ROCm kernels too
+        "GPU_ARCHS=gfx942 pip install flash-attn --no-build-isolation --no-cache-dir"
         if vendor == "rocm"
         else "pip install flash-attn --no-build-isolation"
     )
@@ -99,19 +102,21 @@ def _judge_attention(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
             )
         ]
     out = []
-    # sft's planner runs torch's varlen FlashAttention for neat packing on GPUs (flash_attn: auto
-    # with packing auto/neat, or flash_attn: varlen): that kernel must run here too.
+    # What sft will run on this node: the planner's own choice from the same facts. `auto` takes
+    # the fastest kernel that runs here; an explicit varlen must run.
     packing = cfg["sft"].get("packing", "off")
-    varlen = want == "varlen" or (want == "auto" and gpu and packing in ("auto", "neat"))
-    if varlen and gpu and att.get("varlen_ok") is False:
+    packing = ("neat" if gpu else "off") if packing == "auto" else packing
+    kernels = tuple(k for k in KERNELS if kernel_ok(facts, k, gpu))
+    chosen, why = choose_attention(want, packing, kernels, gpu, facts.get("torch_version", ""))
+    if want == "varlen" and gpu and "varlen" not in kernels:
         out.append(
             Finding(
                 "attention:varlen",
                 False,
-                f"sft would use torch's varlen FlashAttention (neat packing) but it fails here: "
+                f"sft.flash_attn is varlen (torch's varlen FlashAttention) but it fails here: "
                 f"{att.get('varlen_error') or 'wrong result'}",
                 "use a torch build with torch.nn.attention.varlen for this GPU (torch >= 2.10), or "
-                "set sft.flash_attn: sdpa (or fa2 with flash-attn installed) or sft.packing: plain",
+                "set sft.flash_attn: auto (flash-attn's kernel, else SDPA)",
             )
         )
     if gpu and att.get("sdpa_ok") is False:
@@ -123,14 +128,36 @@ def _judge_attention(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
                 "torch's GPU kernels do not run here: reinstall torch built for this GPU",
             )
         )
-    used = "flash-attn " + str(installed) if att.get("attention") == "fa2" else "SDPA"
-    why = "" if att.get("attention") == "fa2" else " (flash-attn not installed)" if not installed else ""
-    if want in ("sdpa", "disabled"):
-        used, why = want, " (sft.flash_attn)"
-    elif varlen and gpu and att.get("varlen_ok"):
-        used, why = "torch varlen FlashAttention", " (neat packing)"
-    out.append(Finding("flash_attn", True, f"attention: {used}{why}"))
+    if why:
+        used = why.split(": ", 1)[1] if ": " in why else why
+    elif want in ("sdpa", "disabled"):
+        used = f"{want} (sft.flash_attn)"
+    elif att.get("attention") == "fa2":
+        used = f"flash-attn {installed}"
+    else:
+        used = "SDPA" + (" (flash-attn not installed)" if not installed else "")
+    out.append(Finding("flash_attn", True, f"attention: {chosen if chosen != 'auto' else 'auto'}: {used}"))
     return out
+
+
+def _judge_gpu_model(facts: dict, cfg: dict) -> list[Finding]:
+    """A declared hardware.gpu_model must be what the node has: the plan budgets its memory."""
+    declared = cfg["hardware"].get("gpu_model", "").lower()
+    devices = facts.get("devices", [])
+    if not declared or not devices:
+        return []
+    seen = hardware.identify_gpu(devices[0].get("name", ""), devices[0].get("arch", ""))
+    if seen is hardware.GPUS.get(declared):
+        return [Finding("gpu_model", True, f"{devices[0].get('name')} (hardware.gpu_model: {declared})")]
+    return [
+        Finding(
+            "gpu_model",
+            False,
+            gpu_mismatch(declared, devices[0].get("name", "?"), facts.get("host", "this node")),
+            "the plan's memory budget and MFU assume the declared GPU: make the partition and "
+            "hardware.gpu_model agree",
+        )
+    ]
 
 
 def judge(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
@@ -221,6 +248,7 @@ def judge(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
         )
     else:
         out.append(Finding("gpu_count", True, f"{len(devices)} GPU(s)"))
+    out.extend(_judge_gpu_model(facts, cfg))
     archs = sorted({d["arch"].split(":")[0] for d in devices}) or sorted(
         {(g.get("name") or g.get("arch", "")).split(":")[0] for g in smi_gpus} - {""}
     )
@@ -256,8 +284,8 @@ def judge(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
                     f"PYTORCH_ROCM_ARCH={env_arch} but the GPUs are {archs}: JIT-built ops "
                     "(DeepSpeed, flash-attn) would target the wrong GPU",
                     f"export PYTORCH_ROCM_ARCH={archs[0] if archs else 'gfx942'} and rebuild flash-attn and "
-                    "DeepSpeed ops (FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE pip install "
-                    "flash-attn --no-build-isolation)",
+                    "DeepSpeed ops (GPU_ARCHS=gfx942 pip install flash-attn --no-build-isolation "
+                    "--no-cache-dir)",
                 )
             )
         elif env_arch:

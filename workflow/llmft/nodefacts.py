@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import shutil
@@ -21,6 +22,7 @@ import time
 
 from . import hardware
 from .io import write_json
+from .platform import host_memory_gib
 
 PACKAGES = [
     "torch",
@@ -32,6 +34,7 @@ PACKAGES = [
     "datasets",
     "peft",
     "trl",
+    "liger_kernel",
 ]
 # What `import X` must load to prove X works: llamafactory's top level is lazy, and its training
 # entry point is where a broken dependency (torchaudio beside the wrong torch) shows.
@@ -39,7 +42,7 @@ IMPORT_MODULE = {"llamafactory": "llamafactory.train.tuner"}
 
 
 def _version(pkg: str) -> str | None:
-    dist = {"flash_attn": "flash-attn"}.get(pkg, pkg)
+    dist = {"flash_attn": "flash-attn", "liger_kernel": "liger-kernel"}.get(pkg, pkg)
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -241,6 +244,11 @@ def gather_facts(load_cpu_adam: bool = False, save=None, imports: list[str] | No
             )
         },
         "packages": {p: _version(p) for p in PACKAGES},
+        # What the planner may choose on this node: Liger needs its package and Triton (a
+        # separate distribution on ROCm, pytorch-triton-rocm), found without importing them.
+        "modules": {m: importlib.util.find_spec(m) is not None for m in ("liger_kernel", "triton")},
+        "host_memory_gib": host_memory_gib(),
+        "host_cpus": len(os.sched_getaffinity(0)),
         "imports": {},
         "devices": [],
         "arch_list": [],

@@ -131,6 +131,37 @@ def pack(
     return counts
 
 
+def ensure_packed(lf_args: dict, data_dir: str | Path, tokenizer_dir, stamp_out: str | Path) -> dict:
+    """What pack_data does for a rendered YAML: pack its rows unless rows packed for the same
+    arguments from the same tokenized rows are already there, then record which in `stamp_out`.
+
+    The YAML is re-rendered for any sft change (a learning rate), so the packed folder, named by
+    the packing arguments alone, is reused rather than repacked; `stamp_out` is the rule's output.
+    A YAML that does not load pack_data's rows gets a stamp saying so and nothing is packed.
+    """
+    from .io import write_json
+
+    data_dir = Path(data_dir)
+    want = packing_args(lf_args)
+    path = data_dir / packed_dir_name(want) if want else None
+    if want is None or lf_args.get("tokenized_path") != str(path):
+        record = {"packed": False, "why": "the rendered YAML does not load packed rows"}
+        write_json(stamp_out, record)
+        return record
+    tokenized = data_dir / "tokenized"
+    stamp = path / STAMP_FILE
+    current = json.loads(stamp.read_text()) if stamp.is_file() else None
+    reused = bool(
+        current and current.get("args") == want and current.get("source") == source_fingerprint(tokenized)
+    )
+    if not reused:
+        pack(tokenized, data_dir, path, tokenizer_dir, lf_args)
+        current = json.loads(stamp.read_text())
+    record = {"packed": True, "path": str(path), "reused": reused, **current}
+    write_json(stamp_out, record)
+    return record
+
+
 def prune(out_dir: str | Path) -> list[str]:
     """Remove packed folders for other arguments beside `out_dir` (a config change left them)."""
     import shutil

@@ -23,14 +23,14 @@ refuses a config that cannot fit with a ConfigError that names the keys to chang
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import hardware
-from .config import ConfigError, layout
+from .config import ConfigError
+from .platform import Platform
+from .steptime import StepTime, offload_host_gib, step_time
 
 GIB = 1024**3
 # DeepSpeed ZeRO-3's sub_group_size, as llmft.sft writes it: elements per optimizer sub-group.
@@ -39,9 +39,9 @@ ZERO3_SUB_GROUP = 1_000_000_000
 # caching allocator's slack, none of which torch.cuda.max_memory_allocated() counts.
 USABLE_FRACTION = 0.90
 CONTEXT_GIB = 1.0
-# Below this many tokens per micro-step GEMMs lose efficiency; a plan without gradient
-# checkpointing must reach it (or the whole token budget, if smaller) to be preferred.
-MIN_EFFICIENT_TOKENS = 4096
+# Share of a node's host memory that ZeRO-3 CPU offload may fill: the rest is the OS, the data
+# loaders and pinned-buffer slack.
+HOST_USABLE_FRACTION = 0.8
 # Model families whose modules Liger kernels replace (LLaMA-Factory's own list, the common part).
 LIGER_MODEL_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "granite"}
 
@@ -277,6 +277,7 @@ class Plan:
     params: int
     reasons: list[str] = field(default_factory=list)
     compile: bool = False  # torch.compile each decoder layer (llmft.train)
+    step: StepTime | None = None  # the estimated step time of this plan (steptime.py)
 
     @property
     def predicted_peak_gib(self) -> float:
@@ -299,46 +300,32 @@ class Plan:
             peak=round(self.memory.peak, 3),
         )
         out["tokens_per_step"] = self.tokens_per_step
+        out["step"] = self.step.to_json() if self.step else None
         return out
 
 
-def gpu_capacity(cfg: dict, vendor: str) -> tuple[str, float]:
-    """(name, GiB per device) of the training devices; CPU processes share the host's memory."""
-    if vendor == "cpu":
-        try:
-            total = 0
-            for line in Path("/proc/meminfo").read_text().splitlines():
-                if line.startswith("MemTotal:"):
-                    total = int(line.split()[1]) * 1024
-        except OSError:
-            total = 16 * GIB
-        return "cpu", total / GIB / max(1, layout(cfg).processes_per_node)
-    key = cfg["hardware"]["gpu_model"].lower()
-    if key in hardware.GPUS:
-        return key, hardware.GPUS[key].memory_gib
-    if key:
-        raise ConfigError(
-            f"config key hardware.gpu_model: unknown GPU {key!r}; known: {', '.join(sorted(hardware.GPUS))}"
+def choose_attention(
+    setting: str, packing: str, kernels: tuple[str, ...], on_gpu: bool, torch: str = ""
+) -> tuple[str, str]:
+    """The attention sft runs, and why: for `auto` the fastest kernel that ran on every node.
+
+    Neat packing keeps packed samples apart: torch's varlen kernel or flash-attn's varlen path do it
+    over each sample's own triangle; SDPA needs LLaMA-Factory's 4-D mask (the planner counts its
+    memory). Other packing leaves `auto` to LLaMA-Factory (flash-attn when it imports, else SDPA).
+    verify_env's attention finding reports the same choice from the same facts.
+    """
+    if setting != "auto" or packing != "neat" or not on_gpu:
+        return setting, ""
+    if "varlen" in kernels:
+        return "varlen", "attention varlen: torch's FlashAttention kernel over each packed sample"
+    if "fa2" in kernels:
+        return "fa2", (
+            "attention fa2: flash-attn's varlen kernel over each packed sample "
+            f"(torch {torch or '?'} has no working torch.nn.attention.varlen)"
         )
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(0)
-            spec = hardware.identify_gpu(props.name, getattr(props, "gcnArchName", ""))
-            return (spec.name if spec else props.name), props.total_memory / GIB
-    except ImportError:
-        pass
-    # Rendering runs on a login node without GPUs: assume the cluster's GPU (MI300X on ROCm) or
-    # the smallest common NVIDIA data-centre part, so a plan never assumes more memory than exists.
-    fallback = "mi300x" if vendor == "rocm" else "h100"
-    return fallback, hardware.GPUS[fallback].memory_gib
-
-
-def liger_available() -> bool:
     return (
-        importlib.util.find_spec("liger_kernel") is not None
-        and importlib.util.find_spec("triton") is not None
+        "sdpa",
+        "attention sdpa with neat packing's 4-D mask: neither varlen nor flash-attn runs on the nodes",
     )
 
 
@@ -361,16 +348,15 @@ def _bucket_elems(b: dict) -> tuple[float, float]:
     return num[0], num[1]
 
 
-def resolve(cfg: dict, model_dir: str | Path, vendor: str, shape: ModelShape | None = None) -> Plan:
+def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelShape | None = None) -> Plan:
     """Concrete settings for every `auto` in cfg['sft'], checked against the devices' memory."""
     sft = cfg["sft"]
     shape = shape or model_shape(model_dir)
-    lay = layout(cfg)
-    world = lay.world_size
+    world = platform.world_size
     seq = cfg["data"]["cutoff_len"]
-    gpu, capacity = gpu_capacity(cfg, vendor)
+    gpu, capacity = platform.gpu, platform.device_memory_gib
     usable = capacity * USABLE_FRACTION - CONTEXT_GIB
-    on_gpu = vendor != "cpu"
+    on_gpu = platform.on_gpu
     reasons: list[str] = []
 
     packing = sft["packing"]
@@ -381,10 +367,9 @@ def resolve(cfg: dict, model_dir: str | Path, vendor: str, shape: ModelShape | N
             if on_gpu
             else "packing off: the CPU demo trains row by row"
         )
-    attention = sft["flash_attn"]
-    if attention == "auto" and packing == "neat" and on_gpu:
-        attention = "varlen"
-        reasons.append("attention varlen: torch's FlashAttention kernel over each packed sample")
+    attention, why = choose_attention(sft["flash_attn"], packing, platform.attention, on_gpu, platform.torch)
+    if why:
+        reasons.append(why)
     neat_mask = packing == "neat" and attention in ("sdpa", "disabled", "auto")
     # Overlapped, large buckets need a GPU side stream; on gloo DeepSpeed's own sizes do.
     bucket_setting = sft["zero_bucket_size"] if on_gpu or sft["zero_bucket_size"] != "auto" else "hf"
@@ -403,7 +388,8 @@ def resolve(cfg: dict, model_dir: str | Path, vendor: str, shape: ModelShape | N
     else:
         stages = [0, 2, 3] if world > 1 else [0, 3]
     if sft["offload"] == "auto":
-        offloads = [False, True]
+        # On a CPU the "devices" are host memory already: nothing to offload to.
+        offloads = [False, True] if on_gpu else [False]
     else:
         offloads = [bool(sft["offload"])]
     gcs = [sft["gradient_checkpointing"]] if sft["gradient_checkpointing"] != "auto" else [False, True]
@@ -417,13 +403,12 @@ def resolve(cfg: dict, model_dir: str | Path, vendor: str, shape: ModelShape | N
         rows_options = [r for r in range(min(budget_rows, per_proc), 0, -1) if per_proc % r == 0]
     else:
         rows_options = list(range(budget_rows, 0, -1))
-    want_tokens = min(budget_rows * seq, MIN_EFFICIENT_TOKENS)
 
     def use_liger(stage: int) -> bool:
         if sft["liger_kernel"] != "auto":
             return bool(sft["liger_kernel"])
         # ZeRO-3 gathers weights in module hooks, which Liger's fused loss bypasses.
-        return on_gpu and stage < 3 and shape.model_type in LIGER_MODEL_TYPES and liger_available()
+        return on_gpu and stage < 3 and shape.model_type in LIGER_MODEL_TYPES and platform.liger
 
     def mem(stage, offload, rows, gc) -> Memory:
         return estimate(
@@ -441,36 +426,60 @@ def resolve(cfg: dict, model_dir: str | Path, vendor: str, shape: ModelShape | N
             buckets=_bucket_elems(_buckets(bucket_setting, shape, stage)),
         )
 
-    chosen = None
-    smallest: tuple[float, tuple] | None = None
-    # Pass 1 prefers no recomputation at an efficient micro-batch; pass 2 accepts what fits.
-    for strict in (True, False):
+    t = float(trainable_params(shape, sft["finetuning_type"]))
+
+    def accumulation(rows: int) -> int:
+        if sft["gradient_accumulation_steps"] != "auto":
+            return sft["gradient_accumulation_steps"]
+        return max(1, math.ceil(sft["tokens_per_step"] / (rows * seq * world)))
+
+    def candidates():
+        """Every setting allowed by the config, in the order that breaks ties (less first)."""
         for gc in gcs:
-            if strict and gc and len(gcs) > 1:
-                continue
             for stage in stages:
                 for offload in offloads:
                     if offload and stage != 3:
                         continue
                     for rows in rows_options:
-                        m = mem(stage, offload, rows, gc)
-                        if smallest is None or m.peak < smallest[0]:
-                            smallest = (m.peak, (stage, offload, rows, gc))
-                        if m.peak <= usable:
-                            if strict and len(rows_options) > 1 and rows * seq < want_tokens:
-                                break
-                            chosen = (stage, offload, rows, gc, m)
-                            break
-                    if chosen:
-                        break
-                if chosen:
-                    break
-            if chosen:
-                break
-        if chosen:
-            break
-    if chosen is None:
+                        yield stage, offload, rows, gc
+
+    smallest: tuple[float, tuple] | None = None
+    fitting, host_refused = [], []
+    for cand in candidates():
+        m = mem(*cand)
+        if smallest is None or m.peak < smallest[0]:
+            smallest = (m.peak, cand)
+        if m.peak > usable:
+            continue
+        stage, offload, rows, gc = cand
+        if offload and platform.host_memory_gib:
+            need = offload_host_gib(shape.params, t, platform.nodes)
+            if need > HOST_USABLE_FRACTION * platform.host_memory_gib:
+                host_refused.append(need)
+                continue
+        est = step_time(
+            shape,
+            platform,
+            stage=stage,
+            offload=offload,
+            micro_batch=rows,
+            seq_len=seq,
+            accumulation=accumulation(rows),
+            gradient_checkpointing=gc,
+            trainable=t,
+            precision=sft["precision"],
+        )
+        fitting.append((est, cand, m))
+    if not fitting:
+        if host_refused:
+            raise ConfigError(_host_refusal(shape, platform, min(host_refused)))
         raise ConfigError(_refusal(cfg, shape, gpu, usable, smallest, seq))
+    # Fastest first; among equals (within 1 %) the earlier candidate: less recompute, less sharding.
+    best = max(est.tokens_per_s_per_gpu for est, _, _ in fitting)
+    estimate_, (stage, offload, rows, gc), memory = next(
+        f for f in fitting if f[0].tokens_per_s_per_gpu >= 0.99 * best
+    )
+    chosen = (stage, offload, rows, gc, memory)
     stage, offload, rows, gc, memory = chosen
     if sft["zero_stage"] == "auto":
         if not zero2_first:
@@ -486,24 +495,14 @@ def resolve(cfg: dict, model_dir: str | Path, vendor: str, shape: ModelShape | N
                 3: "zero_stage 3: even the 16-bit weights need sharding",
             }[stage]
         )
-    if sft["gradient_checkpointing"] == "auto":
-        reasons.append(
-            "gradient checkpointing on: activations do not fit otherwise"
-            if gc
-            else "gradient checkpointing off: activations fit"
-        )
-    if sft["offload"] == "auto" and offload:
-        reasons.append("offload on: ZeRO-3 alone does not fit")
-    per_step = rows * seq * world
+    reasons.extend(_tradeoffs(sft, fitting, (stage, offload, rows, gc), estimate_, host_refused, platform))
+    accum = accumulation(rows)
     if sft["gradient_accumulation_steps"] == "auto":
-        accum = max(1, math.ceil(sft["tokens_per_step"] / per_step))
         reasons.append(
             f"gradient_accumulation {accum}: >= {sft['tokens_per_step']} tokens per optimizer step"
         )
-    else:
-        accum = sft["gradient_accumulation_steps"]
     if sft["per_device_train_batch_size"] == "auto":
-        reasons.append(f"micro-batch {rows} x {seq} tokens: the largest within the budget that fits")
+        reasons.append(f"micro-batch {rows} x {seq} tokens: the fastest estimate within the budget that fits")
     return Plan(
         zero_stage=stage,
         offload=offload,
@@ -523,6 +522,50 @@ def resolve(cfg: dict, model_dir: str | Path, vendor: str, shape: ModelShape | N
         params=shape.params,
         reasons=reasons,
         compile=_use_compile(sft, stage),
+        step=estimate_,
+    )
+
+
+def _tradeoffs(
+    sft: dict, fitting: list, chosen: tuple, est: StepTime, host_refused: list, platform: Platform
+) -> list[str]:
+    """Why the chosen plan beat the fastest fitting plan of the other kind (recompute, offload)."""
+    out = []
+    for key, index, name in (
+        ("gradient_checkpointing", 3, "gradient checkpointing"),
+        ("offload", 1, "offload"),
+    ):
+        if sft[key] != "auto":
+            continue
+        others = [f for f in fitting if f[1][index] != chosen[index]]
+        state = "on" if chosen[index] else "off"
+        if not others and key == "offload" and host_refused:
+            out.append(
+                f"offload off: its host-side states ({min(host_refused):.0f} GiB per node) do not fit "
+                f"in {HOST_USABLE_FRACTION:.0%} of the nodes' {platform.host_memory_gib:.0f} GiB"
+            )
+            continue
+        if not others:
+            why = "the only way to fit" if chosen[index] else "fits without it"
+            out.append(f"{name} {state}: {why}")
+            continue
+        alt = max(others, key=lambda f: f[0].tokens_per_s_per_gpu)
+        a_stage, a_off, a_rows, a_gc = alt[1]
+        out.append(
+            f"{name} {state}: estimated {est.tokens_per_s_per_gpu:,.0f} tokens/s/GPU "
+            f"({est.total_s:.2f} s/step) against {alt[0].tokens_per_s_per_gpu:,.0f} "
+            f"({alt[0].total_s:.2f} s/step) with it {'off' if chosen[index] else 'on'} "
+            f"(ZeRO-{a_stage}{' + offload' if a_off else ''}, micro-batch {a_rows})"
+        )
+    return out
+
+
+def _host_refusal(shape: ModelShape, platform: Platform, need: float) -> str:
+    return (
+        f"sft does not fit: {shape.params / 1e9:.2f} B parameters need ZeRO-3 CPU offload, which holds "
+        f"{need:.0f} GiB per node in host memory, but the nodes have {platform.host_memory_gib:.0f} GiB "
+        f"({HOST_USABLE_FRACTION:.0%} usable). Change: more nodes (hardware.nodes), sft.finetuning_type: "
+        "lora, or a shorter data.cutoff_len"
     )
 
 
@@ -594,5 +637,11 @@ def describe(plan: Plan) -> str:
         f"{m.optimizer:.1f} + buckets {m.buckets:.1f} + max(activations {m.activations:.1f} + loss "
         f"{m.loss:.1f} + mask {m.mask:.1f}, step {m.step_transient:.1f})",
     ]
+    if plan.step:
+        st = plan.step
+        lines.append(
+            f"estimated step {st.total_s:.2f} s = compute {st.compute_s:.2f} + exposed collectives "
+            f"{st.comm_s:.2f} + offload {st.offload_s:.2f}: {st.tokens_per_s_per_gpu:,.0f} tokens/s/GPU"
+        )
     lines += [f"  because {r}" for r in plan.reasons]
     return "\n".join(lines)

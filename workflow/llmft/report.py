@@ -23,6 +23,7 @@ import yaml
 
 from . import hardware
 from .io import read_json, read_jsonl, write_json, write_text
+from .platform import Platform
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
 REPO = Path(__file__).resolve().parents[2]
@@ -341,15 +342,14 @@ def throughput_series(history: list[dict], world: int) -> list[tuple[float, floa
     return out
 
 
-def peak_flops(verify: dict) -> tuple[float | None, str]:
-    """Dense bf16 peak TFLOP/s of the job's GPU model, from hardware.py; None on CPU or unknown GPU."""
-    nodes = verify.get("nodes") or [{}]
-    devices = nodes[0].get("devices") or []
-    if not devices:
+def peak_flops(platform: Platform | None) -> tuple[float | None, str]:
+    """Dense bf16 peak TFLOP/s of the GPU the run trained on (the platform its plan was made for,
+    hardware.py's table); None on CPU or for an unknown GPU."""
+    if platform is None or not platform.on_gpu:
         return None, "n/a: CPU run (no accelerator peak to compare with)"
-    spec = hardware.identify_gpu(devices[0].get("name", ""), devices[0].get("arch", ""))
+    spec = platform.spec
     if spec is None:
-        return None, f"n/a: no peak FLOP/s known for {devices[0].get('name')}"
+        return None, f"n/a: no peak FLOP/s known for {platform.gpu}"
     return spec.peak_bf16_tflops, f"{spec.name}, dense bf16 peak {spec.peak_bf16_tflops:g} TFLOP/s"
 
 
@@ -441,7 +441,9 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
         from .evaluate import safetensors_stats
 
         n_params = safetensors_stats(run / "sft/model")["n_params"] or None
-    on_gpu = bool(((verify.get("nodes") or [{}])[0]).get("devices"))
+    ours = sft_args.get("llmft") or {}
+    platform = Platform.from_json(ours["platform"]) if ours.get("platform") else None
+    on_gpu = bool(platform and platform.on_gpu)
 
     # ---- curves
     loss = [(h["step"], h["loss"]) for h in history if "loss" in h]
@@ -449,7 +451,7 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
     lr = [(h["step"], h["learning_rate"]) for h in history if "learning_rate" in h]
     gnorm = [(h["step"], h["grad_norm"]) for h in history if h.get("grad_norm") is not None]
     tps = throughput_series(history, world)
-    peak, peak_note = peak_flops(verify)
+    peak, peak_note = peak_flops(platform)
     packed = bool(sft_args.get("packing") or sft_args.get("neat_packing"))
     seq_len = (sft_args.get("cutoff_len") if packed else stats.get("mean_tokens")) or 0
     attn = attention_flops_per_token(shape, seq_len)
@@ -556,6 +558,7 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
         ],
         ["python", node.get("python")],
         ["platform", node.get("platform")],
+        ["planned for", f"{platform.describe()} ({platform.source})" if platform else "n/a"],
     ] + [[f"measured {k}", v] for k, v in _numeric_leaves(verify.get("collectives") or {})]
 
     # ---- provenance

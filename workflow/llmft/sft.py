@@ -17,51 +17,32 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import yaml
 
-from . import hardware, pretokenize, slurm
-from .config import ConfigError, layout
+from . import pretokenize, slurm
+from .config import BUILTIN_MODEL, ConfigError
 from .io import atomic_path, read_json, read_jsonl, write_json, write_text
+from .launch import launch_env, torchrun_command
 from .packing import STAMP_FILE, packed_dir_name, packing_args, source_fingerprint
 from .plan import ModelShape, Plan, describe, resolve
+from .platform import Platform
 
 log = logging.getLogger("llmft.sft")
 
 # History of earlier attempts in the work folder: one JSON line per stop, preemption or divergence.
 EVENTS_FILE = "llmft_events.jsonl"
 
-OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
 
-
-def resolve_vendor(cfg: dict) -> str:
-    """cpu / cuda / rocm: the config's choice, or what torch was built for when `auto`."""
-    vendor = cfg["hardware"]["vendor"]
-    if vendor != "auto":
-        return vendor
-    if cfg["hardware"]["gpus_per_node"] == 0:
-        return "cpu"
-    import torch
-
-    return "rocm" if getattr(torch.version, "hip", None) else "cuda"
-
-
-def deepspeed_config(cfg: dict, plan: Plan) -> dict | None:
+def deepspeed_config(plan: Plan, platform: Platform) -> dict | None:
     """DeepSpeed JSON; batch size, LR and precision stay "auto" so the LLaMA-Factory YAML owns them."""
     stage = plan.zero_stage
     if stage == 0:
         return None
-    gpu = resolve_vendor(cfg) != "cpu"
+    gpu = platform.on_gpu
     buckets = plan.buckets
     zero: dict = {
         "stage": stage,
@@ -106,11 +87,17 @@ def deepspeed_config(cfg: dict, plan: Plan) -> dict | None:
 
 
 def llamafactory_args(
-    cfg: dict, base_model: str, data_dir: str, deepspeed_path: str | None, work_root: str, plan: Plan
+    cfg: dict,
+    base_model: str,
+    data_dir: str,
+    deepspeed_path: str | None,
+    work_root: str,
+    plan: Plan,
+    platform: Platform,
 ) -> dict:
     """The LLaMA-Factory training arguments; `sft.extra` wins over our defaults."""
     sft = cfg["sft"]
-    vendor = resolve_vendor(cfg)
+    vendor = platform.vendor
     args: dict = {
         "model_name_or_path": base_model,
         "trust_remote_code": False,
@@ -170,7 +157,7 @@ def llamafactory_args(
         args["use_cpu"] = True  # transformers refuses half precision on CPU without it
     if deepspeed_path:
         args["deepspeed"] = deepspeed_path
-    elif layout(cfg).world_size > 1:
+    elif platform.world_size > 1:
         # LLaMA-Factory's DDP default (True) costs an extra pass each step.
         args["ddp_find_unused_parameters"] = False
     args.update(sft["extra"])
@@ -197,17 +184,14 @@ def tiny_shape(tiny: dict) -> ModelShape:
     return dataclasses.replace(shape, params=layers * shape.layer_params + vocab * hidden + hidden)
 
 
-def planned_packing(
-    cfg: dict, base_model: str, data_dir: str, shape: ModelShape | None = None
-) -> dict | None:
-    """What render() will ask pack_data for: the packing arguments of the LLaMA-Factory YAML when it
-    loads packed rows, else None. Called when the workflow is parsed (a config error raises here)."""
-    plan = resolve(cfg, base_model, resolve_vendor(cfg), shape)
-    args = llamafactory_args(cfg, base_model, data_dir, None, "", plan)
-    pargs = packing_args(args)
-    if pargs is None or args.get("tokenized_path") != f"{data_dir}/{packed_dir_name(pargs)}":
-        return None
-    return pargs
+def precheck(cfg: dict) -> Plan:
+    """The plan for what the config declares (Platform.declared), made when the workflow is parsed:
+    a config that could fit on no node stops before any job. A builtin:tiny model does not exist
+    yet then: its shape comes from model.tiny. The plan sft trains with is made later, from the
+    nodes' facts (render)."""
+    name = cfg["model"]["name_or_path"]
+    shape = tiny_shape(cfg["model"]["tiny"]) if name == BUILTIN_MODEL else None
+    return resolve(cfg, name, Platform.declared(cfg), shape)
 
 
 def check_packed(args: dict, data_dir: str) -> None:
@@ -241,16 +225,39 @@ def check_packed(args: dict, data_dir: str) -> None:
     log.info("sft loads packed rows from %s (%s)", path, want)
 
 
-def render(cfg: dict, base_model: str, data_dir: str, out_yaml: str, out_ds: str, work_root: str):
-    """Plan, then write llamafactory.yaml (+ the launcher's `llmft:` block) and deepspeed.json."""
-    plan = resolve(cfg, base_model, resolve_vendor(cfg))
-    log.info("%s", describe(plan))
-    ds = deepspeed_config(cfg, plan)
-    write_json(out_ds, ds or {"zero_optimization": {"stage": 0}, "disabled": True})
-    args = llamafactory_args(cfg, base_model, data_dir, out_ds if ds else None, work_root, plan)
+def check_packed_yaml(yaml_path: str) -> None:
+    """Before training: packed rows the YAML loads must be pack_data's, for these arguments."""
+    args = yaml.safe_load(Path(yaml_path).read_text())
+    data_dir = args.get("dataset_dir", "")
+    if packs_from_pack_data(args, data_dir):
+        check_packed(args, data_dir)
+
+
+def packs_from_pack_data(args: dict, data_dir: str) -> dict | None:
+    """The packing arguments when the YAML loads rows that pack_data packs, else None."""
     pargs = packing_args(args)
     if pargs and args.get("tokenized_path") == f"{data_dir}/{packed_dir_name(pargs)}":
-        check_packed(args, data_dir)
+        return pargs
+    return None
+
+
+def render(
+    cfg: dict,
+    base_model: str,
+    data_dir: str,
+    out_yaml: str,
+    out_ds: str,
+    work_root: str,
+    platform: Platform,
+    shape: ModelShape | None = None,
+):
+    """Plan for `platform`; write llamafactory.yaml (+ the launcher's `llmft:` block) and deepspeed.json."""
+    plan = resolve(cfg, base_model, platform, shape)
+    log.info("platform: %s (%s)", platform.describe(), platform.source)
+    log.info("%s", describe(plan))
+    ds = deepspeed_config(plan, platform)
+    write_json(out_ds, ds or {"zero_optimization": {"stage": 0}, "disabled": True})
+    args = llamafactory_args(cfg, base_model, data_dir, out_ds if ds else None, work_root, plan, platform)
     args["llmft"] = {
         "attention": plan.attention,
         "divergence_factor": cfg["sft"]["divergence_factor"],
@@ -261,54 +268,20 @@ def render(cfg: dict, base_model: str, data_dir: str, out_yaml: str, out_ds: str
         "compile_layers": plan.compile,
         "liger_loss_only": plan.liger and plan.compile,
         "plan": plan.to_json(),
+        "platform": platform.to_json(),
     }
-    lay = layout(cfg)
     header = (
         "# Rendered by llmft from config/config.yaml: edit the config, not this file.\n"
-        f"# world size {lay.world_size} = {lay.nodes} node(s) x {lay.processes_per_node} process(es)\n"
+        f"# planned for the nodes' facts, {platform.source}:\n"
+        f"#   {platform.describe()}\n"
+        f"# world size {platform.world_size} = {platform.nodes} node(s) x "
+        f"{platform.processes_per_node} process(es)\n"
         + "".join(f"# {line}\n" for line in describe(plan).splitlines())
         + "# The `llmft:` block is read by llmft's launcher (python -m llmft sft) and removed before\n"
         "# LLaMA-Factory parses the rest; delete it to run this file with plain llamafactory-cli.\n"
     )
     write_text(out_yaml, header + yaml.safe_dump(args, sort_keys=False))
     return args
-
-
-def launch_env(cfg: dict, alloc: slurm.Allocation, base_env: dict | None = None) -> dict:
-    """Environment for LLaMA-Factory's torchrun launcher on this node."""
-    env = dict(os.environ if base_env is None else base_env)
-    vendor = resolve_vendor(cfg)
-    preset = hardware.collective_preset(vendor, cfg["hardware"]["socket_ifname"], cfg["hardware"]["ib_hca"])
-    for key, value in preset.env.items():
-        env.setdefault(key, value)
-    env.update(OFFLINE_ENV)
-    env.setdefault("RECORD_VRAM", "1")  # peak GPU memory in trainer_log.jsonl
-    lay = layout(cfg)
-    env.update(
-        {
-            "FORCE_TORCHRUN": "1",
-            "NNODES": str(alloc.nnodes),
-            "NODE_RANK": str(alloc.node_rank),
-            "NPROC_PER_NODE": str(lay.processes_per_node),
-            "MASTER_ADDR": alloc.master_addr,
-            "MASTER_PORT": str(alloc.master_port),
-        }
-    )
-    if vendor == "cpu":
-        # One compute thread per process: 2 processes on 2 cores don't fight.
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // lay.processes_per_node)))
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    if vendor != "cpu":
-        # What LLaMA-Factory's own launcher sets (OPTIM_TORCH): less fragmentation, no
-        # record_stream bookkeeping for NCCL.
-        env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-        env.setdefault("TORCH_NCCL_AVOID_RECORD_STREAMS", "1")
-    bindir = str(Path(sys.executable).parent)
-    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
-    # The workers import llmft.train: make the package importable however it was installed.
-    package_root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    return env
 
 
 def worker_pids(parent: int) -> list[int]:
@@ -328,28 +301,6 @@ def worker_pids(parent: int) -> list[int]:
     return out
 
 
-def torchrun_command(alloc: slurm.Allocation, nproc: int, yaml_path: str) -> list[str]:
-    """The torchrun that LLaMA-Factory's launcher builds for FORCE_TORCHRUN, over llmft.train."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        str(alloc.nnodes),
-        "--node_rank",
-        str(alloc.node_rank),
-        "--nproc_per_node",
-        str(nproc),
-        "--master_addr",
-        alloc.master_addr,
-        "--master_port",
-        str(alloc.master_port),
-        "-m",
-        "llmft.train",
-        yaml_path,
-    ]
-
-
 def _archive(work: Path, name: str) -> None:
     path = work / name
     if not path.exists():
@@ -362,12 +313,6 @@ def _archive(work: Path, name: str) -> None:
     with open(work / EVENTS_FILE, "a", encoding="utf-8") as fh:
         fh.write(json.dumps({"file": name, "archived": time.time(), "content": content}) + "\n")
     path.unlink()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _ignore_usr1() -> None:
@@ -390,10 +335,11 @@ def launch(cfg: dict, yaml_path: str) -> int:
     if not alloc.job_id:
         # Outside Slurm one node rendezvouses with itself: any free port (or MASTER_PORT), so runs
         # side by side on one machine never collide on a fixed one.
-        port = int(os.environ.get("MASTER_PORT") or _free_port())
+        port = int(os.environ.get("MASTER_PORT") or slurm.free_port())
         alloc = dataclasses.replace(alloc, master_port=port)
     args = yaml.safe_load(Path(yaml_path).read_text())
     ours = args.get("llmft") or {}
+    platform = Platform.from_json(ours["platform"])
     work = Path(args["output_dir"])
     work.mkdir(parents=True, exist_ok=True)
     if alloc.node_rank == 0:
@@ -402,7 +348,7 @@ def launch(cfg: dict, yaml_path: str) -> int:
         # that every worker waits for.
         for stale in (STOP_REQUEST_FILE, PREEMPTED_FILE, DIVERGENCE_FILE):
             _archive(work, stale)
-    env = launch_env(cfg, alloc)
+    env = launch_env(platform, alloc)
     host = os.environ.get("SLURMD_NODENAME", alloc.nodes[alloc.node_rank])
     print(
         # the first part in LLaMA-Factory's own launcher wording, which its users grep for
@@ -411,7 +357,9 @@ def launch(cfg: dict, yaml_path: str) -> int:
         flush=True,
     )
     proc = subprocess.Popen(
-        torchrun_command(alloc, int(env["NPROC_PER_NODE"]), yaml_path), env=env, preexec_fn=_ignore_usr1
+        torchrun_command(alloc, platform.processes_per_node, "llmft.train", yaml_path),
+        env=env,
+        preexec_fn=_ignore_usr1,
     )
 
     def on_signal(signum, _frame):
@@ -451,9 +399,10 @@ def launch(cfg: dict, yaml_path: str) -> int:
     return rc
 
 
-def finalize(yaml_path: str, model_out: str, summary_out: str, world_size: int) -> dict:
+def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
     """Publish the trained model atomically and summarise the run from trainer_log.jsonl."""
     args = yaml.safe_load(Path(yaml_path).read_text())
+    world_size = Platform.from_json(args["llmft"]["platform"]).world_size
     work = Path(args["output_dir"])
     if not (work / "config.json").is_file():
         raise RuntimeError(f"training left no model in {work}: see the sft log")

@@ -8,11 +8,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
 from snakemake.exceptions import WorkflowError
+from snakemake.settings.types import DeploymentMethod
 
 from llmft.config import BUILTIN_DATA, BUILTIN_MODEL, ConfigError, layout, validate
+from llmft.sft import precheck
 
 try:
     CFG = validate(config, base_dir=Path.cwd())
+    # A config that could fit on no node of the declared kind stops here, naming the keys to
+    # change; the plan sft trains with is made later from the nodes' facts (render_sft_config).
+    precheck(CFG)
 except ConfigError as exc:
     raise WorkflowError(f"llmft config error: {exc}") from None
 
@@ -60,11 +65,6 @@ def dataset_inputs(wildcards):
     ]
 
 
-def packed_data(wildcards):
-    """pack_data's packed rows when the rendered YAML packs (PACKING, set in sft.smk), else nothing."""
-    return [f"results/{wildcards.run}/data/{PACKED_DIR}"] if PACKING else []
-
-
 def per_node_resources():
     """Slurm resources of a stage that runs once per node (verify_env, sft).
 
@@ -91,6 +91,28 @@ def per_node_launcher(wildcards, resources, threads):
         f"{resources.mpi} --nodes={LAYOUT.nodes} --ntasks-per-node=1 --cpus-per-task={cpus}"
         " --kill-on-bad-exit=1"
     )
+
+
+def stage_container(per_node=False):
+    """The image of a stage's `container:` (None: none). A stage that starts one task per node with
+    its own `srun` (per_node_launcher) runs that srun on the job's host, where Slurm's tools are, and
+    enters the image inside it instead (stage_python)."""
+    if per_node and LAYOUT.nodes > 1:
+        return None
+    return CFG["container"]["image"] or None
+
+
+def stage_python():
+    """`python` for verify_env and sft: inside the image when they srun one task per node."""
+    image = CFG["container"]["image"]
+    settings = workflow.deployment_settings
+    if (
+        not image
+        or LAYOUT.nodes == 1
+        or DeploymentMethod.APPTAINER not in settings.deployment_method
+    ):
+        return "python"
+    return f"apptainer exec {settings.apptainer_args} {shlex.quote(image)} python"
 
 
 def eval_model(wildcards):

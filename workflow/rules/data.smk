@@ -3,8 +3,8 @@ rule base_model:
         directory("results/{run}/base_model"),
     log:
         "results/{run}/logs/base_model.log",
-    conda:
-        "../../envs/llmft.yaml"
+    container:
+        stage_container()
     params:
         cfg=cfg_arg("model"),
     shell:
@@ -16,8 +16,8 @@ rule synthetic_data:
         "results/{run}/data/synthetic.jsonl",
     log:
         "results/{run}/logs/synthetic_data.log",
-    conda:
-        "../../envs/llmft.yaml"
+    container:
+        stage_container()
     params:
         cfg=cfg_arg("data.synthetic_rows"),
     shell:
@@ -39,8 +39,8 @@ rule prepare_data:
         "results/{run}/logs/prepare_data.log",
     benchmark:
         "results/{run}/benchmarks/prepare_data.tsv"
-    conda:
-        "../../envs/llmft.yaml"
+    container:
+        stage_container()
     # One tokenizing process per thread; Snakemake lowers it to the cores it has (CPU job on Slurm).
     threads: 8
     params:

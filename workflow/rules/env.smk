@@ -7,12 +7,20 @@ rule verify_env:
         "results/{run}/logs/verify_env.log",
     benchmark:
         "results/{run}/benchmarks/verify_env.tsv"
-    conda:
-        "../../envs/llmft.yaml"
+    container:
+        stage_container(per_node=True)
     resources:
         **per_node_resources(),
     params:
-        cfg=cfg_arg("hardware", "verify", "sft.flash_attn", "sft.zero_stage"),
+        cfg=cfg_arg(
+            "hardware",
+            "verify",
+            "sft.flash_attn",
+            "sft.packing",
+            "sft.zero_stage",
+            "sft.offload",
+        ),
         launcher=per_node_launcher,
+        python=stage_python(),
     shell:
-        "{params.launcher} python -m llmft verify-env {params.cfg} --out {output} > {log} 2>&1"
+        "{params.launcher} {params.python} -m llmft verify-env {params.cfg} --out {output:q} > {log:q} 2>&1"

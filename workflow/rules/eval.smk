@@ -11,8 +11,8 @@ rule evaluate:
         "results/{run}/logs/evaluate_{which}.log",
     benchmark:
         "results/{run}/benchmarks/evaluate_{which}.tsv"
-    conda:
-        "../../envs/llmft.yaml"
+    container:
+        stage_container()
     params:
         cfg=cfg_arg("eval", "model.template"),
     shell:

@@ -77,8 +77,8 @@ rule report:
         ),
     log:
         "results/{run}/logs/report.log",
-    conda:
-        "../../envs/llmft.yaml"
+    container:
+        stage_container()
     params:
         cfg=cfg_arg("run", "hardware", "model", "data", "sft", "verify", "eval"),
     shell:

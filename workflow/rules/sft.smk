@@ -1,73 +1,51 @@
-# A config that cannot fit on the GPUs stops here, before any job is submitted, naming the keys to
-# change (sft.* auto values are resolved by the same planner when the config is rendered). A
-# builtin:tiny model does not exist yet at this point: its shape comes from model.tiny.
-# The same plan says whether the rendered YAML packs rows (plain or neat): then pack_data packs
-# prepare_data's tokenized rows on the CPU side and sft loads them as they are.
-from llmft.packing import packed_dir_name
-from llmft.sft import planned_packing, tiny_shape
-
-try:
-    PACKING = planned_packing(
-        CFG,
-        CFG["model"]["name_or_path"],
-        f"results/{RUN}/data",
-        (
-            tiny_shape(CFG["model"]["tiny"])
-            if CFG["model"]["name_or_path"] == BUILTIN_MODEL
-            else None
-        ),
-    )
-except ConfigError as exc:
-    raise WorkflowError(f"llmft config error: {exc}") from None
-# data/packed-<hash of the packing arguments>: what the rendered YAML's tokenized_path names.
-PACKED_DIR = packed_dir_name(PACKING) if PACKING else "packed-none"
-
-
-# Only in the DAG when the config packs. The packing arguments (template, cutoff_len, plain/neat,
-# LLaMA-Factory's shard and batch layout) name its output and are its params: a change to any of
-# them repacks (and --prune removes the folder packed for the old ones).
-rule pack_data:
-    input:
-        tokenizer=base_model_dir,
-        train="results/{run}/data/train.jsonl",
-        heldout="results/{run}/data/heldout.jsonl",
-        tokenized="results/{run}/data/tokenized",
-    output:
-        packed=directory(f"results/{{run}}/data/{PACKED_DIR}"),
-    log:
-        "results/{run}/logs/pack_data.log",
-    benchmark:
-        "results/{run}/benchmarks/pack_data.tsv"
-    conda:
-        "../../envs/llmft.yaml"
-    threads: 1
-    params:
-        args=lambda wc: shlex.quote(json.dumps(PACKING, sort_keys=True)),
-    shell:
-        "python -m llmft pack-data --args-json {params.args} --tokenizer {input.tokenizer}"
-        " --data-dir results/{wildcards.run}/data --out {output.packed} --prune > {log} 2>&1"
-
-
+# The plan sft trains with is made here, on the submit host, from the facts verify_env measured on
+# the nodes that train (verify.json): vendor, GPU model and memory, torch build, the attention
+# kernels that ran there, host memory. The submit host's own torch never enters it.
 rule render_sft_config:
     input:
         base_model=base_model_dir,
         info="results/{run}/data/dataset_info.json",
-        packed=packed_data,
+        verify="results/{run}/env/verify.json",
     output:
         yaml="results/{run}/sft/llamafactory.yaml",
         deepspeed="results/{run}/sft/deepspeed.json",
     log:
         "results/{run}/logs/render_sft_config.log",
     localrule: True
-    conda:
-        "../../envs/llmft.yaml"
+    container:
+        stage_container()
     params:
         cfg=cfg_arg("hardware", "model.template", "data.cutoff_len", "sft"),
     shell:
-        "python -m llmft render-sft {params.cfg} --base-model {input.base_model}"
-        " --data-dir results/{wildcards.run}/data --out-yaml {output.yaml}"
-        " --out-deepspeed {output.deepspeed} --work-root results/{wildcards.run}/work"
-        " > {log} 2>&1"
+        "python -m llmft render-sft {params.cfg} --base-model {input.base_model:q}"
+        " --verify {input.verify:q} --data-dir results/{wildcards.run}/data"
+        " --out-yaml {output.yaml:q} --out-deepspeed {output.deepspeed:q}"
+        " --work-root results/{wildcards.run}/work > {log:q} 2>&1"
+
+
+# When the rendered YAML packs rows (plain or neat), pack them once on the CPU side, exactly as
+# LLaMA-Factory would, into data/packed-<hash of the packing arguments>/; a re-rendered YAML with the
+# same packing arguments (a new learning rate) reuses that folder. The stamp says what sft loads.
+rule pack_data:
+    input:
+        tokenizer=base_model_dir,
+        yaml="results/{run}/sft/llamafactory.yaml",
+        train="results/{run}/data/train.jsonl",
+        heldout="results/{run}/data/heldout.jsonl",
+        tokenized="results/{run}/data/tokenized",
+    output:
+        stamp="results/{run}/data/packed.json",
+    log:
+        "results/{run}/logs/pack_data.log",
+    benchmark:
+        "results/{run}/benchmarks/pack_data.tsv"
+    container:
+        stage_container()
+    threads: 1
+    shell:
+        "python -m llmft pack-data --yaml {input.yaml:q} --tokenizer {input.tokenizer:q}"
+        " --data-dir results/{wildcards.run}/data --stamp-out {output.stamp:q} --prune"
+        " > {log:q} 2>&1"
 
 
 # Checkpoints live in results/{run}/work/sft-<config hash>/, which is not a declared output:
@@ -80,7 +58,7 @@ rule sft:
         train="results/{run}/data/train.jsonl",
         heldout="results/{run}/data/heldout.jsonl",
         tokenized="results/{run}/data/tokenized",
-        packed=packed_data,
+        packed="results/{run}/data/packed.json",
     output:
         model=directory("results/{run}/sft/model"),
         summary="results/{run}/sft/train_summary.json",
@@ -88,16 +66,17 @@ rule sft:
         "results/{run}/logs/sft.log",
     benchmark:
         "results/{run}/benchmarks/sft.tsv"
-    conda:
-        "../../envs/llmft.yaml"
+    container:
+        stage_container(per_node=True)
     resources:
         **per_node_resources(),
     params:
         cfg=cfg_arg("hardware", "verify"),
         launcher=per_node_launcher,
+        python=stage_python(),
     shell:
-        "(python -m llmft sft {params.cfg} --yaml {input.yaml} --verify {input.verify}"
-        " --check-only && {params.launcher} python -m llmft sft {params.cfg}"
-        " --yaml {input.yaml} --launch-only"
-        " && python -m llmft sft {params.cfg} --yaml {input.yaml} --finalize-only"
-        " --model-out {output.model} --summary-out {output.summary}) > {log} 2>&1"
+        "({params.python} -m llmft sft {params.cfg} --yaml {input.yaml:q} --verify {input.verify:q}"
+        " --check-only && {params.launcher} {params.python} -m llmft sft {params.cfg}"
+        " --yaml {input.yaml:q} --launch-only"
+        " && {params.python} -m llmft sft {params.cfg} --yaml {input.yaml:q} --finalize-only"
+        " --model-out {output.model:q} --summary-out {output.summary:q}) > {log:q} 2>&1"
