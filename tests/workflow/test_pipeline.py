@@ -29,6 +29,11 @@ def test_all_five_stages_ran_for_real(demo):
     run = work / "results/demo"
     verify = json.loads((run / "env/verify.json").read_text())
     assert verify["ok"] and verify["nodes"][0]["packages"]["deepspeed"]
+    # the numerics canary ran through the demo's kernels and matched the committed fp32 curve
+    canary = verify["nodes"][0]["canary"]
+    assert canary["ok"] and canary["path"]["precision"] == "fp32" and len(canary["run"]["losses"]) == 40
+    assert "canary" in {f["check"] for f in verify["findings"] if f["ok"]}
+    assert "Numerics canary" in (run / "report/index.html").read_text()
     sft_log = (run / "logs/sft.log").read_text()
     # LLaMA-Factory under torchrun with 2 processes and DeepSpeed ZeRO-3
     assert "Initializing 2 distributed tasks" in sft_log

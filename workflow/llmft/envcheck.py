@@ -18,6 +18,7 @@ plainly on one), through the same launch path as sft (`launch.launch_env`, `slur
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -41,6 +42,8 @@ VERIFY_PORT_OFFSET = -2000
 # The probe imports the training stack (~10 s) and, with offload, JIT-builds DeepSpeed's CPU Adam
 # (a minute on first use): verify.timeout_seconds bounds the collectives, this bounds the probe.
 PROBE_TIMEOUT_S = 300.0
+# The canary trains for seconds; its diagnosis reruns it up to four times more.
+CANARY_TIMEOUT_S = 240.0
 NCCL_DEBUG_ENV = {
     "NCCL_DEBUG": "INFO",
     # GRAPH: the path type between GPUs (NVL/XGMI vs PCIe); P2P/SHM/NET: the connections.
@@ -104,7 +107,29 @@ def probe_node(env: dict, scratch: Path, timeout_s: float, cfg: dict) -> dict:
     if err is not None:
         err["last_step"] = facts.get("probe_step", "start")
         facts["probe_error"] = err
+    elif cfg["verify"]["canary"]:
+        facts["canary"] = canary_node(env, scratch, facts, cfg)
     return facts
+
+
+def canary_node(env: dict, scratch: Path, facts: dict, cfg: dict) -> dict:
+    """The numerics canary (llmft.canary) in its own child, through this node's planned kernels."""
+    t = time.monotonic()
+    facts_path, out = scratch / "canary_facts.json", scratch / "canary.json"
+    write_json(facts_path, facts)
+    cmd = [sys.executable, "-m", "llmft.canary", "--facts", str(facts_path), "--out", str(out)]
+    cmd += ["--config-json", json.dumps(cfg)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CANARY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "message": f"the canary did not finish within {CANARY_TIMEOUT_S:g} s"}
+    if proc.returncode != 0 or not out.exists():
+        why = _signal_name(proc.returncode) or f"exit {proc.returncode}"
+        return {"ok": False, "message": f"the canary crashed ({why}): {proc.stderr.strip()[-500:]}"}
+    result = read_json(out)
+    result["seconds"] = round(time.monotonic() - t, 1)
+    print(f"[verify_env] canary in {result['seconds']} s: {result.get('message')}", flush=True)
+    return result
 
 
 def _signal_name(returncode: int) -> str | None:

@@ -140,6 +140,39 @@ def _judge_attention(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
     return out
 
 
+def judge_canary(facts: dict) -> list[Finding]:
+    """The numerics canary's verdict (llmft.canary), with the suspect its reruns named."""
+    can = facts.get("canary")
+    if not can:
+        return []
+    if can.get("ok") is None:
+        return [Finding("canary", True, can.get("message", "not judged"))]
+    took = f" in {can['seconds']:g} s" if can.get("seconds") is not None else ""
+    if can["ok"]:
+        return [Finding("canary", True, f"training numerics match the golden curve{took}: {can['message']}")]
+    fixes = {
+        "attention": "set sft.flash_attn to another kernel (sdpa) and rebuild the failing one for this GPU "
+        "(flash-attn with GPU_ARCHS=gfx942 on MI300X; a torch built for this arch)",
+        "fused": "set sft.liger_kernel: false; update liger-kernel and Triton (pytorch-triton-rocm on ROCm)",
+        "precision": "train in fp32 to confirm, then update the vendor BLAS / torch build (bf16 kernels)",
+        "optimizer": "update torch (its fused AdamW) or set sft.extra: {optim: adamw_torch}",
+        "learning_rate": "lower sft.learning_rate, check the scheduler and warm-up",
+    }
+    suspects = can.get("suspect") or []
+    fix = (
+        "; ".join(fixes[s] for s in suspects if s in fixes) or "compare the canary log with the golden curve"
+    )
+    return [
+        Finding(
+            "canary",
+            False,
+            f"training numerics are off on this node{took}: {can.get('message')}. "
+            + (can.get("diagnosis") or ""),
+            fix,
+        )
+    ]
+
+
 def _judge_gpu_model(facts: dict, cfg: dict) -> list[Finding]:
     """A declared hardware.gpu_model must be what the node has: the plan budgets its memory."""
     declared = cfg["hardware"].get("gpu_model", "").lower()
@@ -558,7 +591,7 @@ def judge_run(
             )
         )
     for facts in nodes:
-        for f in judge(facts, cfg, vendor):
+        for f in judge(facts, cfg, vendor) + judge_canary(facts):
             if len(nodes) > 1:
                 f.check = f"{f.check}@{facts.get('host', '?')}"
             findings.append(f)

@@ -353,6 +353,31 @@ def peak_flops(platform: Platform | None) -> tuple[float | None, str]:
     return spec.peak_bf16_tflops, f"{spec.name}, dense bf16 peak {spec.peak_bf16_tflops:g} TFLOP/s"
 
 
+def canary_figure(nodes: list[dict]) -> str:
+    """Each node's numerics-canary loss curve against the golden one (verify_env, llmft.canary)."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    gold = None
+    for facts in nodes:
+        can = facts.get("canary") or {}
+        losses = (can.get("run") or {}).get("losses")
+        if losses:
+            series[f"canary on {facts.get('host', '?')}"] = list(enumerate(losses, 1))
+            gold = gold or (can.get("golden") or {})
+    if not series:
+        return ""
+    if gold and gold.get("losses"):
+        series[f"golden ({gold.get('recorded_on', '')})"] = list(enumerate(gold["losses"], 1))
+    tol = (gold or {}).get("tolerance", {})
+    note = (
+        f"tolerance {tol['loss_rel']:.1%} of the loss at every step" if tol else "no golden curve: not judged"
+    )
+    return (
+        "<h3>Numerics canary: a fixed model through this node's kernels</h3>"
+        + svg_lines(series, "canary loss vs golden", "step")
+        + f"<p class='muted'>{esc(note)}</p>"
+    )
+
+
 # ---------------------------------------------------------------- sections
 
 
@@ -542,6 +567,7 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
 
     # ---- environment
     node = (verify.get("nodes") or [{}])[0]
+    canary_svg = canary_figure(verify.get("nodes") or [])
     findings = [
         [("ok" if f.get("ok") else "FAIL"), f.get("check"), f.get("message"), f.get("fix", "")]
         for f in verify.get("findings", [])
@@ -643,6 +669,7 @@ whitespace and case normalisation; ROUGE-L F1 and smoothed sentence BLEU over wh
 <h2 id="environment">Environment (verify_env: {"passed" if verify.get("ok") else "FAILED or missing"})</h2>
 {table(["what", "value"], env_rows)}
 {table(["", "check", "finding", "fix"], findings, ["" if f[0] == "ok" else "bad" for f in findings])}
+{canary_svg}
 <h2 id="provenance">Provenance</h2>{table(["what", "value"], provenance)}
 <h3>Config</h3><pre>{esc(yaml.safe_dump(cfg, sort_keys=False))}</pre>
 <h3>Rendered LLaMA-Factory arguments</h3><pre>{esc(sft_yaml)}</pre>

@@ -19,6 +19,8 @@ rule verify_env:
             "sft.packing",
             "sft.zero_stage",
             "sft.offload",
+            "sft.precision",
+            "sft.liger_kernel",
         ),
         launcher=per_node_launcher,
         python=stage_python(),
