@@ -16,7 +16,7 @@ include: "workflow/rules/common.smk"
 
 
 wildcard_constraints:
-    run=r"[A-Za-z0-9_.-]+",
+    run=r"[A-Za-z0-9_-][A-Za-z0-9_.-]*",
     which=r"base|tuned",
 
 

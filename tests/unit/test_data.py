@@ -212,3 +212,36 @@ def test_formats_mix_in_one_run(tmp_path, tokenizer_dir):
     assert multi and multi[0]["system"] == "Be brief." and multi[0]["history"][0][0].startswith("question")
     info = json.loads((tmp_path / "out/dataset_info.json").read_text())
     assert info["llmft_train"]["columns"]["history"] == "history"
+
+
+def test_data_loss_is_loud_and_names_the_cause_and_the_fix(tmp_path, tokenizer_dir):
+    rows = synthetic_rows(100)
+    long = {"instruction": "w " * 400, "output": "x"}
+    too_long = rows[:80] + [dict(long, output=f"x{i}") for i in range(20)]
+    with pytest.raises(DataError, match=r"20 of 100 rows exceed data.cutoff_len 64 .*raise data.cutoff_len"):
+        run(tmp_path, tokenizer_dir, too_long, max_dropped=0.1)
+    assert not (tmp_path / "out" / "train.jsonl").exists()  # nothing half-written to trust
+    assert run(tmp_path, tokenizer_dir, too_long, max_dropped=0.25)["too_long"] == 20  # allowed
+    bad = rows[:80] + [{"instruction": "x"}] * 20
+    with pytest.raises(DataError, match=r"20 of 100 rows are invalid \(missing_field 20"):
+        run(tmp_path, tokenizer_dir, bad, invalid_rows="drop", max_dropped=0.1)
+    write_rows(tmp_path / "empty.jsonl", [])
+    with pytest.raises(DataError, match=r"data.sources\[0\].path: .*empty.jsonl holds no rows"):
+        prepare(
+            [{"path": str(tmp_path / "empty.jsonl")}], tmp_path / "o2", tokenizer_dir, "default", 64, 0.2, "s"
+        )
+
+
+def test_the_stage_prints_a_data_error_without_a_traceback(tmp_path, tokenizer_dir):
+    import subprocess
+    import sys
+
+    (tmp_path / "empty.json").write_text("[]")  # not zero bytes: config validation refuses those
+    cfg = {"data": {"sources": [{"path": str(tmp_path / "empty.json")}]}, "model": {"template": "default"}}
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmft", "prepare-data", "--config-json", json.dumps(cfg),
+         "--tokenizer", str(tokenizer_dir), "--out-dir", str(tmp_path / "out")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "\nllmft: data error: config key data.sources[0].path" in proc.stderr

@@ -203,3 +203,13 @@ def test_loss_batches_spread_by_padded_size():
     # every n-th batch would give one process all the long rows' work and more
     rr = [sum(len(b) * max(lengths[i] for i in b) for b in plan[k::2]) for k in range(2)]
     assert max(rr) > max(work)
+
+
+def test_the_verdict_shows_the_data_behind_it_and_warns_when_it_is_thin():
+    from llmft.report import data_loss_line, verdict_caution
+
+    stats = {"rows_read": 999, "too_long": 961, "invalid": 0, "duplicates": 2}
+    assert data_loss_line(stats) == "Data: 963 of 999 rows read dropped (96.4%: 961 too long, 2 duplicates)."
+    caution = verdict_caution(stats, 4)
+    assert "only 4 held-out rows" in caution and "96% of the rows were dropped" in caution
+    assert verdict_caution({"rows_read": 3000, "duplicates": 416}, 263) == ""

@@ -16,6 +16,8 @@ from llmft.nightly import (
     schedule_lines,
 )
 
+from tests.conftest import REPO
+
 
 def summary(run, em, loss=1.0):
     return {"run": run, "tuned": {"exact_match": em, "eval_loss": loss}}
@@ -89,3 +91,18 @@ def test_schedule_lines(tmp_path):
     lines = schedule_lines(validate({}), tmp_path)
     assert lines["scrontab"].startswith("#SCRON --partition=cpu")
     assert "0 2 * * *" in lines["crontab"] and "-m llmft nightly --profile profiles/slurm" in lines["crontab"]
+    # the driver outlives sft's own 24 h limit (the profile's runtimes, one stage after the other)
+    assert "--time=1-06:15:00" in schedule_lines(validate({}), REPO)["scrontab"]
+
+
+def test_the_printed_cron_line_runs_on_a_fresh_checkout_with_spaces_and_percent_in_its_path(tmp_path):
+    """The line as cron runs it (sh -c, with cron's \\% unescaped): it reaches llmft and logs, even
+    where results/nightly/ does not exist yet. No Slurm here: the night itself fails, and says so."""
+    repo = tmp_path / "my checkout 100%"
+    (repo / "config").mkdir(parents=True)
+    (repo / "config/config.yaml").write_text((REPO / "config/config.yaml").read_text())
+    line = schedule_lines(validate({}), repo, profile="no such profile")["crontab"]
+    command = line.split(" ", 5)[5].replace("\\%", "%")
+    subprocess.run(["sh", "-c", command], timeout=300)
+    log = (repo / "results/nightly/cron.log").read_text()
+    assert "llmft" in log or "nightly" in log, log[-2000:]

@@ -184,3 +184,25 @@ def test_every_zero_stage_config_leaves_nothing_for_deepspeed_to_guess(tiny, tmp
 
         hf.trainer_config_finalize(args, Model(), num_training_steps=10)
         assert "auto" not in json.dumps(hf.config), (platform.vendor, hf.config)
+
+
+def test_a_resumed_attempt_reports_its_own_steps_and_what_was_lost():
+    from llmft.sft import attempts_summary
+
+    first = [{"attempt_start": 0, "started": 0.0, "tokens": 0}]
+    first += [{"step": s, "time": 10.0 + s, "tokens": 100 * s} for s in range(1, 13)]  # killed after 12
+    second = [{"attempt_start": 10, "started": 100.0, "tokens": 1000}]  # resumed from checkpoint 10
+    second += [{"step": s, "time": 110.0 + 2 * (s - 10), "tokens": 100 * s} for s in range(11, 21)]
+    got = attempts_summary(first + second)
+    assert (got["attempts"], got["resumed_from_step"], got["steps_trained"], got["steps_lost"]) == (
+        2,
+        10,
+        10,
+        2,
+    )
+    assert got["tokens_per_second"] == 50.0  # 100 tokens a step, 2 s a step, this attempt only
+    again = attempts_summary(
+        first + second + [{"attempt_start": 20, "started": 200.0}, {"republished": 300.0}]
+    )
+    assert again["republished_without_training"] and again["steps_trained"] == 10
+    assert attempts_summary([]) == {"attempts": 0, "republished_without_training": False}

@@ -83,6 +83,16 @@ def launch(root: Path, overrides: str, name: str, tag: str = "") -> subprocess.P
     return proc
 
 
+def publish(root: Path, overrides: str, name: str) -> dict:
+    """The sft rule's last step: publish the model, write train_summary.json; return the summary."""
+    proc = llmft(
+        "sft", "--overrides", overrides, "--yaml", f"{name}.yaml", "--finalize-only",
+        "--model-out", f"{name}_model", "--summary-out", f"{name}_summary.json", cwd=root,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads((root / f"{name}_summary.json").read_text())
+
+
 def finish(proc: subprocess.Popen, timeout: int = 300) -> str:
     proc.wait(timeout=timeout)
     proc.log_file.close()
@@ -134,6 +144,22 @@ def test_stop_signal_saves_and_the_rerun_resumes_without_losing_steps(stage, sig
         if isinstance(e["content"], dict)
     ]
     assert not (work / "llmft_preempted.json").exists()
+    # the summary says what the resumed attempt itself did, and its tokens/s counts only its steps
+    summary = publish(stage, overrides, f"resume_{sig.name}")
+    attempt = summary["attempt"]
+    assert attempt["attempts"] == 2 and attempt["resumed_from_step"] == saved
+    assert attempt["steps_trained"] == 60 - saved and attempt["steps_lost"] == 0
+    assert 0 < summary["tokens_per_second"] < summary["llamafactory_throughput"]
+    # a rerun of the finished training (its published outputs deleted) publishes it again, no training
+    again = launch(stage, overrides, f"resume_{sig.name}", tag="_again")
+    out = finish(again)
+    assert again.returncode == 0 and "publishing it again, not training" in out, out[-2000:]
+    assert "Resuming training" not in out and steps_done(work) == steps
+    summary = publish(stage, overrides, f"resume_{sig.name}")
+    assert (
+        summary["attempt"]["republished_without_training"]
+        and summary["attempt"]["steps_trained"] == 60 - saved
+    )
 
 
 def test_absurd_learning_rate_stops_at_the_first_nan_with_a_diagnosis(stage):

@@ -68,6 +68,7 @@ def cmd_prepare_data(args) -> int:
         d["invalid_rows"],
         dedup=d["dedup"],
         workers=int(args.workers or 0),
+        max_dropped=d["max_dropped_fraction"],
     )
     return 0
 
@@ -213,7 +214,7 @@ def cmd_nightly_schedule(args) -> int:
     from .nightly import schedule_lines
 
     lines = schedule_lines(_cfg(args), Path.cwd().resolve(), args.profile)
-    print("# Slurm: install with `scrontab -e` (or: scrontab <this file>)")
+    print("# Slurm: paste into `scrontab -e` (`scrontab FILE` would replace your whole table)")
     print(lines["scrontab"])
     print("# cron alternative (on a login node with sbatch access): crontab -e")
     print(lines["crontab"])
@@ -299,6 +300,13 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except ConfigError as exc:
         print(f"llmft: config error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        from .data import DataError
+
+        if not isinstance(exc, DataError):
+            raise
+        print(f"llmft: data error: {exc}", file=sys.stderr)
         return 2
 
 

@@ -201,22 +201,35 @@ class PreemptionSaver(TrainerCallback):
 
 
 class StepClock(TrainerCallback):
-    """Rank 0 appends {step, time, tokens} per optimizer step to llmft_steps.jsonl (kept on resume)."""
+    """Rank 0 appends {step, time, tokens} per optimizer step to llmft_steps.jsonl (kept on resume),
+    and an {attempt_start: step} line when an attempt begins (the step it resumed from), so a
+    summary can tell this attempt's steps from the ones it resumed."""
 
-    def on_step_end(self, args, state, control, **kwargs):
+    @staticmethod
+    def _append(args, state, record: dict) -> None:
         if not state.is_world_process_zero:
             return
         path = Path(args.output_dir) / STEPS_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as fh:
-            rec = {"step": state.global_step, "time": time.time(), "tokens": state.num_input_tokens_seen}
-            fh.write(json.dumps(rec) + "\n")
+            fh.write(json.dumps(record) + "\n")
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # "started", not "time": readers take every line with a "time" for a step
+        record = {
+            "attempt_start": state.global_step,
+            "started": time.time(),
+            "tokens": state.num_input_tokens_seen,
+        }
+        self._append(args, state, record)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        record = {"step": state.global_step, "time": time.time(), "tokens": state.num_input_tokens_seen}
+        self._append(args, state, record)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.is_world_process_zero and logs and "loss" in logs:
-            path = Path(args.output_dir) / STEPS_FILE
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"step": state.global_step, "loss": logs["loss"]}) + "\n")
+        if logs and "loss" in logs:
+            self._append(args, state, {"step": state.global_step, "loss": logs["loss"]})
 
 
 def profile_window(spec: str | None) -> tuple[int, int] | None:

@@ -16,6 +16,8 @@ import yaml
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
 BUILTIN_MODEL = "builtin:tiny"
+# results/current (the promoted run's link) and results/nightly/ (the nightly's state) are not runs.
+RESERVED_RUNS = {"current", "nightly"}
 BUILTIN_DATA = "builtin:synthetic"
 
 # LLaMA-Factory keys that the pipeline owns: passing them through `sft.extra` would break the
@@ -84,6 +86,11 @@ def validate(raw: dict | None, base_dir: str | Path = ".") -> dict:
 
 def _describe(err: jsonschema.ValidationError) -> str:
     where = _key(err.absolute_path)
+    if err.validator == "type" and isinstance(err.instance, str) and _is_number(err.instance):
+        return (
+            f"config key {where}: {err.instance!r} is text, not a number: YAML reads an exponent without a "
+            f"decimal point as a string; write {float(err.instance)!r} (e.g. 1.0e-4 for 1e-4)"
+        )
     if err.validator == "additionalProperties":
         extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
         allowed = ", ".join(sorted(err.schema.get("properties", {})))
@@ -91,12 +98,25 @@ def _describe(err: jsonschema.ValidationError) -> str:
     if err.validator == "pattern" and where == "run":
         return (
             f"config key run: {err.instance!r} is not a valid run name "
-            "(letters, digits, '_', '.', '-' only; it becomes a folder name)"
+            "(letters, digits, '_', '.', '-' only, not starting with '.'; it becomes a folder name)"
         )
     return f"config key {where}: {err.message}"
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _cross_checks(cfg: dict, base_dir: Path) -> None:
+    if cfg["run"] in RESERVED_RUNS:
+        raise ConfigError(
+            f"config key run: {cfg['run']!r} is reserved (results/current is the promoted nightly run, "
+            "results/nightly/ the nightly's state); choose another name"
+        )
     hw = cfg["hardware"]
     if hw["vendor"] in ("cuda", "rocm") and hw["gpus_per_node"] == 0:
         raise ConfigError(
@@ -127,6 +147,8 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
             continue
         if not full.is_file():
             raise ConfigError(f"config key data.sources[{i}].path: dataset file not found: {full}")
+        if full.stat().st_size == 0:
+            raise ConfigError(f"config key data.sources[{i}].path: {full} is empty")
         if full.suffix not in (".json", ".jsonl", ".parquet"):
             raise ConfigError(
                 f"config key data.sources[{i}].path: {full.name} is not .json, .jsonl or .parquet"
@@ -144,6 +166,21 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
                 f"config key model.name_or_path: {full} is not a local model folder "
                 "(no config.json); this pipeline never downloads from a hub"
             )
+    from .lfnames import closest, names
+
+    lf = names()
+    template = cfg["model"]["template"]
+    if template not in lf["templates"]:
+        raise ConfigError(
+            f"config key model.template: LLaMA-Factory {lf['llamafactory']} has no template {template!r}"
+            + closest(template, lf["templates"])
+        )
+    unknown = sorted(set(cfg["sft"]["extra"]) - set(lf["arguments"]))
+    if unknown:
+        raise ConfigError(
+            f"config key sft.extra: {unknown} are not LLaMA-Factory {lf['llamafactory']} training arguments"
+            + closest(unknown[0], lf["arguments"])
+        )
     reserved = sorted(RESERVED_EXTRA & set(cfg["sft"]["extra"]))
     if reserved:
         raise ConfigError(

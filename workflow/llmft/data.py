@@ -410,9 +410,13 @@ def prepare(
     invalid_rows: str = "fail",
     dedup: dict | None = None,
     workers: int = 0,
+    max_dropped: float = 1.0,
 ) -> dict:
     """Run the whole preparation; write train/heldout JSONL, the tokenized dataset, rejected.jsonl,
     dataset_info.json and stats.json into `out_dir`.
+
+    `max_dropped`: the largest share of the rows read that the length filter, or invalid rows
+    dropped under invalid_rows: drop, may take before the stage fails (config data.max_dropped_fraction).
 
     `dedup`: {near: bool, decontaminate: bool, threshold: float, num_perm: int} (config data.dedup).
     `workers`: tokenizing processes; 0 = one per core this process may use.
@@ -428,9 +432,34 @@ def prepare(
         for index, src in enumerate(sources):
             run.run_source(index, src)
         run.drain()
+        _check_losses(run, cutoff_len, max_dropped)
         return _conclude(run, out_dir, cutoff_len, heldout_fraction)
     finally:
         run.close()
+
+
+def _check_losses(run: _Preparer, cutoff_len: int, max_dropped: float) -> None:
+    """Loud data loss: an empty source, or more rows dropped than allowed, stops the stage, naming the
+    cause and the key that fixes it."""
+    for i, stats in enumerate(run.sources):
+        if stats.rows == 0:
+            raise DataError(f"config key data.sources[{i}].path: {stats.path} holds no rows")
+    read = max(1, run.rows_read)
+    too_long = sum(s.too_long for s in run.sources)
+    if too_long / read > max_dropped:
+        longest = int(np.flatnonzero(run.length_counts).max()) if run.length_counts.any() else 0
+        raise DataError(
+            f"{too_long} of {run.rows_read} rows exceed data.cutoff_len {cutoff_len} (tokens with the "
+            f"template; the longest kept row has {longest}): raise data.cutoff_len, or allow the loss "
+            f"with data.max_dropped_fraction (now {max_dropped:g})"
+        )
+    if run.policy == "drop" and run.invalid_total / read > max_dropped:
+        by_reason = ", ".join(f"{k} {v}" for k, v in sorted(run.invalid_by_reason.items()))
+        raise DataError(
+            f"{run.invalid_total} of {run.rows_read} rows are invalid ({by_reason}; every one is in the "
+            "log): fix the data, or allow the loss with data.max_dropped_fraction "
+            f"(now {max_dropped:g})"
+        )
 
 
 def _conclude(run: _Preparer, out_dir: Path, cutoff_len: int, heldout_fraction: float) -> dict:

@@ -11,6 +11,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -247,13 +248,42 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+# The stages one night runs one after the other (the two evaluate jobs run side by side).
+SERIAL_STAGES = ("verify_env", "prepare_data", "pack_data", "sft", "evaluate", "report")
+
+
+def driver_minutes(repo: Path, profile: str) -> int:
+    """How long the job that drives Snakemake must be allowed: every stage's runtime from the profile,
+    one after the other, plus an hour for queueing between them. It must outlive sft's own limit."""
+    import yaml
+
+    path = Path(profile) if Path(profile).is_absolute() else repo / profile
+    try:
+        prof = yaml.safe_load((path / "config.yaml").read_text()) or {}
+    except (OSError, ValueError):
+        prof = {}
+    default = int((prof.get("default-resources") or {}).get("runtime", 60))
+    per_rule = prof.get("set-resources") or {}
+    return sum(int((per_rule.get(r) or {}).get("runtime", default)) for r in SERIAL_STAGES) + 60
+
+
 def schedule_lines(cfg: dict, repo: Path, profile: str = "profiles/slurm") -> dict[str, str]:
-    """The scrontab entry (Slurm's cron) and a plain crontab alternative."""
+    """The scrontab entry (Slurm's cron) and a plain crontab alternative.
+
+    Every path is quoted for the shell cron runs the line in (`%`, which cron turns into a newline,
+    escaped), and the log folder is made first: on a fresh checkout results/nightly/ does not exist.
+    """
     n = cfg["nightly"]
-    py = Path(sys.executable)
-    cmd = f"cd {repo} && {py} -m llmft nightly --profile {profile} >> {repo}/results/nightly/cron.log 2>&1"
+    q = shlex.quote
+    cmd = (
+        f"cd {q(str(repo))} && mkdir -p results/nightly && {q(sys.executable)} -m llmft nightly "
+        f"--profile {q(profile)} >> results/nightly/cron.log 2>&1"
+    ).replace("%", "\\%")
+    minutes = driver_minutes(repo, profile)
+    days, rest = divmod(minutes, 24 * 60)
+    limit = f"{days}-{rest // 60:02d}:{rest % 60:02d}:00"
     scron = (
-        f"#SCRON --partition={n['partition']} --job-name=llmft-nightly --time=1-00:00:00\n"
+        f"#SCRON --partition={q(n['partition'])} --job-name=llmft-nightly --time={limit}\n"
         f"{n['schedule']} {cmd}\n"
     )
     return {"scrontab": scron, "crontab": f"{n['schedule']} {cmd}\n"}

@@ -59,6 +59,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 .charts{display:flex;flex-wrap:wrap;gap:8px} .chart{border:1px solid #eee;background:#fff}
 .t{font-weight:600;font-size:13px} .a{font-size:11px;fill:#555} .g{stroke:#eee}
 .verdict{font-size:1.1em;padding:.6em;background:#eef6ee;border-left:4px solid #2ca02c}
+.verdict.warn{background:#fff6e0;border-left-color:#d68910}
 .bad{background:#fdecec} .good{background:#ecf8ec} .muted{color:#777}
 pre{background:#f7f7f7;padding:8px;overflow:auto;white-space:pre-wrap}
 nav a{margin-right:1em}
@@ -353,6 +354,38 @@ def peak_flops(platform: Platform | None) -> tuple[float | None, str]:
     return spec.peak_bf16_tflops, f"{spec.name}, dense bf16 peak {spec.peak_bf16_tflops:g} TFLOP/s"
 
 
+# Below this many held-out rows a gain in exact match is mostly noise (one row moves it by 2 %).
+MIN_HELDOUT_ROWS = 50
+
+
+def data_loss_line(stats: dict) -> str:
+    """What prepare_data dropped, as a share of the rows it read."""
+    read = stats.get("rows_read") or 0
+    if not read:
+        return ""
+    parts = {
+        k: stats.get(k) or 0
+        for k in ("invalid", "too_long", "duplicates", "near_duplicates", "decontaminated")
+    }
+    dropped = sum(parts.values())
+    named = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in parts.items() if v)
+    return (
+        f"Data: {dropped} of {read} rows read dropped ({dropped / read:.1%}{': ' + named if named else ''})."
+    )
+
+
+def verdict_caution(stats: dict, heldout_rows) -> str:
+    """A warning instead of a green verdict for a run whose numbers rest on little data."""
+    read = stats.get("rows_read") or 0
+    lost = ((stats.get("invalid") or 0) + (stats.get("too_long") or 0)) / read if read else 0
+    notes = []
+    if heldout_rows is not None and heldout_rows < MIN_HELDOUT_ROWS:
+        notes.append(f"only {heldout_rows} held-out rows: the metrics are noisy")
+    if lost > 0.1:
+        notes.append(f"{lost:.0%} of the rows were dropped as invalid or too long")
+    return (" Caution: " + "; ".join(notes) + ".") if notes else ""
+
+
 def canary_figure(nodes: list[dict]) -> str:
     """Each node's numerics-canary loss curve against the golden one (verify_env, llmft.canary)."""
     series: dict[str, list[tuple[float, float]]] = {}
@@ -607,8 +640,9 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
     verdict = (
         f"Tuned exact match {fmt(tuned_em, 3)} vs base {fmt(base_em, 3)} ({_delta(base_em, tuned_em)}); "
         f"held-out loss {fmt(tuned.get('eval_loss'))} vs {fmt(base.get('eval_loss'))} "
-        f"on {tuned.get('rows')} rows."
+        f"on {tuned.get('rows')} held-out rows. " + data_loss_line(stats)
     )
+    caution = verdict_caution(stats, tuned.get("rows"))
     promotion = _read(run / "promotion.json")  # written by the nightly gate, then the page is re-rendered
     promotion_html = ""
     if isinstance(promotion, dict):
@@ -628,7 +662,7 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
 <nav><a href="#heldout">held-out</a><a href="#training">training</a><a href="#throughput">throughput</a>
 <a href="#samples">samples</a><a href="#data">data</a><a href="#environment">environment</a>
 <a href="#provenance">provenance</a>{trend_link}</nav>
-<p class="verdict">{esc(verdict)}</p>
+<p class="verdict{" warn" if caution else ""}">{esc(verdict)}{esc(caution)}</p>
 {promotion_html}
 <h2 id="heldout">Held-out metrics: base vs tuned</h2>
 {table(["metric", "base", "tuned", "change"], metric_rows)}

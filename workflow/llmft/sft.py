@@ -324,7 +324,14 @@ def _ignore_usr1() -> None:
 def launch(cfg: dict, yaml_path: str) -> int:
     """Run this node's torchrun over llmft.train; forward stop signals; requeue after preemption."""
     # imported here: callbacks pull in transformers, which rendering and planning do not need
-    from .callbacks import DIVERGENCE_FILE, EXIT_DIVERGED, EXIT_PREEMPTED, PREEMPTED_FILE, STOP_REQUEST_FILE
+    from .callbacks import (
+        DIVERGENCE_FILE,
+        EXIT_DIVERGED,
+        EXIT_PREEMPTED,
+        PREEMPTED_FILE,
+        STEPS_FILE,
+        STOP_REQUEST_FILE,
+    )
 
     alloc = slurm.current_allocation()
     if alloc.nnodes != cfg["hardware"]["nodes"]:
@@ -342,6 +349,14 @@ def launch(cfg: dict, yaml_path: str) -> int:
     platform = Platform.from_json(ours["platform"])
     work = Path(args["output_dir"])
     work.mkdir(parents=True, exist_ok=True)
+    if finished(work):
+        # The same config trained to the end before (its outputs were deleted, or the job died after
+        # training): LLaMA-Factory would "resume" from the final checkpoint and train 0 steps.
+        print(f"[llmft] training in {work} had finished: publishing it again, not training", flush=True)
+        if alloc.node_rank == 0:
+            with open(work / STEPS_FILE, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"republished": time.time()}) + "\n")
+        return 0
     if alloc.node_rank == 0:
         # What ended the previous attempt (stop request, preemption, divergence) moves to the event
         # history, so this attempt's markers mean this attempt. Node 0 does it before the rendezvous
@@ -399,6 +414,49 @@ def launch(cfg: dict, yaml_path: str) -> int:
     return rc
 
 
+def finished(work: Path) -> bool:
+    """LLaMA-Factory wrote its end-of-training results and the final model into the work folder."""
+    return (work / "all_results.json").is_file() and (work / "config.json").is_file()
+
+
+def attempts_summary(records: list[dict]) -> dict:
+    """What the last attempt that trained did, from llmft_steps.jsonl: the step it resumed from, the
+    steps it trained, the steps an earlier attempt computed past its last checkpoint (lost), and
+    tokens/s over this attempt's own steps (resumed ones are not counted in it)."""
+    attempts, current = [], None
+    for r in records:
+        if "attempt_start" in r:
+            current = {
+                "start": r["attempt_start"],
+                "t0": r["started"],
+                "tok0": r.get("tokens") or 0,
+                "steps": [],
+            }
+            attempts.append(current)
+        elif "time" in r and "step" in r and current is not None:
+            current["steps"].append(r)
+    republished = bool(records) and "republished" in records[-1]
+    trained = [a for a in attempts if a["steps"]]
+    if not trained:
+        return {"attempts": len(attempts), "republished_without_training": republished}
+    last = trained[-1]
+    first, end = last["steps"][0], last["steps"][-1]
+    before = [a for a in attempts[: attempts.index(last)] if a["steps"]]
+    lost = max(0, before[-1]["steps"][-1]["step"] - last["start"]) if before else 0
+    if len(last["steps"]) > 1:
+        rate = (end["tokens"] - first["tokens"]) / (end["time"] - first["time"])
+    else:
+        rate = (end["tokens"] - last["tok0"]) / (end["time"] - last["t0"])
+    return {
+        "attempts": len(attempts),
+        "resumed_from_step": last["start"],
+        "steps_trained": end["step"] - last["start"],
+        "steps_lost": lost,
+        "tokens_per_second": round(rate, 2),
+        "republished_without_training": republished,
+    }
+
+
 def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
     """Publish the trained model atomically and summarise the run from trainer_log.jsonl."""
     args = yaml.safe_load(Path(yaml_path).read_text())
@@ -411,7 +469,11 @@ def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
         for item in work.iterdir():
             if item.is_file():
                 shutil.copy2(item, tmp / item.name)
+    from .callbacks import STEPS_FILE
+
     results = read_json(work / "all_results.json") if (work / "all_results.json").exists() else {}
+    steps_file = work / STEPS_FILE
+    attempt = attempts_summary(read_jsonl(steps_file) if steps_file.exists() else [])
     state = work / "trainer_state.json"
     history = read_json(state)["log_history"] if state.exists() else []
     train_logs = [h for h in history if "loss" in h]
@@ -425,7 +487,11 @@ def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
         "train_samples_per_second": results.get("train_samples_per_second"),
         "train_tokens": results.get("num_input_tokens_seen")
         or (entries[-1].get("total_tokens") if entries else None),
-        "tokens_per_second": entries[-1].get("throughput") if entries else None,
+        # Over the steps the last attempt that trained computed itself (llmft_steps.jsonl); LLaMA-Factory's
+        # own figure divides every token seen, resumed ones included, by this attempt's time.
+        "tokens_per_second": attempt.get("tokens_per_second"),
+        "llamafactory_throughput": entries[-1].get("throughput") if entries else None,
+        "attempt": attempt,
         "peak_vram_gib": max((e.get("vram_allocated", 0) for e in entries), default=0) or None,
         "predicted_peak_gib": (args.get("llmft") or {}).get("plan", {}).get("memory", {}).get("peak"),
         "eval_loss": results.get("eval_loss"),

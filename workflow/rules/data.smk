@@ -8,7 +8,7 @@ rule base_model:
     params:
         cfg=cfg_arg("model"),
     shell:
-        "python -m llmft base-model {params.cfg} --out {output} > {log} 2>&1"
+        "python -m llmft base-model {params.cfg} --out {output:q} > {log:q} 2>&1"
 
 
 rule synthetic_data:
@@ -21,7 +21,7 @@ rule synthetic_data:
     params:
         cfg=cfg_arg("data.synthetic_rows"),
     shell:
-        "python -m llmft synthetic {params.cfg} --out {output} > {log} 2>&1"
+        "python -m llmft synthetic {params.cfg} --out {output:q} > {log:q} 2>&1"
 
 
 rule prepare_data:
@@ -45,8 +45,8 @@ rule prepare_data:
     threads: 8
     params:
         cfg=cfg_arg("data", "model.template"),
-        synthetic=lambda wc: f"--synthetic results/{wc.run}/data/synthetic.jsonl",
+        synthetic="results/{run}/data/synthetic.jsonl",
     shell:
-        "python -m llmft prepare-data {params.cfg} --tokenizer {input.tokenizer}"
-        " --out-dir results/{wildcards.run}/data {params.synthetic} --workers {threads}"
-        " > {log} 2>&1"
+        "python -m llmft prepare-data {params.cfg} --tokenizer {input.tokenizer:q}"
+        " --out-dir results/{wildcards.run}/data --synthetic {params.synthetic:q}"
+        " --workers {threads} > {log:q} 2>&1"

@@ -16,6 +16,6 @@ rule evaluate:
     params:
         cfg=cfg_arg("eval", "model.template"),
     shell:
-        "python -m llmft evaluate {params.cfg} --model {input.model} --heldout {input.heldout}"
+        "python -m llmft evaluate {params.cfg} --model {input.model:q} --heldout {input.heldout:q}"
         " --out-dir results/{wildcards.run}/eval/{wildcards.which} --label {wildcards.which}"
-        " --threads {threads} > {log} 2>&1"
+        " --threads {threads} > {log:q} 2>&1"

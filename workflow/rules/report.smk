@@ -83,4 +83,4 @@ rule report:
         cfg=cfg_arg("run", "hardware", "model", "data", "sft", "verify", "eval"),
     shell:
         "python -m llmft report {params.cfg} --run-dir results/{wildcards.run}"
-        " --out-dir results/{wildcards.run}/report --results-dir results > {log} 2>&1"
+        " --out-dir results/{wildcards.run}/report --results-dir results > {log:q} 2>&1"
