@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -201,10 +202,10 @@ def check_packed(args: dict, data_dir: str) -> None:
     path = Path(args["tokenized_path"])
     want = packing_args(args)
     if not (path / STAMP_FILE).is_file():
-        how = (
-            f"python -m llmft pack-data --args-json '{json.dumps(want)}' --tokenizer "
-            f"{args['model_name_or_path']} --data-dir {data_dir} --out {path}"
-        )
+        how = shlex.join(
+            ["python", "-m", "llmft", "pack-data", "--args-json", json.dumps(want), "--tokenizer",
+             str(args["model_name_or_path"]), "--data-dir", str(data_dir), "--out", str(path)]
+        )  # fmt: skip
         if path.exists():
             log.warning("%s was not made by pack-data (LLaMA-Factory's own save?); to make it: %s", path, how)
         else:
