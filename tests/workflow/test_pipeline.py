@@ -119,5 +119,10 @@ def test_bad_config_stops_before_any_job(tmp_path, overrides, needle):
     proc = snakemake(work)
     assert proc.returncode != 0
     assert needle in proc.stderr
+    # the message alone, first: no Snakemake file/line/trace around it
+    assert (
+        proc.stderr.strip().splitlines()[-1].startswith("llmft config error:")
+        and "Traceback" not in proc.stderr
+    )
     assert rules_run(proc.stderr + proc.stdout) == []
     assert not (work / "results").exists()

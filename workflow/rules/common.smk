@@ -7,7 +7,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
-from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 
 from llmft.config import BUILTIN_DATA, BUILTIN_MODEL, ConfigError, layout, validate
@@ -19,7 +18,8 @@ try:
     # change; the plan sft trains with is made later from the nodes' facts (render_sft_config).
     precheck(CFG)
 except ConfigError as exc:
-    raise WorkflowError(f"llmft config error: {exc}") from None
+    # The message alone, first and last: Snakemake would print a file, a line and a trace around it.
+    sys.exit(f"llmft config error: {exc}")
 
 RUN = CFG["run"]
 LAYOUT = layout(CFG)
