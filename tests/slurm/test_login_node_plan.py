@@ -105,7 +105,8 @@ def test_a_node_with_another_gpu_than_declared_fails_verify_env(tmp_path):
         hardware__gpu_model="mi300x",
         data__synthetic_rows=300,
     )
-    res = cluster_run(work, "--until", "verify_env", env={TEST_FACTS_ENV: str(facts)})
+    # --retries 0: the profile retries a failed job once, which would only repeat the same verdict
+    res = cluster_run(work, "--until", "verify_env", "--retries", "0", env={TEST_FACTS_ENV: str(facts)})
     assert res.returncode != 0
     report = json.loads(Path(work / "results/h100/env/verify.failed.json").read_text())
     bad = {f["check"]: f for f in report["findings"] if not f["ok"]}
