@@ -90,7 +90,7 @@ class CanaryPath:
 
 def planned_path(facts: dict, cfg: dict) -> CanaryPath:
     """The path sft's planner would run on the node these facts describe."""
-    from .plan import LIGER_MODEL_TYPES, choose_attention
+    from .plan import choose_attention
     from .platform import KERNELS, kernel_ok
 
     gpu = bool(facts.get("devices"))
@@ -104,7 +104,6 @@ def planned_path(facts: dict, cfg: dict) -> CanaryPath:
     modules = facts.get("modules") or {}
     liger_setting = sft.get("liger_kernel", "auto")
     liger = gpu and bool(modules.get("liger_kernel") and modules.get("triton")) and liger_setting is not False
-    liger = liger and "llama" in LIGER_MODEL_TYPES
     precision = "fp32" if sft["precision"] == "fp32" or not gpu else "bf16"
     return CanaryPath(attention, liger, False, precision, "fused" if gpu else "foreach")
 
@@ -152,7 +151,7 @@ def _eager_attention(torch):
     return eager
 
 
-def _perturbed(fn, torch):
+def _perturbed(fn):
     """The planned attention, its output off by 3 %: a kernel that runs and is subtly wrong."""
 
     def wrong(*args, **kwargs):
@@ -198,7 +197,7 @@ def build_model(path: CanaryPath, device, perturb: str = ""):
         varlen.register()
     if perturb == "attention" and path.attention != "eager":
         base = AttentionInterface._global_mapping.get(attention) or AttentionInterface()[attention]
-        AttentionInterface.register("llmft_canary_wrong", _perturbed(base, torch))
+        AttentionInterface.register("llmft_canary_wrong", _perturbed(base))
         mask_fn = AttentionMaskInterface._global_mapping.get(attention)
         if mask_fn is not None:
             AttentionMaskInterface.register("llmft_canary_wrong", mask_fn)

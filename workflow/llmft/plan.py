@@ -476,11 +476,8 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
         raise ConfigError(_refusal(cfg, shape, gpu, usable, smallest, seq))
     # Fastest first; among equals (within 1 %) the earlier candidate: less recompute, less sharding.
     best = max(est.tokens_per_s_per_gpu for est, _, _ in fitting)
-    estimate_, (stage, offload, rows, gc), memory = next(
-        f for f in fitting if f[0].tokens_per_s_per_gpu >= 0.99 * best
-    )
-    chosen = (stage, offload, rows, gc, memory)
-    stage, offload, rows, gc, memory = chosen
+    estimate_, chosen, memory = next(f for f in fitting if f[0].tokens_per_s_per_gpu >= 0.99 * best)
+    stage, offload, rows, gc = chosen
     if sft["zero_stage"] == "auto":
         if not zero2_first:
             why2 = "states need sharding, weights fit whole"
@@ -495,7 +492,7 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
                 3: "zero_stage 3: even the 16-bit weights need sharding",
             }[stage]
         )
-    reasons.extend(_tradeoffs(sft, fitting, (stage, offload, rows, gc), estimate_, host_refused, platform))
+    reasons.extend(_tradeoffs(sft, fitting, chosen, estimate_, host_refused, platform))
     accum = accumulation(rows)
     if sft["gradient_accumulation_steps"] == "auto":
         reasons.append(
