@@ -103,7 +103,8 @@ def stage_container(per_node=False):
 
 
 def stage_python():
-    """`python` for verify_env and sft: inside the image when they srun one task per node."""
+    """`python` for verify_env and sft, as words for `{params.python:q}`: inside the image when
+    they srun one task per node."""
     image = CFG["container"]["image"]
     settings = workflow.deployment_settings
     if (
@@ -111,8 +112,8 @@ def stage_python():
         or LAYOUT.nodes == 1
         or DeploymentMethod.APPTAINER not in settings.deployment_method
     ):
-        return "python"
-    return f"apptainer exec {settings.apptainer_args} {shlex.quote(image)} python"
+        return ["python"]
+    return ["apptainer", "exec", *shlex.split(settings.apptainer_args), image, "python"]
 
 
 def eval_model(wildcards):

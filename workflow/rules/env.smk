@@ -25,4 +25,4 @@ rule verify_env:
         launcher=per_node_launcher,
         python=stage_python(),
     shell:
-        "{params.launcher} {params.python} -m llmft verify-env {params.cfg} --out {output:q} > {log:q} 2>&1"
+        "{params.launcher} {params.python:q} -m llmft verify-env {params.cfg} --out {output:q} > {log:q} 2>&1"

@@ -75,8 +75,8 @@ rule sft:
         launcher=per_node_launcher,
         python=stage_python(),
     shell:
-        "({params.python} -m llmft sft {params.cfg} --yaml {input.yaml:q} --verify {input.verify:q}"
-        " --check-only && {params.launcher} {params.python} -m llmft sft {params.cfg}"
+        "({params.python:q} -m llmft sft {params.cfg} --yaml {input.yaml:q} --verify {input.verify:q}"
+        " --check-only && {params.launcher} {params.python:q} -m llmft sft {params.cfg}"
         " --yaml {input.yaml:q} --launch-only"
-        " && {params.python} -m llmft sft {params.cfg} --yaml {input.yaml:q} --finalize-only"
+        " && {params.python:q} -m llmft sft {params.cfg} --yaml {input.yaml:q} --finalize-only"
         " --model-out {output.model:q} --summary-out {output.summary:q}) > {log:q} 2>&1"
