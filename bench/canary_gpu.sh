@@ -12,10 +12,7 @@ R=/tmp/canary
 mkdir -p "$R" "$OUT"
 LOG=$OUT/canary_gpu.log
 say() { echo "[t=$(el)s] $*" | tee -a "$LOG"; }
-if wheels_missing liger_kernel jsonschema; then
-  install_wheels "$R/pip.log" || { say "pip install failed"; tail -20 "$R/pip.log" >>"$LOG"; exit 1; }
-fi
-export PYTHONPATH=/tmp/site:$PWD/workflow
+use_wheels "$R/pip.log" liger_kernel jsonschema >>"$LOG" || { say "pip install failed"; exit 1; }
 say "wheels installed"
 python3 -m llmft.canary --record --precision bf16 --runs 3 --device cuda --out "$OUT/canary_bf16.json" >>"$LOG" 2>&1
 say "recorded: $(tail -1 "$LOG" | head -c 600)"

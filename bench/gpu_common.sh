@@ -20,3 +20,15 @@ wheels_missing() {
 install_wheels() {
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl >"$1" 2>&1
 }
+
+# use_wheels LOG MODULE...: the carried wheels installed (unless a warm machine has them all) and put
+# first on PYTHONPATH / PATH beside this checkout's llmft; non-zero, with the pip log's tail, on failure.
+use_wheels() {
+  local log=$1
+  shift
+  if wheels_missing "$@"; then
+    install_wheels "$log" || { tail -20 "$log"; return 1; }
+  fi
+  export PYTHONPATH=/tmp/site:$PWD/workflow
+  export PATH=/tmp/site/bin:$(dirname "$(command -v python3)"):$PATH
+}

@@ -24,11 +24,7 @@ pack() {
   tar czf "$OUT/steptime_runs.tar.gz" --exclude='model' --exclude='w' --exclude='data' \
     --exclude='rows.json' -C "$R" . 2>/dev/null
 }
-if wheels_missing liger_kernel jsonschema deepspeed; then
-  install_wheels "$R/pip.log" || { say "pip install failed"; tail -20 "$R/pip.log"; pack; exit 1; }
-fi
-export PYTHONPATH=/tmp/site:$PWD/workflow
-export PATH=/tmp/site/bin:$(dirname "$(command -v python3)"):$PATH
+use_wheels "$R/pip.log" liger_kernel jsonschema deepspeed || { say "pip install failed"; pack; exit 1; }
 export TORCH_EXTENSIONS_DIR=/tmp/torch_extensions
 say "wheels installed; building DeepSpeed CPU Adam in the background"
 (python3 -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" >"$R/cpu_adam_build.log" 2>&1; echo "rc $?" >>"$R/cpu_adam_build.log") &
