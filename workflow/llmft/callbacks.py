@@ -72,7 +72,7 @@ def diagnose(
     if precision == "fp16":
         causes.append(
             "precision: fp16 overflows (its range ends at 65504); set sft.precision: bf16 "
-            "(the seed's advice for MI300X; H100/H200 support bf16 too)"
+            "(MI300X, H100 and H200 all support bf16)"
         )
     if high_lr or rising or (not norms and step <= max(1, warmup_steps) * 2):
         causes.append(

@@ -28,11 +28,11 @@ from . import hardware
 from .io import write_json
 
 MIB = 2**20
-# Message sizes: small ones show latency, the largest one is judged (the size FACTS.md's H200
-# anchors were measured at). CPU sizes stay small: CI has 2 cores shared by 2 processes.
+# Message sizes: small ones show latency, the largest one is judged (the size the H200 floors in
+# hardware.py were measured at). CPU sizes stay small: CI has 2 cores shared by 2 processes.
 GPU_SIZES = (1 * MIB, 16 * MIB, 256 * MIB, 1024 * MIB)
 CPU_SIZES = (MIB // 4, 1 * MIB, 4 * MIB)
-GEMM_N = {"gpu": 8192, "cpu": 256}  # 8192^3 bf16 is the size of the FACTS.md anchor
+GEMM_N = {"gpu": 8192, "cpu": 256}  # 8192^3 bf16: the size hardware.py's GEMM floors were measured at
 RESULT_FILE = "collectives.json"
 FACTS_FILE = "node_facts.json"  # written by the node's launcher once its probe is done
 

@@ -5,7 +5,7 @@ plainly on one), through the same launch path as sft (`launch.launch_env`, `slur
 
 1. `probe_node`: a child process (`python -m llmft.nodefacts`) records what this node is: torch build,
    devices and archs, rocminfo / nvidia-smi, package imports, DeepSpeed ops, a flash-attn kernel
-   call (or the SDPA fallback). A child, because the seed's failures crash processes (illegal
+   call (or the SDPA fallback). A child, because the typical ROCm failures crash processes (illegal
    instruction, hipErrorNoBinaryForGpu): a crash becomes a named finding, not a lost report.
 2. `start_collectives`: `torchrun -m llmft.collectives` over nodes x processes_per_node (NCCL/RCCL on
    GPUs, gloo on CPU): bus bandwidth, GEMM TFLOP/s, the transport in use, every node's facts.

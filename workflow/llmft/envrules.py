@@ -552,7 +552,7 @@ def _bandwidth_fix(vendor: str, spec: hardware.GpuSpec | None, multi: bool, env:
         )
     if vendor == "rocm":
         return (
-            "GPU traffic is going over PCIe instead of xGMI (the seed's RCCL timeouts): check "
+            "GPU traffic is going over PCIe instead of xGMI (a cause of RCCL timeouts): check "
             "`rocm-smi --showtopotype` shows XGMI between every GPU pair, keep the job's GPUs in one "
             "xGMI hive / under one PCIe root complex, unset NCCL_P2P_DISABLE, keep "
             "HSA_FORCE_FINE_GRAIN_PCIE=1; set hardware.socket_ifname to the fabric NIC"

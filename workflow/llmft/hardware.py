@@ -34,9 +34,9 @@ class GpuSpec:
 
 # Floors sit at about half of healthy values yet above what a PCIe fallback delivers (PCIe Gen5 x16
 # carries at most ~50 GB/s a direction), so the check separates "healthy" from "wrong transport".
-#  - H200: measured here (FACTS.md, bench/results/verify_env_h200x2.md): bf16 GEMM 795 TFLOP/s;
-#    2 GPUs over NVLink all-gather busbw 270 GB/s, all-reduce ~330 GB/s (FACTS.md's 165 is the
-#    all-reduce algorithm bandwidth over two, not nccl-tests' bus bandwidth).
+#  - H200: measured on 2 x H200 (bench/results/verify_env_h200x2.md): bf16 GEMM 795 TFLOP/s;
+#    all-gather busbw 270 GB/s, all-reduce ~330 GB/s over NVLink (an all-reduce algorithm bandwidth
+#    of 165 GB/s over two GPUs is the same measurement, not nccl-tests' bus bandwidth).
 #  - MI300X: xGMI links of 64 GB/s a direction, 48 GB/s after protocol overhead (RCCL's own model,
 #    ROCm/rccl#1210), one per GPU pair; 8 GPUs give 7 links per GPU. GEMM floor well under the
 #    ~600+ TFLOP/s hipBLASLt reaches on 8192^3 (datasheet dense peak 1307).
@@ -142,7 +142,7 @@ def collective_preset(
         env = dict(common)
         env.update(
             {
-                # Build and JIT kernels for MI300X only; a wrong value is the seed's
+                # Build and JIT kernels for MI300X only; a wrong value gives
                 # "illegal instruction" / hipErrorNoBinaryForGpu.
                 "PYTORCH_ROCM_ARCH": rocm_arch,
                 "HSA_FORCE_FINE_GRAIN_PCIE": "1",

@@ -1,6 +1,6 @@
 """What one node is: torch build, GPUs and archs, node tools, imports, DeepSpeed ops, attention.
 
-Run as a child process of verify_env (`python -m llmft.nodefacts --out F`), because the seed's
+Run as a child process of verify_env (`python -m llmft.nodefacts --out F`), because typical ROCm
 failures kill processes (illegal instruction, hipErrorNoBinaryForGpu): the facts are saved after
 every step, so a crash leaves what was learned plus the step that crashed, and becomes a named
 finding (envrules) instead of a lost report. Steps run from safe to risky.
