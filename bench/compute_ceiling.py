@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from llmft import hardware, varlen  # noqa: E402
+from llmft import flops, hardware, varlen  # noqa: E402
 from llmft.plan import shape_from_config  # noqa: E402
 from sft_models import llama_config  # noqa: E402
 
@@ -228,12 +228,12 @@ def main() -> None:
     name = torch.cuda.get_device_name()
     gpu = hardware.identify_gpu(name)
     peak = gpu.peak_bf16_tflops if gpu else None
-    attn = full.attention_flops_per_token(context)
+    per_token = flops.per_token(full, context).total
 
     step = args.accum * fwd_bwd + adamw
 
     def mfu(seconds: float, n_tokens: int = tokens) -> float | None:
-        return round(hardware.mfu(n_tokens / seconds, params, peak, attn), 4) if peak else None
+        return round(flops.mfu(n_tokens / seconds, per_token, peak), 4) if peak else None
 
     doc = {
         "device": name,

@@ -168,6 +168,30 @@ for f in sorted(glob.glob(os.path.join(bench, "*.tsv"))):
         r = rows[-1]
         print(f"benchmark {os.path.basename(f)[:-4]}: {float(r['s']):.1f} s wall, max_rss {r.get('max_rss')} MB")
 PY
+# The page's MFU against the bench's own count for this run (bench/sft_bench.py: the train rows'
+# lengths re-measured with its tokenizer pass), and the tuned folder's parameters against the base's.
+python - "results/$RUN" "$M" >"$OUT/flops_check.json" 2>"$R/flops_check.log" <<'PY'
+import json, sys
+from pathlib import Path
+import yaml
+sys.path.insert(0, "bench")
+from sft_bench import run_flops, token_lengths
+from llmft import flops
+from llmft.modelfiles import safetensors_stats
+run, base = Path(sys.argv[1]), Path(sys.argv[2])
+page = json.loads((run / "report/summary.json").read_text())
+args = yaml.safe_load((run / "sft/llamafactory.yaml").read_text())
+bench = run_flops(args, base, token_lengths(run / "data", str(base)))
+tps, peak = page["tokens_per_second_per_gpu"], page["peak_tflops"]
+print(json.dumps({
+    "page_mfu": page["mfu"], "bench_mfu_at_page_tokens_per_s": round(flops.mfu(tps, bench.total, peak), 4),
+    "page_flops_per_token": page["flops_per_token"], "bench_flops_per_token": round(bench.total),
+    "page_span": page["attention_span_tokens"], "bench_span": round(bench.span, 2),
+    "tuned_params": safetensors_stats(run / "sft/model"), "base_params": safetensors_stats(base),
+    "page_n_params": page["n_params"],
+}, indent=2))
+PY
+say "flops check: $(tr -d '\n' <"$OUT/flops_check.json" | tr -s ' ' | head -c 900) $(tail -3 "$R/flops_check.log")"
 for f in results/$RUN/sft/train_summary.json results/$RUN/report/summary.json; do
   [ -f "$f" ] && say "$f: $(tr -d '\n' <"$f" | tr -s ' ' | head -c 1200)"
 done

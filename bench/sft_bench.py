@@ -10,10 +10,11 @@ choices, side by side on the same data, each through llmft's render path and lau
 Each run renders an llmft config (`python -m llmft render-sft`), launches `python -m llmft sft
 --launch-only` (torchrun over llmft.train on 2 GPUs) and is stopped once its last step is logged,
 so the final model save is not timed. Throughput is steady state: tokens seen (without padding)
-between a warm-up step and the last step, over wall time, per GPU. MFU counts 6 N FLOPs per token
-plus causal attention over the span each token attends to (its own sample for unpacked rows and
-neat packing, the whole 2048-token pack for plain packing), against 989 TFLOP/s (H200 bf16 dense;
-hardware.py). Peak memory is LLaMA-Factory's RECORD_VRAM (torch's max allocated, rank 0).
+between a warm-up step and the last step, over wall time, per GPU. MFU counts llmft.flops's training
+FLOPs per token (6 x matrix weights, the output head once, no embedding lookup, plus causal attention
+over the span each token attends to: its own sample for unpacked rows and neat packing, the whole
+2048-token pack for plain packing), against 989 TFLOP/s (H200 bf16 dense; hardware.py). Peak memory
+is LLaMA-Factory's RECORD_VRAM (torch's max allocated, rank 0).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
-from llmft import hardware  # noqa: E402
+from llmft import flops, hardware  # noqa: E402
 from llmft.plan import model_shape  # noqa: E402
 from llmft.sft import worker_pids  # noqa: E402
 
@@ -61,7 +62,42 @@ PLAIN = {"packing": "plain", "flash_attn": "sdpa", "liger_kernel": False, "gradi
 HAND_1B = {**PLAIN, "zero_stage": 0, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}
 HAND_8B = {**PLAIN, "zero_stage": 2, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 4,
            "zero_bucket_size": 500000000, "offload": False}  # fmt: skip
+# LoRA (rank 8 on every linear layer, LLaMA-Factory's defaults), LR 1e-4 as its LoRA examples use.
+# lora_recipe: LLaMA-Factory's examples/train_lora/llama3_lora_sft.yaml settings (no DeepSpeed, batch
+# 1 x accumulation 8, gradient checkpointing on, no packing); lora_hand: the hand-tuned LoRA (plain
+# packing, batch 8 (1 B) / 4 (8 B), no checkpointing, Liger, SDPA); lora_ours: every throughput key
+# auto, at the hand-tuned run's tokens per step so the loss curves compare step by step.
+LORA = {"finetuning_type": "lora", "learning_rate": 1.0e-4}
+LORA_RECIPE = {
+    **LORA,
+    "zero_stage": 0,
+    "per_device_train_batch_size": 1,
+    "gradient_accumulation_steps": 8,
+    "gradient_checkpointing": True,
+    "packing": "off",
+    "flash_attn": "sdpa",
+    "liger_kernel": False,
+}
+LORA_HAND = {
+    **LORA,
+    "zero_stage": 0,
+    "packing": "plain",
+    "flash_attn": "sdpa",
+    "liger_kernel": True,
+    "gradient_checkpointing": False,
+    "gradient_accumulation_steps": 1,
+}
 VARIANTS = {
+    "lora_recipe_1b": ("1b", LORA_RECIPE, 8, 3),
+    "lora_hand_1b": ("1b", {**LORA_HAND, "per_device_train_batch_size": 8}, 24, 5),
+    "lora_ours_1b": ("1b", {**LORA, "tokens_per_step": 16384}, 24, 5),
+    "lora_warm_1b": ("1b", {**LORA, "tokens_per_step": 16384}, 12, 5),
+    "lora_recipe_8b": ("8b", LORA_RECIPE, 6, 2),
+    "lora_hand_8b": ("8b", {**LORA_HAND, "per_device_train_batch_size": 4}, 12, 3),
+    "lora_ours_8b": ("8b", {**LORA, "tokens_per_step": 8192}, 12, 3),
+    "lora_warm_8b": ("8b", {**LORA, "tokens_per_step": 8192}, 6, 3),
+    # ours without DeepSpeed (ZeRO stage 0): what the engine costs a LoRA step on one GPU
+    "lora_ours0_1b": ("1b", {**LORA, "tokens_per_step": 16384, "zero_stage": 0}, 24, 5),
     # name: (model size, sft overrides, default max steps, warm-up steps left out of the timing)
     "recipe_1b": ("1b", RECIPE, 10, 3),
     "hand_1b": ("1b", HAND_1B, 24, 5),
@@ -208,6 +244,28 @@ def _read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+def node_facts(out: Path) -> Path:
+    """This machine's facts (llmft.nodefacts, what verify_env records on each node), once per call:
+    the plans are made from them, as the workflow makes them from verify.json. BENCH_FACTS names a
+    recorded file instead (a render check on another machine)."""
+    if os.environ.get("BENCH_FACTS"):
+        return Path(os.environ["BENCH_FACTS"])
+    path = out / "facts.json"
+    if not path.exists():
+        cmd = [sys.executable, "-m", "llmft.nodefacts", "--out", str(path)]  # imports all: Liger too
+        env = dict(
+            os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "workflow"), os.environ.get("PYTHONPATH", "")])
+        )
+        subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+        facts = json.loads(path.read_text())
+        if facts.get("devices"):
+            # The device machine's memory is a balloon that grows as it is used: MemTotal reads low
+            # at first. Its lent size (128 GiB) is what a job can fill.
+            facts["host_memory_gib"] = max(facts.get("host_memory_gib") or 0, 125.0)
+            path.write_text(json.dumps(facts))
+    return path
+
+
 def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> dict:
     size, _, default_steps, _ = VARIANTS[name]
     steps = max_steps or int(os.environ.get("BENCH_MAX_STEPS", 0)) or default_steps
@@ -217,7 +275,9 @@ def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> di
     cfg_path.write_text(yaml.safe_dump(config_for(name, steps), sort_keys=False))
     py = sys.executable
     common = ["--config", str(cfg_path)]
+    facts = node_facts(out)
     render = [py, "-m", "llmft", "render-sft", *common, "--base-model", str(MODELS / f"llama{size}")]
+    render += ["--verify", str(facts)]
     render += ["--data-dir", str(WORK / "data"), "--out-yaml", str(rd / "llamafactory.yaml")]
     render += ["--out-deepspeed", str(rd / "deepspeed.json"), "--work-root", str(RUNS)]
     env = dict(
@@ -230,6 +290,24 @@ def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> di
     (rd / "render.log").write_text(r.stdout + r.stderr)
     if r.returncode:
         result = {"name": name, "status": "render failed", "error": (r.stdout + r.stderr)[-1500:]}
+        (rd / "result.json").write_text(json.dumps(result, indent=2))
+        return result
+    # the pack_data stage: pack the tokenized rows for this YAML, as the workflow does before sft
+    pack = [
+        py,
+        "-m",
+        "llmft",
+        "pack-data",
+        "--yaml",
+        str(rd / "llamafactory.yaml"),
+        "--data-dir",
+        str(WORK / "data"),
+    ]
+    pack += ["--tokenizer", str(WORK / "tok"), "--stamp-out", str(rd / "packed.json")]
+    r = subprocess.run(pack, capture_output=True, text=True, env=env, cwd=REPO)
+    (rd / "pack.log").write_text(r.stdout + r.stderr)
+    if r.returncode:
+        result = {"name": name, "status": "pack failed", "error": (r.stdout + r.stderr)[-1500:]}
         (rd / "result.json").write_text(json.dumps(result, indent=2))
         return result
     args = yaml.safe_load((rd / "llamafactory.yaml").read_text())
@@ -342,6 +420,16 @@ def compiles_by_step(steps: list[dict], compiles: list[dict]) -> dict:
     return by_step
 
 
+def run_flops(args: dict, model_dir: Path, lengths: list[int]) -> flops.FlopCount:
+    """Training FLOPs per token of a run from its model's config, its LLaMA-Factory arguments and its
+    train rows' token lengths; the span each token attends over is its sample (unpacked, neat
+    packing) or the whole pack (plain packing)."""
+    shape = model_shape(model_dir)
+    packed = args.get("packing") and not args.get("neat_packing")
+    context = float(args.get("cutoff_len") or SEQ) if packed else flops.span_of_lengths(lengths)
+    return flops.per_token(shape, context, flops.tuning_of(args, shape))
+
+
 def summarise(out: Path, name: str, lengths: list[int], compiles: list[dict] | None = None) -> dict:
     rd = out / name
     size, _, _, skip = VARIANTS[name]
@@ -359,10 +447,8 @@ def summarise(out: Path, name: str, lengths: list[int], compiles: list[dict] | N
     shape = model_shape(MODELS / f"llama{size}")
     tps, n_steps, seconds = _throughput(steps, skip)
     tps_gpu = tps / plan["world_size"]
-    packed = args.get("packing") and not args.get("neat_packing")
-    # span each token attends over: its sample (unpacked, neat) or the whole pack (plain)
-    context = SEQ if packed else sum(n * n for n in lengths) / sum(lengths)
-    attn = shape.attention_flops_per_token(context)
+    count = run_flops(args, MODELS / f"llama{size}", lengths)
+    context = count.span
     peak = hardware.GPUS["h200"].peak_bf16_tflops
     log = _read_jsonl(rd / "trainer_log.jsonl")
     vram = max((e.get("vram_allocated", 0) for e in log), default=0) or None
@@ -387,8 +473,8 @@ def summarise(out: Path, name: str, lengths: list[int], compiles: list[dict] | N
             "measured_seconds": round(seconds, 2),
             "tokens_per_s_per_gpu": round(tps_gpu, 1),
             "attention_context_tokens": round(context, 1),
-            "mfu": round(hardware.mfu(tps_gpu, shape.params, peak, attn), 4),
-            "mfu_6n": round(hardware.mfu(tps_gpu, shape.params, peak), 4),
+            "flops_per_token": round(count.total),
+            "mfu": round(flops.mfu(tps_gpu, count.total, peak), 4),
             "peak_vram_allocated_gib": vram,
             "peak_vram_reserved_gib": reserved,
             "predicted_peak_gib": predicted,
@@ -414,8 +500,9 @@ def report(out: Path, json_path: Path | None, command: str) -> dict:
     runs = {name: summarise(out, name, lengths, compiles) for name in VARIANTS if (out / name).exists()}
     for name, r in runs.items():
         size = r["size"]
+        group = "lora_" if name.startswith("lora_") else ""  # LoRA runs compare with LoRA runs
         for ref in ("recipe", "hand"):
-            other = runs.get(f"{ref}_{size}", {})
+            other = runs.get(f"{group}{ref}_{size}", {})
             key = "speedup_vs_recipe" if ref == "recipe" else "speedup_vs_hand_tuned"
             for prefix in ("", "median_step_"):  # window mean, then median step
                 rate, other_rate = (
@@ -424,8 +511,8 @@ def report(out: Path, json_path: Path | None, command: str) -> dict:
                 )
                 if rate and other_rate:
                     r[prefix + key] = round(rate / other_rate, 2)
-        hand = runs.get(f"hand_{size}", {})
-        if name.startswith("ours") and r.get("loss") and hand.get("loss"):
+        hand = runs.get(f"{group}hand_{size}", {})
+        if name.startswith(f"{group}ours") and r.get("loss") and hand.get("loss"):
             common = [s for s in r["loss"] if s in hand["loss"]]
             diffs = [abs(r["loss"][s] - hand["loss"][s]) / hand["loss"][s] for s in common]
             r["loss_vs_hand_tuned"] = {
@@ -452,11 +539,18 @@ def report(out: Path, json_path: Path | None, command: str) -> dict:
     return doc
 
 
-def token_lengths(data_dir: Path, tokenizer: str) -> list[int]:
-    from llmft.data import _length_counter
+def token_lengths(data_dir: Path, tokenizer: str, template: str = "default") -> list[int]:
+    """Tokens of each train row as LLaMA-Factory's template encodes it (prompt + answer), row by row:
+    not prepare_data's batched encoder, so the two counts check each other."""
+    from llmft.pretokenize import load_tokenizer_and_template, messages_of
 
-    count = _length_counter(tokenizer, "default")
-    return [count(json.loads(line)) for line in (data_dir / "train.jsonl").read_text().splitlines()]
+    tok, tmpl = load_tokenizer_and_template(tokenizer, template)
+    out = []
+    for line in (data_dir / "train.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        prompt, answer = tmpl.encode_oneturn(tok, messages_of(row), row.get("system") or None)
+        out.append(len(prompt) + len(answer))
+    return out
 
 
 def check_varlen(out: Path) -> dict:

@@ -51,6 +51,7 @@ def test_signalled_sft_job_saves_requeues_and_resumes(tmp_path):
         "sft__max_steps": STEPS,
         "sft__save_steps": 1000,
         "sft__logging_steps": 1,
+        "sft__tracking": ["tensorboard", "mlflow", "wandb"],
     }
     work = make_workdir(tmp_path, **run)
     cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(work)]
@@ -88,3 +89,24 @@ def test_signalled_sft_job_saves_requeues_and_resumes(tmp_path):
     assert f"Resuming training from {sft_dir.relative_to(work)}/checkpoint-{saved}" in sft_log
     summary = json.loads((work / "results/preempt/sft/train_summary.json").read_text())
     assert summary["steps"] == STEPS
+    tracked_runs_continue(work / "results/preempt/tracking", sft_dir.name, saved)
+
+
+def tracked_runs_continue(root, work_name: str, saved: int) -> None:
+    """Each tracker holds one run across the two attempts, every step logged once."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.events import steps_per_file
+
+    # one event file per attempt that trained (the evaluation after training may open one more)
+    attempts = [steps for steps in steps_per_file(root / "tensorboard" / work_name, "train/loss") if steps]
+    assert len(attempts) == 2 and attempts[0][-1] <= saved < attempts[1][0]  # the second file goes on
+    assert sorted(attempts[0] + attempts[1]) == list(range(1, STEPS + 1))
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # the file store the run wrote (tracking.py)
+    client = MlflowClient(tracking_uri=(root / "mlruns").resolve().as_uri())
+    runs = client.search_runs([client.get_experiment_by_name("llmft").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    steps = sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "loss"))
+    assert steps == list(range(1, STEPS + 1))
+    offline = sorted((root / "wandb").glob("offline-run-*"))
+    assert len(offline) == 2 and len({d.name.rsplit("-", 1)[-1] for d in offline}) == 1  # one run id

@@ -3,12 +3,12 @@
 import json
 
 import pytest
-from llmft import hardware
+from llmft import flops
 from llmft.config import validate
-from llmft.evaluate import plan_batches, safetensors_stats, shard
+from llmft.evaluate import plan_batches, shard
+from llmft.modelfiles import safetensors_stats
 from llmft.platform import Platform
 from llmft.report import (
-    attention_flops_per_token,
     collect_runs,
     data_rows,
     peak_flops,
@@ -45,7 +45,7 @@ def test_safetensors_stats_counts_without_loading(tmp_path):
         {"a": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16)}, str(tmp_path / "m.safetensors")
     )
     stats = safetensors_stats(tmp_path)
-    assert stats == {"n_params": 17, "weight_bytes": 12 * 4 + 5 * 2}
+    assert stats == {"n_params": 17, "weight_bytes": 12 * 4 + 5 * 2, "dtypes": ["BF16", "F32"]}
 
 
 def test_throughput_is_per_interval_and_per_gpu_without_eval_time():
@@ -59,15 +59,12 @@ def test_throughput_is_per_interval_and_per_gpu_without_eval_time():
     assert throughput_series(history, world=2) == [(10, 2000.0), (20, 4000.0), (30, 1000.0)]
 
 
-def test_mfu_uses_6n_plus_attention_over_the_gpu_peak():
+def test_mfu_is_the_gpu_peak_against_flops_per_token():
     h200 = validate({"hardware": {"gpus_per_node": 1, "gpu_model": "h200"}})
     peak, note = peak_flops(Platform.declared(h200))
     assert peak == 989.0 and "H200" in note
-    attn = attention_flops_per_token({"layers": 16, "hidden": 2048}, 420)
-    assert attn == 12 * 16 * 2048 * 420
-    # 1.24 B parameters at 5 131 tokens/s/GPU: FACTS.md's 3.8 % (6N only) plus attention.
-    assert hardware.mfu(5131, 1.24e9, peak) == pytest.approx(0.0386, abs=5e-4)
-    assert hardware.mfu(5131, 1.24e9, peak, attn) > hardware.mfu(5131, 1.24e9, peak)
+    # 1.24 B at 5 131 tokens/s/GPU and 6 x 1.24e9 FLOPs per token: 3.86 %
+    assert flops.mfu(5131, 6 * 1.24e9, peak) == pytest.approx(0.0386, abs=5e-4)
     assert peak_flops(Platform.declared(validate({})))[0] is None  # CPU: n/a
     assert peak_flops(None)[0] is None  # a run rendered before the platform was recorded
 

@@ -18,7 +18,13 @@ SMALL = {"run": RUN, "data__synthetic_rows": 800, "sft__max_steps": 4, "sft__log
 
 @pytest.fixture(scope="module")
 def packed_run(tmp_path_factory):
-    work = make_workdir(tmp_path_factory.mktemp("packed"), sft__packing="neat", **SMALL)
+    """Trains an untied model (the demo's is tied) so that both kinds of head are checked."""
+    from llmft.assets import build_tiny_model
+
+    root = tmp_path_factory.mktemp("packed")
+    build_tiny_model(root / "untied-base", tied=False)
+    SMALL["model__name_or_path"] = str(root / "untied-base")
+    work = make_workdir(root, sft__packing="neat", **SMALL)
     proc = snakemake(work, TARGET)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return work, proc
@@ -49,6 +55,15 @@ def test_sft_loads_the_packed_rows_without_preprocessing_again(packed_run):
     assert max(max(m) for m in packed["train"][:50]["attention_mask"]) > 1
     summary = json.loads((run / "sft/train_summary.json").read_text())
     assert summary["steps"] == SMALL["sft__max_steps"]
+
+
+def test_tuned_untied_model_keeps_its_own_head_and_the_bases_structure(packed_run):
+    from llmft.modelfiles import HEAD, safetensors_stats, structure_difference, tensor_index
+
+    work, _ = packed_run
+    tuned, base = work / f"results/{RUN}/sft/model", work / "untied-base"
+    assert HEAD in tensor_index(tuned) and structure_difference(tuned, base) == []
+    assert safetensors_stats(tuned) == safetensors_stats(base)
 
 
 def test_only_what_a_packing_or_training_change_touches_reruns(packed_run):

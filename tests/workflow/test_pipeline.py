@@ -70,6 +70,60 @@ def test_trained_model_loads_and_generates(demo):
     assert out.shape[1] > 0
 
 
+def test_training_wrote_one_tensorboard_run_with_loss_and_learning_rate(demo):
+    from tests.events import scalars, steps_per_file
+
+    run = demo[0] / "results/demo"
+    folders = [d for d in (run / "tracking/tensorboard").iterdir() if d.is_dir()]
+    assert len(folders) == 1  # one run
+    # one file holds the training curve (the held-out evaluation after training may open another):
+    # two ranks writing would log every step twice
+    assert [len(steps) > 0 for steps in steps_per_file(folders[0], "train/loss")].count(True) == 1
+    tags = scalars(folders[0])
+    history = json.loads((run / "sft/train_summary.json").read_text())["history"]
+    logged = {h["step"]: h for h in history if "loss" in h}
+    assert tags["train/loss"] and set(tags["train/loss"]) == set(logged)
+    for step, value in tags["train/loss"].items():
+        assert value == pytest.approx(logged[step]["loss"], rel=1e-5)
+    assert set(tags["train/learning_rate"]) == set(logged) and "eval/loss" in tags
+
+
+def test_page_flops_equal_the_benchs_count_for_the_same_run(demo):
+    """The run page's FLOPs per token against bench/sft_bench.py's, from the run's own files: the
+    bench re-measures each train row's length with its own tokenizer pass, the page uses
+    prepare_data's statistics."""
+    import yaml
+
+    from bench.sft_bench import run_flops, token_lengths
+
+    run = demo[0] / "results/demo"
+    summary = json.loads((run / "report/summary.json").read_text())
+    args = yaml.safe_load((run / "sft/llamafactory.yaml").read_text())
+    lengths = token_lengths(run / "data", str(run / "base_model"))
+    bench = run_flops(args, run / "base_model", lengths)
+    assert summary["flops_per_token"] == pytest.approx(bench.total, rel=1e-3)
+    assert summary["attention_span_tokens"] == pytest.approx(bench.span, rel=1e-3)
+    page = (run / "report/index.html").read_text()
+    assert "embedding lookup not counted" in page and f"{bench.total:.4g}" in page
+
+
+def test_evaluate_logs_progress_per_batch(demo):
+    log = (demo[0] / "results/demo/logs/evaluate_tuned.log").read_text()
+    lines = re.findall(r"generate batch (\d+)/(\d+)", log)
+    assert lines and lines[-1][0] == lines[-1][1]  # every batch, to the last one
+    assert re.search(r"loss batch \d+/\d+", log)
+
+
+def test_tuned_model_has_the_structure_of_its_tied_base(demo):
+    from llmft.modelfiles import safetensors_stats, structure_difference
+
+    run = demo[0] / "results/demo"
+    assert structure_difference(run / "sft/model", run / "base_model") == []
+    assert safetensors_stats(run / "sft/model") == safetensors_stats(run / "base_model")
+    summary = json.loads((run / "sft/train_summary.json").read_text())
+    assert summary["model_files"]["checked"] and summary["model_files"]["dropped"] == []
+
+
 def test_sft_trains_on_the_rows_prepare_data_tokenized(demo):
     from datasets import load_from_disk
 

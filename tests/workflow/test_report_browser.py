@@ -34,12 +34,15 @@ needs_chromium = pytest.mark.skipif(
 
 
 def hostile_rows() -> list[dict]:
-    """The demo's word tasks, with markup in some inputs, answers and instructions, plus two
-    invalid rows (no output) that the run drops and counts."""
+    """The demo's word tasks, with markup in some inputs, answers and instructions, answers of six
+    lines in others, plus two invalid rows (no output) that the run drops and counts."""
     rows = synthetic_rows(700, seed=7)
     for i, row in enumerate(rows):
         if row["task"] == "repeat" and i % 2 == 0:
             row["input"] = f"{SCRIPT} {row['input']}"
+            row["output"] = row["input"]
+        elif row["task"] == "repeat":  # long: the samples table collapses it
+            row["input"] = "\n".join([row["input"]] * 6)
             row["output"] = row["input"]
         elif row["task"] == "category" and i % 3 == 0:
             row["instruction"] = f"{row['instruction']} {ONERROR}"
@@ -56,7 +59,7 @@ def hostile_run(tmp_path_factory):
         run="hostile",
         data__sources=[{"path": "hostile.jsonl", "format": "alpaca", "weight": 1.0}],
         data__invalid_rows="drop",
-        data__cutoff_len=96,  # the markup costs tokens: the demo's 64 would drop those rows
+        data__cutoff_len=96,  # markup and six-line answers cost tokens: the demo's 64 would drop them
         sft__max_steps=60,
     )
     proc = snakemake(work)
@@ -137,6 +140,27 @@ def test_report_page_renders_in_chromium(hostile_run, tmp_path):
     assert images == 0  # ... and never parsed as an element
     for section in ("Held-out metrics", "Sample generations", "Invalid rows (2)", "verify_env", "Provenance"):
         assert section in body, section
+
+
+@needs_chromium
+def test_long_rows_are_collapsed_and_open_on_a_click(hostile_run, tmp_path):
+    _, run = hostile_run
+    page = run / "report/index.html"
+    assert "<details>" in page.read_text()
+    rows = "document.querySelectorAll('table.samples tbody tr')"
+    with Browser() as browser:
+        browser.open(page)
+        heights = json.loads(
+            browser.evaluate(f"JSON.stringify([...{rows}].map(r => r.getBoundingClientRect().height))")
+        )
+        collapsed = browser.evaluate(f"[...{rows}].filter(r => r.querySelector('details')).length")
+        first = "document.querySelector('table.samples details')"
+        before = browser.evaluate(f"{first}.querySelector('.full').checkVisibility()")
+        browser.evaluate(f"{first}.querySelector('summary').click()")
+        after = browser.evaluate(f"{first}.querySelector('.full').checkVisibility()")
+        shown = browser.evaluate(f"{first}.querySelector('.full').innerText")
+    assert collapsed >= 1 and heights and max(heights) < 120, heights  # no row pages tall
+    assert not before and after and shown.count("\n") >= 5  # a click shows all six lines
 
 
 @needs_chromium

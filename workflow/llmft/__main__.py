@@ -308,6 +308,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"llmft: data error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:
+        from .modelfiles import StructureError
+
+        if not isinstance(exc, StructureError):
+            raise
+        print(f"llmft: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -113,7 +113,13 @@ def build_tokenizer(out_dir: str | Path, vocab_size: int = 2048, corpus=None):
 
 
 def build_tiny_model(
-    out_dir: str | Path, hidden_size=128, num_layers=2, num_heads=4, vocab_size=2048, seed: int = 0
+    out_dir: str | Path,
+    hidden_size=128,
+    num_layers=2,
+    num_heads=4,
+    vocab_size=2048,
+    seed: int = 0,
+    tied: bool = True,
 ) -> dict:
     """Random-init Llama-architecture model + tokenizer, written atomically to `out_dir`."""
     import torch
@@ -132,7 +138,7 @@ def build_tiny_model(
             bos_token_id=tok.bos_token_id,
             eos_token_id=tok.eos_token_id,
             pad_token_id=tok.pad_token_id,
-            tie_word_embeddings=True,
+            tie_word_embeddings=tied,
         )
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)

@@ -143,7 +143,7 @@ class _Preparer:
         self.sources: list[_SourceStats] = []
         # Per kept row, in stream order (the near-duplicate index uses the same order).
         self.meta: dict[str, list[np.ndarray]] = {
-            k: [] for k in ("heldout", "source", "row", "repeats", "key")
+            k: [] for k in ("heldout", "source", "row", "repeats", "key", "length")
         }
         self.length_counts = np.zeros(1, dtype=np.int64)
         self.invalid_by_reason: Counter = Counter()
@@ -259,6 +259,7 @@ class _Preparer:
         self.meta["row"].append(numbers[keep])
         self.meta["repeats"].append(done.repeats[keep])
         self.meta["key"].append(done.keys[keep])
+        self.meta["length"].append(lengths[keep].astype(np.int64))
         if self.near is not None:
             self.near.add(done.sig[keep])
 
@@ -481,6 +482,7 @@ def _conclude(run: _Preparer, out_dir: Path, cutoff_len: int, heldout_fraction: 
     row_no = _concat(run.meta["row"], np.int64)
     repeats = _concat(run.meta["repeats"], np.int32)
     keys = _concat(run.meta["key"], np.uint64)
+    row_tokens = _concat(run.meta["length"], np.int64)
     near, contaminated = run.near_duplicate_drops(heldout)
     for mask, reason, counter, what in (
         (near, "near_duplicate", "near_duplicates", "near-duplicate of an earlier row"),
@@ -550,6 +552,12 @@ def _conclude(run: _Preparer, out_dir: Path, cutoff_len: int, heldout_fraction: 
         "length_histogram": _histogram(lengths, cutoff_len),
         "max_tokens": int(np.flatnonzero(lengths).max()) if total_rows else 0,
         "mean_tokens": round(float((np.arange(len(lengths)) * lengths).sum() / max(total_rows, 1)), 2),
+        # the span a token's causal attention covers when rows train on their own (flops.py)
+        "attention_span_tokens": round(
+            float((final[train_idx] * row_tokens[train_idx] ** 2).sum())
+            / max(float((final[train_idx] * row_tokens[train_idx]).sum()), 1.0),
+            2,
+        ),
         "tasks_heldout": dict(tasks),
         "tokenized": {"path": TOKENIZED_DIR, "splits": {"train": n_train, "validation": n_held}},
         "fingerprint": fingerprint.hexdigest()[:16],

@@ -19,20 +19,20 @@ therefore the same whether the job has 1 GPU or 8.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import math
 import os
 import resource
-import struct
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from .data import normalise
 from .io import read_jsonl, write_json, write_jsonl
+from .metrics import SOURCE as METRIC_SOURCE
+from .metrics import exact_match, mean_scores, similarity
+from .modelfiles import safetensors_stats
 
 log = logging.getLogger("llmft.evaluate")
 
@@ -73,49 +73,6 @@ COMPILE_BACKEND_ENV = "LLMFT_EVAL_COMPILE_BACKEND"
 # A model whose weights fill more than this share of one GPU is not replicated per GPU; it is
 # spread over all GPUs of the job in one process instead (KV cache and activations need the rest).
 REPLICA_MEMORY_SHARE = 0.6
-
-
-def lcs_len(a: list[str], b: list[str]) -> int:
-    prev = [0] * (len(b) + 1)
-    for x in a:
-        cur = [0]
-        for j, y in enumerate(b, 1):
-            cur.append(prev[j - 1] + 1 if x == y else max(prev[j], cur[j - 1]))
-        prev = cur
-    return prev[-1]
-
-
-def rouge_l(pred: str, ref: str) -> float:
-    """ROUGE-L F1 over whitespace tokens."""
-    p, r = pred.split(), ref.split()
-    if not p or not r:
-        return float(p == r)
-    lcs = lcs_len(p, r)
-    if lcs == 0:
-        return 0.0
-    prec, rec = lcs / len(p), lcs / len(r)
-    return 2 * prec * rec / (prec + rec)
-
-
-def bleu(pred: str, ref: str, max_n: int = 4) -> float:
-    """Sentence BLEU with add-one smoothing on n-gram precisions (orders up to the ref length)."""
-    p, r = pred.split(), ref.split()
-    if not p or not r:
-        return float(p == r)
-    n_max = min(max_n, len(r))
-    log_prec = 0.0
-    for n in range(1, n_max + 1):
-        pc = Counter(tuple(p[i : i + n]) for i in range(len(p) - n + 1))
-        rc = Counter(tuple(r[i : i + n]) for i in range(len(r) - n + 1))
-        overlap = sum(min(c, rc[g]) for g, c in pc.items())
-        total = max(1, len(p) - n + 1)
-        log_prec += math.log((overlap + 1) / (total + 1)) if n > 1 else math.log(max(overlap, 1e-9) / total)
-    bp = 1.0 if len(p) >= len(r) else math.exp(1 - len(r) / len(p))
-    return bp * math.exp(log_prec / n_max)
-
-
-def exact_match(pred: str, ref: str) -> float:
-    return float(normalise(pred).casefold() == normalise(ref).casefold())
 
 
 def prompt_text(row: dict) -> str:
@@ -172,22 +129,6 @@ def shard(batches: list[list[int]], n: int, k: int, cost: list[int] | None = Non
     return [batches[j] for j in sorted(mine)]
 
 
-def safetensors_stats(model_dir: str | Path) -> dict:
-    """Parameter count and weight bytes from the safetensors headers, without loading any weight."""
-    params = nbytes = 0
-    for f in sorted(Path(model_dir).glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            (size,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(size))
-        for name, t in header.items():
-            if name == "__metadata__":
-                continue
-            numel = math.prod(t["shape"])
-            params += numel
-            nbytes += t["data_offsets"][1] - t["data_offsets"][0]
-    return {"n_params": params, "weight_bytes": nbytes}
-
-
 def eos_ids(tokenizer) -> list[int]:
     """EOS plus additional special tokens: the stop set LLaMA-Factory's SFT workflow hands generate."""
     extra = getattr(tokenizer, "additional_special_tokens_ids", None)
@@ -213,6 +154,16 @@ class ShardJob:
     decoding: str = "dynamic"  # "dynamic", "static" or "graphs" (see DECODING)
     submitted: float = 0.0  # time.time() when the job was handed out (to time a process's start)
     precision: str = "fp32"  # "bf16" or "fp32" (eval.precision, auto resolved by evaluate())
+
+
+def progress(device, phase: str, k: int, n: int, rows: int, seconds: float, new_tokens: int = -1) -> None:
+    """One line per batch on stderr (the stage's log), from whichever process ran it."""
+    tokens = f", {new_tokens} new tokens" if new_tokens >= 0 else ""
+    print(
+        f"[llmft.evaluate] {device}: {phase} batch {k}/{n}, {rows} rows{tokens}, {seconds:.2f}s",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def run_shard(job: ShardJob) -> dict:
@@ -251,11 +202,13 @@ def run_shard(job: ShardJob) -> dict:
     keep_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
     loss_first_s = None
     with torch.inference_mode():
-        for batch in job.loss_batches:
+        for k, batch in enumerate(job.loss_batches, 1):
+            tb = time.perf_counter()
             nll = answer_nll(model, [job.encoded[i] for i in batch], job.pad_id, device, keep_logits)
             row_nll.update(zip(batch, nll, strict=True))
             if loss_first_s is None:  # the first forward carries the accelerator's one-time set-up
                 loss_first_s = time.perf_counter() - t0
+            progress(device, "loss", k, len(job.loss_batches), len(batch), time.perf_counter() - tb)
     loss_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -264,7 +217,7 @@ def run_shard(job: ShardJob) -> dict:
     full = max((len(b) for b in job.gen_batches), default=0)
     first_batch_s = None
     with torch.inference_mode():
-        for batch in job.gen_batches:
+        for k, batch in enumerate(job.gen_batches, 1):
             tb = time.perf_counter()
             prompts = [job.encoded[i][0] for i in batch]
             if decoding == "static":  # one compiled graph for every batch: the same shape
@@ -281,10 +234,14 @@ def run_shard(job: ShardJob) -> dict:
                 prompts = prompts[: len(batch)]
                 out = _generate(model, prompts, job, device, decoding)
             for j, seq in enumerate(out[: len(batch)]):
-                cut = next((k for k, t in enumerate(seq) if t in job.stop_ids), len(seq))
+                cut = next((c for c, t in enumerate(seq) if t in job.stop_ids), len(seq))
                 generated[batch[j]] = seq[:cut]
             if first_batch_s is None:
                 first_batch_s = time.perf_counter() - tb
+            new_tokens = sum(len(generated[i]) for i in batch)
+            progress(
+                device, "generate", k, len(job.gen_batches), len(batch), time.perf_counter() - tb, new_tokens
+            )
     gen_s = time.perf_counter() - t0
 
     if on_gpu:
@@ -727,8 +684,7 @@ def evaluate(
             "prediction": pred,
             "task": row.get("task", ""),
             "exact_match": em,
-            "rouge_l": round(rouge_l(pred, row["output"]), 4),
-            "bleu": round(bleu(pred, row["output"]), 4),
+            **similarity(pred, row["output"]),
             "loss": round(nll / max(1, count), 4),
             "new_tokens": len(generated[i]),
         }
@@ -747,8 +703,8 @@ def evaluate(
         "eval_loss": round(loss, 4),
         "perplexity": round(math.exp(min(loss, 50)), 3),
         "exact_match": round(sum(r["exact_match"] for r in per_example) / n_rows, 4),
-        "rouge_l": round(sum(r["rouge_l"] for r in per_example) / n_rows, 4),
-        "bleu": round(sum(r["bleu"] for r in per_example) / n_rows, 4),
+        **mean_scores(per_example),
+        "metrics_source": METRIC_SOURCE,
         "exact_match_by_task": {t: round(sum(v) / len(v), 4) for t, v in sorted(by_task.items())},
         "n_params": weights["n_params"],
         "device": "cpu" if kind == "cpu" else "gpu",
@@ -780,7 +736,7 @@ def evaluate(
     write_jsonl(out / "predictions.jsonl", per_example)
     write_json(out / "metrics.json", metrics)
     log.info(
-        "%s: eval_loss %.4f exact_match %.3f rouge_l %.3f; generate %.2fs (%s new tok/s), wall %.2fs",
+        "%s: eval_loss %.4f exact_match %.3f rouge_l %.2f; generate %.2fs (%s new tok/s), wall %.2fs",
         label,
         loss,
         metrics["exact_match"],

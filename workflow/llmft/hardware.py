@@ -159,13 +159,6 @@ def collective_preset(
     return CollectivePreset("gloo", "gloo", gloo)
 
 
-def mfu(tokens_per_s_per_gpu: float, n_params: float, peak_tflops: float, attn_flops_per_token=0.0):
-    """Model FLOPs utilisation: (6N + attention FLOPs) per token, against the dense bf16 peak."""
-    if peak_tflops <= 0:
-        return 0.0
-    return tokens_per_s_per_gpu * (6.0 * n_params + attn_flops_per_token) / (peak_tflops * 1e12)
-
-
 # How NCCL/RCCL name the path between two GPUs in their topology search ("type NVL/PIX" in the
 # NCCL_DEBUG_SUBSYS=GRAPH line). RCCL prints XGMI where NCCL prints NVL. The PCIe kinds are the
 # seed's fallback: traffic through a PCIe switch (PIX/PXB), the CPU's root complex (PHB) or across

@@ -89,14 +89,6 @@ class ModelShape:
         attn = self.hidden * self.heads * self.head_dim * 2 + self.hidden * self.kv_dim * 2
         return attn + 3 * self.hidden * self.intermediate + 2 * self.hidden
 
-    def attention_flops_per_token(self, context: float) -> float:
-        """Causal attention FLOPs (forward + backward) per token whose sequence is `context` long.
-
-        QK^T and AV cost 4 * t * heads * head_dim per query at position t; causal masking halves the
-        mean t to context / 2; backward doubles forward, so 6 * context * heads * head_dim per layer.
-        """
-        return 6.0 * context * self.heads * self.head_dim * self.layers
-
 
 def model_shape(model_dir: str | Path) -> ModelShape:
     """Read config.json of an HF model folder (Llama-like decoder: most open models are)."""
@@ -468,6 +460,7 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
             gradient_checkpointing=gc,
             trainable=t,
             precision=sft["precision"],
+            finetuning_type=sft["finetuning_type"],
         )
         fitting.append((est, cand, m))
     if not fitting:

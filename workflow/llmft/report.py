@@ -21,8 +21,9 @@ from pathlib import Path
 
 import yaml
 
-from . import hardware
+from . import flops
 from .io import read_json, read_jsonl, write_json, write_text
+from .metrics import SOURCE as METRIC_SOURCE
 from .platform import Platform
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
@@ -63,6 +64,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 .bad{background:#fdecec} .good{background:#ecf8ec} .muted{color:#777}
 pre{background:#f7f7f7;padding:8px;overflow:auto;white-space:pre-wrap}
 nav a{margin-right:1em}
+details summary{cursor:pointer} details .full{max-height:24em;overflow:auto;margin-top:.3em}
 """
 
 
@@ -220,7 +222,23 @@ def svg_bars(edges: list, counts: list[int], title: str, width: int = 520, heigh
     return "".join(parts)
 
 
-def table(header: list[str], rows: list[list], classes: list[str] | None = None) -> str:
+# A cell longer than this (or of more lines) shows its start and opens on a click (<details>: no script).
+LONG_CELL_CHARS, LONG_CELL_LINES, PREVIEW_CHARS = 240, 4, 120
+
+
+def text_cell(text: str) -> str:
+    """A table cell's text, escaped; a long one collapsed behind its first words."""
+    if len(text) <= LONG_CELL_CHARS and text.count("\n") < LONG_CELL_LINES:
+        return esc(text)
+    preview = text.split("\n", 1)[0][:PREVIEW_CHARS].rstrip()
+    more = f"{len(text):,} characters, {text.count(chr(10)) + 1} lines"
+    return (
+        f"<details><summary>{esc(preview)}… <span class='muted'>({more})</span></summary>"
+        f"<div class='full'>{esc(text)}</div></details>"
+    )
+
+
+def table(header: list[str], rows: list[list], classes: list[str] | None = None, css: str = "") -> str:
     """An HTML table; every cell escaped. `classes`: one CSS class per row (or "")."""
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
     body = []
@@ -229,11 +247,12 @@ def table(header: list[str], rows: list[list], classes: list[str] | None = None)
         cells = "".join(
             f"<td class='num'>{esc(fmt(c))}</td>"
             if isinstance(c, (int, float)) and not isinstance(c, bool)
-            else f"<td>{esc(fmt(c))}</td>"
+            else f"<td>{text_cell(fmt(c))}</td>"
             for c in r
         )
         body.append(f"<tr{cls}>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    cls = f" class='{esc(css)}'" if css else ""
+    return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
 def tsv(header: list[str], rows: list[list]) -> str:
@@ -295,24 +314,24 @@ def git_state() -> dict:
 # ---------------------------------------------------------------- throughput and MFU
 
 
-def model_shape(model_dir: Path) -> dict:
-    """Layers and hidden size from the model's config.json (multimodal configs nest a text_config)."""
-    cfg = _read(model_dir / "config.json", {}) or {}
-    cfg = cfg.get("text_config", cfg)
-    return {
-        "layers": cfg.get("num_hidden_layers"),
-        "hidden": cfg.get("hidden_size"),
-        "heads": cfg.get("num_attention_heads"),
-        "vocab": cfg.get("vocab_size"),
-    }
+def run_shape(model_dir: Path):
+    """The trained model's shape (plan.ModelShape) from its config.json; None when unreadable."""
+    from .config import ConfigError
+    from .plan import shape_from_config
+
+    cfg = _read(model_dir / "config.json", None)
+    try:
+        return shape_from_config(cfg, str(model_dir / "config.json")) if cfg else None
+    except ConfigError:
+        return None
 
 
-def attention_flops_per_token(shape: dict, seq_len: float) -> float:
-    """Training FLOPs of attention scores per token, the PaLM paper's 12 * layers * hidden * seq_len
-    (forward + backward, QK^T and AV, no causal discount), on top of 6N for the weights."""
-    if not shape.get("layers") or not shape.get("hidden") or not seq_len:
-        return 0.0
-    return 12.0 * shape["layers"] * shape["hidden"] * seq_len
+def flop_count(shape, sft_args: dict, stats: dict) -> flops.FlopCount | None:
+    """Training FLOPs per token of the run (flops.py: the one count the planner and bench/ use),
+    from the model's shape, the fine-tuning kind and the span each token attends over."""
+    if shape is None:
+        return None
+    return flops.per_token(shape, flops.attention_span(sft_args, stats), flops.tuning_of(sft_args, shape))
 
 
 def throughput_series(history: list[dict], world: int) -> list[tuple[float, float]]:
@@ -468,7 +487,7 @@ def _delta(b, t) -> str:
     return f"{t - b:+.4g}"
 
 
-METRICS = ["eval_loss", "perplexity", "exact_match", "rouge_l", "bleu"]
+METRICS = ["eval_loss", "perplexity", "exact_match", "rouge_1", "rouge_2", "rouge_l", "bleu_4"]
 
 
 def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None = None) -> dict:
@@ -493,10 +512,9 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
     benches = _benchmarks(run)
     history = train.get("history", [])
     world = train.get("world_size") or 1
-    shape = model_shape(run / "sft/model")
     n_params = tuned.get("n_params") or base.get("n_params")
     if not n_params and (run / "sft/model").is_dir():
-        from .evaluate import safetensors_stats
+        from .modelfiles import safetensors_stats
 
         n_params = safetensors_stats(run / "sft/model")["n_params"] or None
     ours = sft_args.get("llmft") or {}
@@ -510,10 +528,10 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
     gnorm = [(h["step"], h["grad_norm"]) for h in history if h.get("grad_norm") is not None]
     tps = throughput_series(history, world)
     peak, peak_note = peak_flops(platform)
-    packed = bool(sft_args.get("packing") or sft_args.get("neat_packing"))
-    seq_len = (sft_args.get("cutoff_len") if packed else stats.get("mean_tokens")) or 0
-    attn = attention_flops_per_token(shape, seq_len)
-    mfu = [(s, hardware.mfu(v, n_params, peak, attn)) for s, v in tps] if peak and n_params else []
+    shape = run_shape(run / "sft/model")
+    count = flop_count(shape, sft_args, stats)
+    per_token = count.total if count else 0.0
+    mfu = [(s, flops.mfu(v, per_token, peak)) for s, v in tps] if peak and per_token else []
     unit = "GPU" if on_gpu else "process"
     figures = {
         "loss": svg_lines({"train loss": loss, "held-out loss": eval_loss}, "Loss", "optimizer step"),
@@ -560,23 +578,24 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
     tps_values = [v for _, v in tps]
     steady = tps_values[len(tps_values) // 4 :] or tps_values  # skip the warm-up intervals
     tps_gpu = round(sum(steady) / len(steady), 1) if steady else None
-    mfu_mean = hardware.mfu(tps_gpu, n_params, peak, attn) if (tps_gpu and peak and n_params) else None
+    mfu_mean = flops.mfu(tps_gpu, per_token, peak) if (tps_gpu and peak and per_token) else None
     sft_bench = benches.get("sft", {})
+    plain_packs = sft_args.get("packing") and not sft_args.get("neat_packing")
+    span_kind = "the whole pack" if plain_packs else "the row's own length, token-weighted mean"
     throughput_rows = [
         ["world size (processes)", world],
         ["optimizer steps", train.get("steps")],
         ["train runtime (s)", train.get("train_runtime_s")],
         ["train tokens (all processes, incl. padding)", train.get("train_tokens")],
         [f"tokens/s per {unit} (steady state, mean)", tps_gpu],
-        ["parameters N", n_params],
+        ["parameters (the tuned model's files)", n_params],
         [
-            "attention FLOPs/token (12·layers·hidden·seq)",
-            f"{attn:.3g} (seq {fmt(seq_len)}{', packed' if packed else ', mean row'})" if attn else "n/a",
+            "matrix weights M (output head once, embedding lookup not counted)",
+            round(count.matmul_params) if count else "n/a",
         ],
-        [
-            "MFU = tokens/s/GPU x (6N + attention) / peak",
-            f"{mfu_mean:.2%}" if mfu_mean is not None else peak_note,
-        ],
+        ["attention span S (tokens)", f"{fmt(count.span)} ({span_kind})" if count else "n/a"],
+        ["training FLOPs per token F (forward + backward)", f"{count.total:.4g}" if count else "n/a"],
+        [flops.FORMULA, f"{mfu_mean:.2%}" if mfu_mean is not None else peak_note],
         [
             "peak accelerator memory (GiB)",
             train.get("peak_vram_gib") if train.get("peak_vram_gib") else "n/a (CPU run)",
@@ -632,7 +651,10 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
         ["model (tuned)", str(run / "sft/model")],
         [
             "model shape",
-            f"{shape.get('layers')} layers, hidden {shape.get('hidden')}, {shape.get('heads')} heads",
+            f"{shape.layers} layers, hidden {shape.hidden}, {shape.heads} heads, vocab {shape.vocab}"
+            + (", tied head" if shape.tied else "")
+            if shape
+            else "n/a",
         ],
     ] + [[f"package {pkg}", ver or "not installed"] for pkg, ver in packages.items()]
 
@@ -667,7 +689,7 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
 <h2 id="heldout">Held-out metrics: base vs tuned</h2>
 {table(["metric", "base", "tuned", "change"], metric_rows)}
 <p class="muted">Greedy decoding, at most {esc(tuned.get("max_new_tokens"))} new tokens; exact match after
-whitespace and case normalisation; ROUGE-L F1 and smoothed sentence BLEU over whitespace tokens.</p>
+whitespace and case normalisation; {esc(tuned.get("metrics_source") or METRIC_SOURCE)}.</p>
 {
         table(
             [
@@ -691,7 +713,7 @@ whitespace and case normalisation; ROUGE-L F1 and smoothed sentence BLEU over wh
 {table(["what", "value"], throughput_rows)}
 <p class="muted">Tokens counted by the Trainer include padding. MFU peak: {esc(peak_note)}.</p>
 <h2 id="samples">Sample generations (held-out, side by side)</h2>
-{table(["task", "prompt", "reference", "base", "tuned", "tuned exact"], samples, sample_classes)}
+{table(["task", "prompt", "reference", "base", "tuned", "tuned exact"], samples, sample_classes, "samples")}
 <h2 id="data">Data</h2>
 <div class="charts">{fig["length_histogram"]}</div>
 {table(["what", "value"], data_rows(stats))}
@@ -720,6 +742,9 @@ whitespace and case normalisation; ROUGE-L F1 and smoothed sentence BLEU over wh
         "tokens_per_second": train.get("tokens_per_second"),
         "tokens_per_second_per_gpu": tps_gpu,
         "mfu": round(mfu_mean, 4) if mfu_mean is not None else None,
+        "flops_per_token": round(per_token) if per_token else None,
+        "attention_span_tokens": round(count.span, 2) if count else None,
+        "peak_tflops": peak,
         "world_size": world,
         "device": "gpu" if on_gpu else "cpu",
         "n_params": n_params,

@@ -24,10 +24,11 @@ from pathlib import Path
 
 import yaml
 
-from . import pretokenize, slurm
+from . import pretokenize, slurm, tracking
 from .config import BUILTIN_MODEL, ConfigError
 from .io import atomic_path, read_json, read_jsonl, write_json, write_text
 from .launch import launch_env, torchrun_command
+from .modelfiles import keep_base_structure
 from .packing import STAMP_FILE, packed_dir_name, packing_args, source_fingerprint
 from .plan import ModelShape, Plan, describe, resolve
 from .platform import Platform
@@ -120,7 +121,8 @@ def llamafactory_args(
         "plot_loss": False,
         # false: a requeued job resumes from the last checkpoint (true deletes it and the log).
         "overwrite_output_dir": False,
-        "report_to": "none",
+        "report_to": tracking.report_to(sft["tracking"]),
+        "run_name": cfg["run"],
         "per_device_train_batch_size": plan.micro_batch,
         "gradient_accumulation_steps": plan.gradient_accumulation,
         "learning_rate": sft["learning_rate"],
@@ -270,6 +272,9 @@ def render(
         "liger_loss_only": plan.liger and plan.compile,
         "plan": plan.to_json(),
         "platform": platform.to_json(),
+        "tracking": tracking.settings(
+            cfg["sft"]["tracking"], str(Path(out_yaml).parent.parent / "tracking"), cfg["run"]
+        ),
     }
     header = (
         "# Rendered by llmft from config/config.yaml: edit the config, not this file.\n"
@@ -470,6 +475,8 @@ def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
         for item in work.iterdir():
             if item.is_file():
                 shutil.copy2(item, tmp / item.name)
+        # the base's structure: a tied head saved once, the base's dtype; refused if it still differs
+        structure = keep_base_structure(tmp, args["model_name_or_path"])
     from .callbacks import STEPS_FILE
 
     results = read_json(work / "all_results.json") if (work / "all_results.json").exists() else {}
@@ -496,6 +503,7 @@ def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
         "peak_vram_gib": max((e.get("vram_allocated", 0) for e in entries), default=0) or None,
         "predicted_peak_gib": (args.get("llmft") or {}).get("plan", {}).get("memory", {}).get("peak"),
         "eval_loss": results.get("eval_loss"),
+        "model_files": structure,
         "history": history,
     }
     write_json(summary_out, summary)

@@ -3,8 +3,8 @@ that fit by speed instead of by a fixed preference order.
 
 A step is `accumulation` micro-steps plus the optimizer. Each part is a rate applied to a count:
 
-- compute: model FLOPs per token (6 x matmul parameters, or 4 x for frozen weights that get no weight
-  gradients, plus causal attention over the span each token sees) at an efficiency that grows with
+- compute: model FLOPs per token (flops.py: 6 x matrix weights, 4 x for frozen weights that get no
+  weight gradients, plus causal attention over the span each token sees) at an efficiency that grows with
   the tokens in a micro-batch (small GEMMs run below peak); gradient checkpointing adds the forward
   once more (2 x parameters + the attention forward per token);
 - ZeRO collectives per micro-step (ZeRO-3 gathers the 16-bit weights for forward and backward and
@@ -22,6 +22,8 @@ costs tens of seconds a step, recompute a third more compute).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+
+from . import flops
 
 # Best model-FLOPs utilisation of a large micro-batch, and the micro-batch size (tokens) at which half
 # of it is reached. Fitted on one H200 (bench/results/steptime_check_h200.md): 1.24 B and 4.5 B
@@ -92,6 +94,15 @@ def cpu_adam_params_per_s(platform) -> float:
     return min(cores * CPU_ADAM_PARAMS_PER_S_PER_CORE, HOST_MEMORY_GBS * 1e9 / CPU_ADAM_BYTES_PER_PARAM)
 
 
+def tuning_for(shape, finetuning_type: str, trainable: float) -> flops.Tuning:
+    """The flops.Tuning of a plan: LoRA's adapter or freeze's layers from its trainable count."""
+    if finetuning_type == "lora":
+        return flops.Tuning("lora", adapter=trainable)
+    if finetuning_type == "freeze":
+        return flops.Tuning("freeze", layers=max(1, round(trainable / max(shape.layer_params, 1))))
+    return flops.FULL
+
+
 def step_time(
     shape,
     platform,
@@ -104,15 +115,15 @@ def step_time(
     gradient_checkpointing: bool,
     trainable: float,
     precision: str = "bf16",
+    finetuning_type: str = "full",
 ) -> StepTime:
     """The estimate for one candidate plan (see the module docstring)."""
     world = platform.world_size
     tokens = micro_batch * seq_len
-    matmul = float(shape.layers * shape.layer_params + shape.vocab * shape.hidden)
-    full = trainable >= 0.5 * shape.params
-    per_token = (6.0 if full else 4.0) * matmul + shape.attention_flops_per_token(seq_len / 2)
-    if gradient_checkpointing:
-        per_token += 2.0 * matmul + shape.attention_flops_per_token(seq_len / 2) / 3
+    # flops.py's model FLOPs, the rows of a pack spanning half of it on average; checkpointing
+    # recomputes the forward pass
+    count = flops.per_token(shape, seq_len / 2, tuning_for(shape, finetuning_type, trainable))
+    per_token = count.total + (count.forward if gradient_checkpointing else 0.0)
     spec = platform.spec
     peak = (spec.peak_bf16_tflops if spec else CPU_TFLOPS) * 1e12 if platform.on_gpu else CPU_TFLOPS * 1e12
     micro_s = tokens * per_token / (peak * efficiency(tokens))

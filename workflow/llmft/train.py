@@ -13,6 +13,7 @@ block read here and removed before LLaMA-Factory parses the rest:
       cutoff_len: 2048
       compile_layers: false             # torch.compile each decoder layer (CompileLayers)
       liger_loss_only: false            # Liger's fused linear + cross-entropy alone
+      tracking: {backends: [tensorboard], dir: results/<run>/tracking, run: <run>}  # tracking.py
 
 Exit codes: 0 done, EXIT_DIVERGED (with llmft_divergence.json), EXIT_PREEMPTED (after saving a
 checkpoint), anything else is a crash.
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from . import tracking
 from .callbacks import (
     EXIT_DIVERGED,
     EXIT_PREEMPTED,
@@ -122,6 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     if ours.get("liger_loss_only"):
         liger_loss_only(args["model_name_or_path"])
     cpu_resume_fix()
+    try:
+        tracking.set_up(ours.get("tracking") or {}, output_dir, int(os.environ.get("RANK", "0")))
+    except tracking.TrackingError as exc:
+        print(f"[llmft] {exc}", file=sys.stderr, flush=True)
+        return 2
     callbacks = [
         DivergenceGuard(
             factor=float(ours.get("divergence_factor", 100)),
@@ -157,6 +164,7 @@ def _finish(callbacks: list, code: int) -> int:
     occasionally aborts ("terminate called without an active exception") under CPU load, which
     torchrun would report as a failed run.
     """
+    tracking.flush(code)
     for cb in callbacks:
         close = getattr(cb, "_close_thread_pool", None)  # LLaMA-Factory's trainer_log.jsonl writer
         if close:

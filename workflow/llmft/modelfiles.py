@@ -1,0 +1,164 @@
+"""What a model folder's safetensors files hold, read from their headers, and the check that a
+trained folder holds what its base holds.
+
+A ZeRO-3 (or ZeRO-2) save gathers every parameter into a fresh tensor, so a tied output head and
+input embedding reach `save_pretrained` as two tensors with different storage: both are written,
+and the folder counts the head twice (a 1.24 B Llama-3.2 shape saved 1.50 B). `keep_base_structure`
+removes such a duplicate head when it equals the embedding bit for bit, writes each tensor in the
+base's dtype, then requires the same tensor names, shapes and dtypes as the base: a folder that
+still differs is refused, not published.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+
+INDEX = "model.safetensors.index.json"
+HEAD = "lm_head.weight"
+
+
+class StructureError(RuntimeError):
+    """A trained model folder does not have its base model's structure."""
+
+
+def tensor_index(model_dir: str | Path) -> dict[str, dict]:
+    """Every tensor of a folder's *.safetensors files: {name: {dtype, shape, file, bytes}}."""
+    out: dict[str, dict] = {}
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        for name, t in header.items():
+            if name != "__metadata__":
+                nbytes = t["data_offsets"][1] - t["data_offsets"][0]
+                out[name] = {"dtype": t["dtype"], "shape": t["shape"], "file": f.name, "bytes": nbytes}
+    return out
+
+
+def safetensors_stats(model_dir: str | Path) -> dict:
+    """Parameter count, weight bytes and dtypes from the safetensors headers, no weight loaded."""
+    index = tensor_index(model_dir)
+    return {
+        "n_params": sum(math.prod(t["shape"]) for t in index.values()),
+        "weight_bytes": sum(t["bytes"] for t in index.values()),
+        "dtypes": sorted({t["dtype"] for t in index.values()}),
+    }
+
+
+def _tied(model_dir: Path) -> bool:
+    try:
+        cfg = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    text = cfg.get("text_config") or {}
+    return bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+
+
+def _embedding_name(index: dict) -> str | None:
+    names = [n for n in index if n.endswith("embed_tokens.weight")]
+    return names[0] if len(names) == 1 else None
+
+
+def _duplicate_head(model_dir: Path, index: dict) -> bool:
+    """Whether the folder saved an output head that its tied config says it does not hold.
+
+    Only when the head equals the embedding exactly: a head that differs means training untied them,
+    which is refused (StructureError) rather than hidden.
+    """
+    from safetensors import safe_open
+
+    embed = _embedding_name(index)
+    if not _tied(model_dir) or HEAD not in index or embed is None:
+        return False
+    with safe_open(str(model_dir / index[HEAD]["file"]), "pt") as fh:
+        head = fh.get_tensor(HEAD)
+    with safe_open(str(model_dir / index[embed]["file"]), "pt") as fh:
+        emb = fh.get_tensor(embed)
+    if head.shape != emb.shape or head.dtype != emb.dtype or not bool((head == emb).all()):
+        raise StructureError(
+            f"{model_dir}: config.json ties the output head to the input embedding, but the saved "
+            f"{HEAD} differs from {embed}: the weights came untied during training"
+        )
+    return True
+
+
+def conform(model_dir: str | Path, base_dir: str | Path) -> dict:
+    """Rewrite a trained folder's shards so that they hold what the base holds: a duplicate tied head
+    removed, each tensor in the base's dtype (training in bf16 from an fp32 base saves bf16).
+    Returns what was changed."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    model_dir = Path(model_dir)
+    index, base = tensor_index(model_dir), tensor_index(base_dir)
+    drop = {HEAD} if HEAD not in base and _duplicate_head(model_dir, index) else set()
+    cast = {
+        n: base[n]["dtype"]
+        for n in index
+        if n in base and index[n]["dtype"] != base[n]["dtype"] and n not in drop
+    }
+    dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+    if any(d not in dtypes for d in cast.values()):
+        return {"dropped": sorted(drop), "cast": {}}
+    for file in sorted({index[n]["file"] for n in drop | set(cast)}):
+        path = model_dir / file
+        tensors = load_file(str(path))
+        for name in list(tensors):
+            if name in drop:
+                del tensors[name]
+            elif name in cast:
+                tensors[name] = tensors[name].to(dtypes[cast[name]])
+        tmp = path.with_name(path.name + ".tmp")
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        tmp.replace(path)
+    index_file = model_dir / INDEX
+    if (drop or cast) and index_file.exists():
+        meta = json.loads(index_file.read_text())
+        for name in drop:
+            meta.get("weight_map", {}).pop(name, None)
+        if "total_size" in meta.get("metadata", {}):
+            meta["metadata"]["total_size"] = safetensors_stats(model_dir)["weight_bytes"]
+        index_file.write_text(json.dumps(meta, indent=2) + "\n")
+    if cast:
+        base_cfg = json.loads((Path(base_dir) / "config.json").read_text())
+        cfg_path = model_dir / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        for key in ("dtype", "torch_dtype"):
+            if key in base_cfg:
+                cfg[key] = base_cfg[key]
+        cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    return {"dropped": sorted(drop), "cast": dict(sorted(cast.items()))}
+
+
+def structure_difference(model_dir: str | Path, base_dir: str | Path) -> list[str]:
+    """How a folder's tensors differ from the base's (names, shapes, dtypes); empty when alike."""
+    mine, base = tensor_index(model_dir), tensor_index(base_dir)
+    out = []
+    extra, missing = sorted(set(mine) - set(base)), sorted(set(base) - set(mine))
+    if extra:
+        out.append(f"{len(extra)} tensors the base does not have ({', '.join(extra[:3])})")
+    if missing:
+        out.append(f"{len(missing)} of the base's tensors missing ({', '.join(missing[:3])})")
+    for name in sorted(set(mine) & set(base)):
+        a, b = mine[name], base[name]
+        if a["shape"] != b["shape"] or a["dtype"] != b["dtype"]:
+            out.append(f"{name} is {a['dtype']}{a['shape']}, the base's {b['dtype']}{b['shape']}")
+    return out
+
+
+def keep_base_structure(model_dir: str | Path, base_dir: str | Path) -> dict:
+    """Give a trained folder its base's structure (a tied head saved once), or refuse it."""
+    if not tensor_index(base_dir):
+        return {"checked": False, "why": f"{base_dir} holds no safetensors files"}
+    changed = conform(model_dir, base_dir)
+    diff = structure_difference(model_dir, base_dir)
+    if diff:
+        raise StructureError(
+            f"the trained model in {model_dir} does not have the structure of its base {base_dir}: "
+            + "; ".join(diff[:5])
+        )
+    stats = safetensors_stats(model_dir)
+    return {"checked": True, **changed, **stats}
