@@ -55,6 +55,22 @@ timeout 120 python3 bench/sft_bench.py check-varlen --out "$R" >"$R/varlen_check
 say "varlen check: $(tail -1 "$R/varlen_check.log")"
 fi
 
+# Inputs made here when only the tokenizer was carried (the data does not fit beside .whl/ in one
+# call's carry): 6000 synthetic rows, prepared and tokenized as prepare_data does, their lengths.
+W=bench/work/sft
+if [ ! -f "$W/data/train.jsonl" ] || [ ! -f "$W/lengths.json" ]; then
+  cat >"$R/data_cfg.yaml" <<EOF
+run: bench
+data: {sources: [{path: $W/alpaca_synth.json, format: alpaca}], cutoff_len: 2048, heldout_fraction: 0.02}
+model: {template: default}
+EOF
+  { python3 bench/sft_models.py data "$W/alpaca_synth.json" --rows 6000 &&
+    python3 -m llmft prepare-data --config "$R/data_cfg.yaml" --tokenizer "$W/tok" --out-dir "$W/data" &&
+    python3 bench/sft_bench.py lengths "$W/data" "$W/tok"; } >"$R/data.log" 2>&1 ||
+    { say "data failed"; tail -20 "$R/data.log"; pack; exit 1; }
+  say "data: $(tail -1 "$R/data.log")"
+fi
+
 mk() {
   [ -f "$MODELS/llama$1/config.json" ] && return 0
   timeout 240 python3 bench/sft_models.py model "$([ -n "${BENCH_DRY_RUN:-}" ] && echo tiny || echo "$1")" "$MODELS/llama$1" bench/work/sft/tok >>"$R/models.log" 2>&1 ||
