@@ -36,6 +36,7 @@ from .callbacks import (
     CompileLayers,
     Diverged,
     DivergenceGuard,
+    ParamCount,
     Preempted,
     PreemptionSaver,
     ProfileWindow,
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         saver,
         StepClock(),
+        ParamCount(),
     ]
     if ours.get("compile_layers"):
         callbacks.append(CompileLayers())
