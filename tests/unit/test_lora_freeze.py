@@ -38,6 +38,7 @@ BAD = [
     ("2 bits", sft(finetuning_type="lora", quantization_bit=2), "sft.quantization_bit"),
     ("8 bits under ZeRO-3", sft(finetuning_type="lora", quantization_bit=8), "allows only 4-bit"),
     ("quantized full", sft(quantization_bit=4), f"sft.quantization_bit: 4 {LORA_ONLY}"),
+    ("QLoRA, CPU, ZeRO-3", sft(finetuning_type="lora", quantization_bit=4), "sft.zero_stage: 0 (or auto)"),
     ("rank without lora", sft(lora_rank=16), f"sft.lora_rank: 16 {LORA_ONLY}"),
     ("freeze, lora", sft(finetuning_type="lora", freeze_trainable_layers=1), "freeze_trainable_layers: 1"),
     ("0 trainable layers", sft(finetuning_type="freeze", freeze_trainable_layers=0), "0 trains nothing"),
@@ -106,7 +107,15 @@ def test_lora_keys_reach_llamafactory(tmp_path, tiny):
     assert args["lora_target"] == "q_proj,v_proj" and "quantization_bit" not in args
     assert "freeze_trainable_layers" not in args
     assert args["llmft"]["finetuning_type"] == "lora"
-    q = rendered(tmp_path, tiny, finetuning_type="lora", lora_alpha=8, lora_dropout=0.05, quantization_bit=4)
+    q = rendered(
+        tmp_path,
+        tiny,
+        finetuning_type="lora",
+        lora_alpha=8,
+        lora_dropout=0.05,
+        quantization_bit=4,
+        zero_stage=0,
+    )
     assert (q["lora_rank"], q["lora_alpha"], q["lora_dropout"], q["lora_target"]) == (8, 8, 0.05, "all")
     assert q["quantization_bit"] == 4
     assert q["output_dir"] != args["output_dir"]  # other adapter settings never resume these checkpoints
@@ -134,10 +143,16 @@ def test_planner_counts_the_adapters_it_is_given():
     assert trainable_params(shape, "full") == shape.params
 
 
-def test_8_bit_never_plans_zero3(tiny):
-    cfg = validate(sft(finetuning_type="lora", quantization_bit=8, zero_stage="auto"), base_dir=REPO)
-    plan = resolve(cfg, tiny, Platform.declared(cfg))
-    assert plan.zero_stage != 3
+def test_quantized_plans_never_pick_a_stage_bitsandbytes_cannot_train(tiny):
+    gpu = {"vendor": "cuda", "gpus_per_node": 8, "processes_per_node": 0}
+    for bits in (4, 8):
+        cfg = sft(finetuning_type="lora", quantization_bit=bits, zero_stage="auto", precision="bf16")
+        cfg["hardware"].update(gpu)
+        plan = resolve(validate(cfg, base_dir=REPO), tiny, Platform.declared(validate(cfg, base_dir=REPO)))
+        assert plan.zero_stage != 3 if bits == 8 else plan.zero_stage in (2, 3)
+    # on CPU processes: no DeepSpeed at all (bitsandbytes' CPU backend cannot save ZeRO-3's weights)
+    cfg = validate(sft(finetuning_type="lora", quantization_bit=4, zero_stage="auto"), base_dir=REPO)
+    assert resolve(cfg, tiny, Platform.declared(cfg)).zero_stage == 0
 
 
 def facts(**kw) -> dict:
@@ -146,8 +161,9 @@ def facts(**kw) -> dict:
 
 
 def judged(f: dict, **keys) -> list:
-    cfg = validate(sft(finetuning_type="lora", **keys), base_dir=REPO)
-    return judge_bitsandbytes(f, cfg, "cuda")
+    cfg = sft(finetuning_type="lora", zero_stage="auto", **keys)
+    cfg["hardware"].update({"vendor": "cuda", "gpus_per_node": 8, "processes_per_node": 0})
+    return judge_bitsandbytes(f, validate(cfg, base_dir=REPO), "cuda")
 
 
 def test_bitsandbytes_rule():

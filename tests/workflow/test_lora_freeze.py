@@ -23,7 +23,7 @@ LORA = {
     "sft__learning_rate": 3.0e-3,
     "sft__num_train_epochs": 3.0,
 }
-FREEZE = {"sft__finetuning_type": "freeze", "sft__learning_rate": 1.0e-3, "sft__num_train_epochs": 3.0}
+FREEZE = {"sft__finetuning_type": "freeze", "sft__learning_rate": 1.0e-3, "sft__num_train_epochs": 2.0}
 # fp32 on CPU: x W' with W' = W + s B A merged, against x W + s (x A^T) B^T, differ by rounding only.
 LOGIT_TOLERANCE = 1e-4
 

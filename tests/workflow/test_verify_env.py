@@ -124,7 +124,8 @@ def test_qlora_config_checks_bitsandbytes_on_the_node(tmp_path):
     the fix. envs/cpu.txt has no bitsandbytes, so on the CPU environment it is the refusal."""
     import importlib.util
 
-    overrides = {"sft": {"finetuning_type": "lora", "quantization_bit": 4}, "verify": {"canary": False}}
+    qlora = {"finetuning_type": "lora", "quantization_bit": 4, "zero_stage": 0}
+    overrides = {"sft": qlora, "verify": {"canary": False}}
     proc, out = verify(tmp_path, **overrides)
     log, _ = proc.communicate(timeout=180)
     report = json.loads(out.read_text())

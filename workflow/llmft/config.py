@@ -212,7 +212,7 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
         )
     if cfg["sft"]["offload"] is True and cfg["sft"]["zero_stage"] not in (3, "auto"):
         raise ConfigError("config key sft.offload: offload needs sft.zero_stage: 3 (or auto)")
-    _finetuning_checks(cfg["sft"])
+    _finetuning_checks(cfg["sft"], on_cpu=hw["vendor"] == "cpu" or hw["gpus_per_node"] == 0)
 
 
 @functools.cache
@@ -225,7 +225,7 @@ def sft_default(key: str):
     return copy.deepcopy(_sft_defaults()[key])
 
 
-def _finetuning_checks(sft: dict) -> None:
+def _finetuning_checks(sft: dict, on_cpu: bool = False) -> None:
     """The LoRA / freeze / quantization keys: only under the type that reads them, values that work."""
     kind = sft["finetuning_type"]
     for keys, owner in ((LORA_KEYS, "lora"), (FREEZE_KEYS, "freeze")):
@@ -255,6 +255,12 @@ def _finetuning_checks(sft: dict) -> None:
         raise ConfigError(
             "config key sft.quantization_bit: 8-bit bitsandbytes models do not train under ZeRO-3 "
             "(LLaMA-Factory allows only 4-bit there); set quantization_bit: 4 or sft.zero_stage: 0, 2 or auto"
+        )
+    if sft["quantization_bit"] != "none" and on_cpu and sft["zero_stage"] not in (0, "auto"):
+        raise ConfigError(
+            f"config key sft.zero_stage: {sft['zero_stage']} with sft.quantization_bit on CPU processes: "
+            "bitsandbytes' CPU backend (0.50) trains a quantized model only without DeepSpeed (ZeRO-3 "
+            "fails saving its 4-bit weights); set sft.zero_stage: 0 (or auto)"
         )
 
 

@@ -428,7 +428,10 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
         stages = [2, 3]
     else:
         stages = [0, 2, 3] if world > 1 else [0, 3]
-    if sft.get("quantization_bit") == 8:
+    if sft.get("quantization_bit", "none") != "none" and not on_gpu:
+        # bitsandbytes' CPU backend trains a quantized model only without DeepSpeed.
+        stages = [0]
+    elif sft.get("quantization_bit") == 8:
         # LLaMA-Factory trains only 4-bit bitsandbytes models under ZeRO-3.
         stages = [s for s in stages if s != 3] or [2]
     if sft["offload"] == "auto":
