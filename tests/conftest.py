@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -79,3 +80,20 @@ def repo() -> Path:
 def scratch(tmp_path) -> Path:
     yield tmp_path
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def tiny_config(folder: Path, **extra) -> str:
+    """A folder holding only config.json of the demo's builtin tiny model: all the planner reads."""
+    t = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["model"]["tiny"]
+    shape = {
+        "model_type": "llama",
+        "hidden_size": t["hidden_size"],
+        "num_hidden_layers": t["num_layers"],
+        "num_attention_heads": t["num_heads"],
+        "intermediate_size": 4 * t["hidden_size"],
+        "vocab_size": t["vocab_size"],
+        **extra,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(shape))
+    return str(folder)

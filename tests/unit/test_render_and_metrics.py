@@ -13,26 +13,14 @@ from llmft.report import esc, svg_lines, table
 from llmft.sft import deepspeed_config, render
 from llmft.slurm import Allocation
 
-from tests.conftest import REPO
+from tests.conftest import REPO, tiny_config
 
 DEMO = validate(yaml.safe_load((REPO / "config/config.yaml").read_text()), base_dir=REPO)
 
 
 @pytest.fixture
 def tiny(tmp_path):
-    """config.json of the demo's builtin tiny model: all the planner reads."""
-    t = DEMO["model"]["tiny"]
-    shape = {
-        "model_type": "llama",
-        "hidden_size": t["hidden_size"],
-        "num_hidden_layers": t["num_layers"],
-        "num_attention_heads": t["num_heads"],
-        "intermediate_size": 4 * t["hidden_size"],
-        "vocab_size": t["vocab_size"],
-    }
-    (tmp_path / "tiny").mkdir()
-    (tmp_path / "tiny" / "config.json").write_text(json.dumps(shape))
-    return str(tmp_path / "tiny")
+    return tiny_config(tmp_path / "tiny")
 
 
 def plan_of(cfg, model_dir):

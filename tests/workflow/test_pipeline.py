@@ -166,6 +166,11 @@ def test_training_param_change_reruns_only_downstream(demo):
         ({"sft__learning_rat": 0.1}, "learning_rat"),
         ({"run": "bad name!"}, "config key run"),
         ({"data__sources": [{"path": "missing.jsonl"}]}, "dataset file not found"),
+        ({"sft__lora_rank": 16}, "sft.lora_rank: 16 is only used with sft.finetuning_type: lora"),
+        (
+            {"sft__finetuning_type": "freeze", "sft__freeze_trainable_layers": 3},
+            "sft.freeze_trainable_layers: 3 but the model has 2 decoder layers",
+        ),
     ],
 )
 def test_bad_config_stops_before_any_job(tmp_path, overrides, needle):

@@ -2,7 +2,10 @@
 
 - a stop signal makes every rank save a checkpoint at the same step and exit; the same command then
   resumes from it, loses no step, and trainer_log.jsonl keeps the whole history;
-- an absurd learning rate stops training at the first NaN with a diagnosis that names it.
+- the same for LoRA (its checkpoints hold the adapter), whose published outputs are the adapter and
+  the merged model;
+- an absurd learning rate stops training at the first NaN with a diagnosis that names it, for full
+  and LoRA fine-tuning.
 """
 
 import json
@@ -106,14 +109,22 @@ def steps_done(work: Path) -> list[int]:
     return [json.loads(line)["step"] for line in path.read_text().splitlines() if '"time"' in line]
 
 
-@pytest.mark.parametrize("sig,zero_stage", [(signal.SIGUSR1, 3), (signal.SIGTERM, 0)])
-def test_stop_signal_saves_and_the_rerun_resumes_without_losing_steps(stage, sig, zero_stage):
+@pytest.mark.parametrize(
+    "sig,zero_stage,kind",
+    [(signal.SIGUSR1, 3, "full"), (signal.SIGTERM, 0, "full"), (signal.SIGUSR1, 3, "lora")],
+)
+def test_stop_signal_saves_and_the_rerun_resumes_without_losing_steps(stage, sig, zero_stage, kind):
     # The demo's ZeRO-3 (DeepSpeed checkpoints) and plain DDP (torch checkpoints: transformers 5.6
-    # loads them with map_location "cpu:0" on CPU processes, which llmft.train's shim makes "cpu").
-    sft = {"max_steps": 60, "save_steps": 1000, "zero_stage": zero_stage}
-    overrides, args = render(stage, f"resume_{sig.name}", sft)
+    # loads them with map_location "cpu:0" on CPU processes, which llmft.train's shim makes "cpu");
+    # LoRA under ZeRO-3: the checkpoint holds the adapter and its optimizer states, the base stays.
+    sft = {"max_steps": 60, "save_steps": 1000, "zero_stage": zero_stage, "finetuning_type": kind}
+    if kind == "lora":
+        sft["learning_rate"] = 3.0e-3
+    name = f"resume_{sig.name}_{kind}"
+    final = "adapter_model.safetensors" if kind == "lora" else "model.safetensors"
+    overrides, args = render(stage, name, sft)
     work = stage / args["output_dir"]
-    proc = launch(stage, overrides, f"resume_{sig.name}")
+    proc = launch(stage, overrides, name)
     deadline = time.time() + 240
     while len(steps_done(work)) < 8 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
@@ -124,8 +135,10 @@ def test_stop_signal_saves_and_the_rerun_resumes_without_losing_steps(stage, sig
     assert proc.returncode == 75, out[-3000:]  # EX_TEMPFAIL: saved, run me again
     saved = json.loads((work / "llmft_preempted.json").read_text())["step"]
     assert saved >= signalled_at and (work / f"checkpoint-{saved}").is_dir()
-    assert not (work / "model.safetensors").exists()  # no final model from an interrupted run
-    resumed = launch(stage, overrides, f"resume_{sig.name}", tag="_resumed")
+    assert not (work / final).exists()  # no final model from an interrupted run
+    if kind == "lora":  # the checkpoint is the adapter's, with its optimizer state
+        assert (work / f"checkpoint-{saved}/adapter_model.safetensors").is_file()
+    resumed = launch(stage, overrides, name, tag="_resumed")
     out = finish(resumed)
     assert resumed.returncode == 0, out[-3000:]
     assert f"Resuming training from {args['output_dir']}/checkpoint-{saved}" in out
@@ -135,7 +148,7 @@ def test_stop_signal_saves_and_the_rerun_resumes_without_losing_steps(stage, sig
     log = [json.loads(line) for line in (work / "trainer_log.jsonl").read_text().splitlines()]
     logged = [e["current_steps"] for e in log if "loss" in e]
     assert logged[0] == 1 and logged[-1] == 60 and saved in logged  # the history before the stop is kept
-    assert (work / "model.safetensors").exists()
+    assert (work / final).exists()
     # the stop is kept in the event history, not left as a marker of the finished attempt
     events = [json.loads(line) for line in (work / "llmft_events.jsonl").read_text().splitlines()]
     assert {"file": "llmft_preempted.json", "step": saved} in [
@@ -145,33 +158,57 @@ def test_stop_signal_saves_and_the_rerun_resumes_without_losing_steps(stage, sig
     ]
     assert not (work / "llmft_preempted.json").exists()
     # the summary says what the resumed attempt itself did, and its tokens/s counts only its steps
-    summary = publish(stage, overrides, f"resume_{sig.name}")
+    summary = publish(stage, overrides, name)
     attempt = summary["attempt"]
     assert attempt["attempts"] == 2 and attempt["resumed_from_step"] == saved
     assert attempt["steps_trained"] == 60 - saved and attempt["steps_lost"] == 0
     assert 0 < summary["tokens_per_second"] < summary["llamafactory_throughput"]
+    assert (
+        summary["finetuning_type"] == kind
+        and 0 < summary["trainable_params"] <= summary["trained_model_params"]
+    )
+    if kind == "lora":  # the adapter beside the model, which is the base with the adapter merged in
+        assert (stage / "adapter/adapter_model.safetensors").is_file()
+        assert (stage / f"{name}_model/model.safetensors").is_file()
+        assert not (stage / f"{name}_model/adapter_config.json").exists()
     # a rerun of the finished training (its published outputs deleted) publishes it again, no training
-    again = launch(stage, overrides, f"resume_{sig.name}", tag="_again")
+    again = launch(stage, overrides, name, tag="_again")
     out = finish(again)
     assert again.returncode == 0 and "publishing it again, not training" in out, out[-2000:]
     assert "Resuming training" not in out and steps_done(work) == steps
-    summary = publish(stage, overrides, f"resume_{sig.name}")
+    summary = publish(stage, overrides, name)
     assert (
         summary["attempt"]["republished_without_training"]
         and summary["attempt"]["steps_trained"] == 60 - saved
     )
 
 
-def test_absurd_learning_rate_stops_at_the_first_nan_with_a_diagnosis(stage):
-    overrides, args = render(
-        stage, "diverge", {"zero_stage": 0, "max_steps": 40, "learning_rate": 1.0e30, "warmup_ratio": 0.0}
-    )
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_absurd_learning_rate_stops_at_the_first_nan_with_a_diagnosis(stage, kind):
+    sft = {
+        "zero_stage": 0,
+        "max_steps": 40,
+        "learning_rate": 1.0e30,
+        "warmup_ratio": 0.0,
+        "finetuning_type": kind,
+    }
+    overrides, args = render(stage, f"diverge_{kind}", sft)
     work = stage / args["output_dir"]
-    proc = launch(stage, overrides, "diverge")
+    proc = launch(stage, overrides, f"diverge_{kind}")
     out = finish(proc)
     assert proc.returncode == 3, out[-3000:]
     diagnosis = json.loads((work / "llmft_divergence.json").read_text())
     assert diagnosis["step"] < 10 and "nan" in diagnosis["what"].lower()
-    assert any(c.startswith("learning rate: sft.learning_rate=1e+30") for c in diagnosis["causes"])
+    assert any(
+        c.startswith("learning rate: sft.learning_rate=1e+30") and f"for {kind} fine-tuning" in c
+        for c in diagnosis["causes"]
+    )
     assert "Likely causes" in out  # the launcher prints it into the sft log
-    assert not (work / "model.safetensors").exists()  # nothing published from a diverged run
+    assert not (work / "model.safetensors").exists() and not (work / "adapter_model.safetensors").exists()
+    # nothing to publish from a diverged run: finalize refuses
+    proc = llmft(
+        "sft", "--overrides", overrides, "--yaml", f"diverge_{kind}.yaml", "--finalize-only",
+        "--model-out", f"diverge_{kind}_model", "--summary-out", f"diverge_{kind}.json", cwd=stage,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "training left no" in proc.stderr
+    assert not (stage / f"diverge_{kind}_model").exists()

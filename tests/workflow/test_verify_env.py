@@ -117,3 +117,24 @@ def test_two_nodes_one_report_from_node_zero(tmp_path):
     assert report["collectives"]["world_size"] == 2
     assert {r["host"] for r in report["collectives"]["ranks"]} == {"n1", "n2"}
     assert "node rank 0 writes the report" in logs[1] and "[verify_env] passed" not in logs[1]
+
+
+def test_qlora_config_checks_bitsandbytes_on_the_node(tmp_path):
+    """sft.quantization_bit: verify_env runs a bitsandbytes 4-bit layer on the node, or fails naming
+    the fix. envs/cpu.txt has no bitsandbytes, so on the CPU environment it is the refusal."""
+    import importlib.util
+
+    qlora = {"finetuning_type": "lora", "quantization_bit": 4, "zero_stage": 0}
+    overrides = {"sft": qlora, "verify": {"canary": False}}
+    proc, out = verify(tmp_path, **overrides)
+    log, _ = proc.communicate(timeout=180)
+    report = json.loads(out.read_text())
+    (finding,) = [f for f in report["findings"] if f["check"].split("@")[0] == "bitsandbytes"]
+    if importlib.util.find_spec("bitsandbytes") is None:
+        assert proc.returncode == 1 and not report["ok"], log[-3000:]
+        assert not finding["ok"] and "not installed" in finding["message"]
+        assert "pip install bitsandbytes" in finding["fix"] and "sft.quantization_bit: none" in finding["fix"]
+        assert "FAIL" in log and "bitsandbytes" in log
+    else:  # a bitsandbytes with a CPU backend (0.46+): its quantized layer runs here
+        assert proc.returncode == 0 and finding["ok"], log[-3000:]
+        assert "4-bit layer ran on cpu" in finding["message"]

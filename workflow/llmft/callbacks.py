@@ -10,6 +10,8 @@
 - ProfileWindow: with LLMFT_PROFILE_STEPS=FIRST:LAST, torch.profiler records those optimizer steps
   on every rank and writes a table of the most expensive kernels and operators per rank
   (llmft_profile_rank<N>.txt), with the steps' wall time to compare GPU busy time against.
+- ParamCount: the trainable and total parameter counts of the model as it trains (LoRA adapters,
+  frozen layers, ZeRO-3's partitioned weights counted whole), for train_summary.json.
 - CompileLayers: torch.compile every decoder layer in place before the first step (regional
   compilation: one graph, reused by all layers; parameter names and checkpoints are unchanged).
 
@@ -32,6 +34,7 @@ DIVERGENCE_FILE = "llmft_divergence.json"
 PREEMPTED_FILE = "llmft_preempted.json"
 STOP_REQUEST_FILE = "llmft_stop_request"
 STEPS_FILE = "llmft_steps.jsonl"
+PARAMS_FILE = "llmft_params.json"
 PROFILE_ENV = "LLMFT_PROFILE_STEPS"
 EXIT_DIVERGED = 3
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again later
@@ -322,3 +325,19 @@ class CompileLayers(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if model is not None and not self.compiled:
             self.compiled = compile_layers(model)
+
+
+class ParamCount(TrainerCallback):
+    """Rank 0 writes PARAMS_FILE at the start of training: trainable and total parameters, counted
+    as LLaMA-Factory counts them (ZeRO-3's partitioned weights whole, 4-bit weights unpacked)."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is None or not state.is_world_process_zero:
+            return
+        from llamafactory.extras.misc import count_parameters
+
+        trainable, total = count_parameters(model)
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.output_dir) / PARAMS_FILE).write_text(
+            json.dumps({"trainable_params": trainable, "total_params": total})
+        )

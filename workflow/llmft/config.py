@@ -7,6 +7,7 @@ anything is submitted.
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,21 @@ RESERVED_EXTRA = {
     "overwrite_output_dir",
     "tokenized_path",
 }
+# LLaMA-Factory arguments that have their own sft.* key (of the same name): the key, not sft.extra,
+# sets them, so the planner and train_summary.json see the value that trains.
+OWN_KEYS_EXTRA = {
+    "finetuning_type",
+    "lora_rank",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target",
+    "quantization_bit",
+    "freeze_trainable_layers",
+}
+# sft keys that only one finetuning_type reads: set to anything but their default under another
+# type, they would be silently ignored.
+LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_target", "quantization_bit")
+FREEZE_KEYS = ("freeze_trainable_layers",)
 
 
 class ConfigError(ValueError):
@@ -187,8 +203,76 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
             f"config key sft.extra: {reserved} are set by the pipeline itself; "
             "use the matching llmft key (model.*, data.*, sft.*) instead"
         )
+    own = sorted(OWN_KEYS_EXTRA & set(cfg["sft"]["extra"]))
+    if own:
+        raise ConfigError(
+            f"config key sft.extra: {own} have their own llmft keys: set "
+            + ", ".join(f"sft.{k}" for k in own)
+            + " instead"
+        )
     if cfg["sft"]["offload"] is True and cfg["sft"]["zero_stage"] not in (3, "auto"):
         raise ConfigError("config key sft.offload: offload needs sft.zero_stage: 3 (or auto)")
+    _finetuning_checks(cfg["sft"], on_cpu=hw["vendor"] == "cpu" or hw["gpus_per_node"] == 0)
+
+
+@functools.cache
+def _sft_defaults() -> dict:
+    return {k: v.get("default") for k, v in load_schema()["properties"]["sft"]["properties"].items()}
+
+
+def sft_default(key: str):
+    """The schema's default of sft.<key>."""
+    return copy.deepcopy(_sft_defaults()[key])
+
+
+def _finetuning_checks(sft: dict, on_cpu: bool = False) -> None:
+    """The LoRA / freeze / quantization keys: only under the type that reads them, values that work."""
+    kind = sft["finetuning_type"]
+    for keys, owner in ((LORA_KEYS, "lora"), (FREEZE_KEYS, "freeze")):
+        if kind == owner:
+            continue
+        for key in keys:
+            if sft[key] != sft_default(key):
+                raise ConfigError(
+                    f"config key sft.{key}: {sft[key]!r} is only used with sft.finetuning_type: {owner} "
+                    f"(it is {kind!r}); remove the key or set finetuning_type: {owner}"
+                )
+    target = sft["lora_target"]
+    names = target.split(",") if isinstance(target, str) else list(target)
+    if "all" in names and len(names) > 1:
+        raise ConfigError(
+            f"config key sft.lora_target: {target!r} mixes 'all' (every linear layer) with module names; "
+            "give either all or the names"
+        )
+    if len(set(names)) != len(names):
+        raise ConfigError(f"config key sft.lora_target: {target!r} names a module twice")
+    if sft["freeze_trainable_layers"] == 0:
+        raise ConfigError(
+            "config key sft.freeze_trainable_layers: 0 trains nothing; n > 0 trains the last n decoder "
+            "layers, n < 0 the first -n"
+        )
+    if sft["quantization_bit"] == 8 and sft["zero_stage"] == 3:
+        raise ConfigError(
+            "config key sft.quantization_bit: 8-bit bitsandbytes models do not train under ZeRO-3 "
+            "(LLaMA-Factory allows only 4-bit there); set quantization_bit: 4 or sft.zero_stage: 0, 2 or auto"
+        )
+    if sft["quantization_bit"] != "none" and on_cpu and sft["zero_stage"] not in (0, "auto"):
+        raise ConfigError(
+            f"config key sft.zero_stage: {sft['zero_stage']} with sft.quantization_bit on CPU processes: "
+            "bitsandbytes' CPU backend (0.50) trains a quantized model only without DeepSpeed (ZeRO-3 "
+            "fails saving its 4-bit weights); set sft.zero_stage: 0 (or auto)"
+        )
+
+
+def lora_settings(sft: dict) -> dict:
+    """The adapter settings as LLaMA-Factory reads them (lora_alpha resolved, lora_target a string)."""
+    target = sft["lora_target"]
+    return {
+        "lora_rank": sft["lora_rank"],
+        "lora_alpha": 2 * sft["lora_rank"] if sft["lora_alpha"] == "auto" else sft["lora_alpha"],
+        "lora_dropout": sft["lora_dropout"],
+        "lora_target": target if isinstance(target, str) else ",".join(target),
+    }
 
 
 @dataclass(frozen=True)

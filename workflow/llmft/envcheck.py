@@ -91,6 +91,10 @@ def probe_node(env: dict, scratch: Path, timeout_s: float, cfg: dict) -> dict:
     cmd = [sys.executable, "-m", "llmft.nodefacts", "--out", str(out), "--imports", ",".join(imports)]
     if cfg["sft"].get("offload") is True:
         cmd.append("--cpu-adam")
+    bits = cfg["sft"].get("quantization_bit", "none")
+    if bits != "none":
+        # QLoRA: bitsandbytes must import and run a quantized layer on this node's GPU.
+        cmd += ["--bnb", str(bits)]
     err = None
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)

@@ -221,6 +221,7 @@ def judge(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
             )
         else:
             out.append(Finding(f"package:{pkg}", True, f"{pkg} {ver}"))
+    out.extend(judge_bitsandbytes(facts, cfg, vendor))
     if "build" not in facts:
         return out  # the probe died before torch loaded: the probe finding says why
     build = facts["build"]
@@ -339,6 +340,75 @@ def judge(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
     out.extend(_judge_attention(facts, cfg, vendor))
     out.extend(_judge_ds(facts, cfg, vendor))
     return out
+
+
+# Oldest bitsandbytes LLaMA-Factory accepts: 8 bit; 4 bit; 4 bit under ZeRO-3 (or auto, which may pick it).
+BNB_MIN = {8: "0.37.0", 4: "0.39.0", "zero3": "0.43.0"}
+
+
+def judge_bitsandbytes(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
+    """sft.quantization_bit (QLoRA): bitsandbytes installed, new enough, and its quantized layer ran
+    on the node (nodefacts._bitsandbytes). Nothing to judge without quantization."""
+    bits = cfg["sft"].get("quantization_bit", "none")
+    if bits == "none":
+        return []
+    check = "bitsandbytes"
+    ver = facts.get("packages", {}).get("bitsandbytes")
+    off = "or set sft.quantization_bit: none (plain LoRA, the base model in 16 bit)"
+    if ver is None:
+        return [
+            Finding(
+                check,
+                False,
+                f"sft.quantization_bit: {bits} loads the base model through bitsandbytes, which is not "
+                "installed on this node",
+                f"pip install bitsandbytes (a build for this torch: {vendor}; see envs/{vendor}.txt) {off}",
+            )
+        ]
+    need = BNB_MIN["zero3"] if bits == 4 and cfg["sft"].get("zero_stage") in (3, "auto") else BNB_MIN[bits]
+    if _version_tuple(ver) < _version_tuple(need):
+        return [
+            Finding(
+                check,
+                False,
+                f"bitsandbytes {ver} is older than {need}, which LLaMA-Factory needs for {bits}-bit training"
+                + (" under ZeRO-3" if need == BNB_MIN["zero3"] else ""),
+                f"pip install 'bitsandbytes>={need}' {off}",
+            )
+        ]
+    run = facts.get("bitsandbytes")
+    if run is None:
+        why = f"bitsandbytes {ver}: its {bits}-bit layer was not run (the probe stopped first)"
+        return [Finding(check, False, why, "read the probe finding above")]
+    if not run.get("ok"):
+        return [
+            Finding(
+                check,
+                False,
+                f"bitsandbytes {ver} does not run a {bits}-bit layer on {run.get('device', 'this node')}: "
+                f"{run.get('error')}",
+                "install a bitsandbytes build that matches this torch and GPU (on ROCm its ROCm build; "
+                f"python -m bitsandbytes prints what it found) {off}",
+            )
+        ]
+    return [
+        Finding(
+            check,
+            True,
+            f"bitsandbytes {ver}: a {bits}-bit layer ran on {run.get('device')} "
+            f"(relative error {run.get('relative_error')})",
+        )
+    ]
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in str(text).split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit()) or "0"
+        parts.append(int(digits))
+        if not piece.isdigit():
+            break
+    return tuple(parts)
 
 
 def _judge_ds(facts: dict, cfg: dict, vendor: str) -> list[Finding]:

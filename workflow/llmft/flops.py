@@ -30,9 +30,6 @@ FORMULA = (
     "token attends over, causal); adapters: no weight gradients for frozen weights"
 )
 
-# LLaMA-Factory's `lora_target: all` names every linear layer of the decoder but the output head.
-LORA_ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
 
 @dataclass(frozen=True)
 class Tuning:
@@ -59,7 +56,7 @@ def matmul_params(shape) -> float:
 
 
 def lora_module_dims(shape) -> dict[str, tuple[int, int]]:
-    """(in, out) of each Llama-style linear module that LoRA can target."""
+    """(in, out) features of each linear module of a Llama-like decoder layer, by module name."""
     q, kv, h, i = shape.heads * shape.head_dim, shape.kv_dim, shape.hidden, shape.intermediate
     return {
         "q_proj": (h, q),
@@ -73,12 +70,15 @@ def lora_module_dims(shape) -> dict[str, tuple[int, int]]:
 
 
 def lora_params(shape, rank: int, target="all") -> float:
-    """Adapter parameters: rank·(in + out) per targeted matrix per layer. Module names that are not
-    Llama-style (e.g. a fused qkv) count as all of them, the closest estimate without the model."""
-    names = [t.strip() for t in (target.split(",") if isinstance(target, str) else target) if t.strip()]
+    """Adapter parameters: rank x (in + out) per adapted matrix and layer (A is rank x in, B out x
+    rank); `all` is every linear layer but the output head (LLaMA-Factory's meaning); a name this
+    table does not know (another architecture's) counts as a hidden x hidden matrix."""
     dims = lora_module_dims(shape)
-    picked = LORA_ALL if names in ([], ["all"]) or any(n not in dims for n in names) else names
-    return float(shape.layers * sum(rank * sum(dims[n]) for n in picked))
+    names = [n.strip() for n in (target.split(",") if isinstance(target, str) else target) if n.strip()]
+    if names in ([], ["all"]):
+        names = list(dims)
+    square = (shape.hidden, shape.hidden)
+    return float(shape.layers * sum(rank * sum(dims.get(n.split(".")[-1], square)) for n in names))
 
 
 def tuning_of(args: dict, shape) -> Tuning:

@@ -35,6 +35,7 @@ PACKAGES = [
     "peft",
     "trl",
     "liger_kernel",
+    "bitsandbytes",
 ]
 # What `import X` must load to prove X works: llamafactory's top level is lazy, and its training
 # entry point is where a broken dependency (torchaudio beside the wrong torch) shows.
@@ -216,10 +217,55 @@ def _varlen(torch, q, k, v) -> dict:
         return {"varlen_ok": False, "varlen_error": _err(exc)}
 
 
-def gather_facts(load_cpu_adam: bool = False, save=None, imports: list[str] | None = None) -> dict:
+def _bitsandbytes(torch, bits: int, gpu: bool) -> dict:
+    """Quantize a small linear layer with bitsandbytes as LLaMA-Factory's QLoRA does (4 bit: NF4
+    with double quantization; 8 bit: int8), on this node's first GPU (or the CPU), and run it
+    forward and backward; its error against the unquantized layer shows the kernels compute."""
+    out: dict = {"bits": bits, "ok": False}
+    try:
+        import bitsandbytes as bnb
+
+        out["version"] = getattr(bnb, "__version__", None)
+        device = "cuda:0" if gpu else "cpu"
+        out["device"] = device
+        torch.manual_seed(0)
+        ref = torch.nn.Linear(256, 256, bias=False)
+        x = torch.randn(8, 256)
+        want = x @ ref.weight.T
+        if bits == 4:
+            layer = bnb.nn.Linear4bit(
+                256, 256, bias=False, compute_dtype=torch.float32, quant_type="nf4", compress_statistics=True
+            )
+            layer.weight = bnb.nn.Params4bit(ref.weight.data.clone(), requires_grad=False, quant_type="nf4")
+        else:
+            layer = bnb.nn.Linear8bitLt(256, 256, bias=False, has_fp16_weights=False)
+            layer.weight = bnb.nn.Int8Params(
+                ref.weight.data.clone(), requires_grad=False, has_fp16_weights=False
+            )
+        layer = layer.to(device)  # quantizes the weight
+        xin = x.to(device).requires_grad_(True)
+        got = layer(xin)
+        got.float().sum().backward()
+        err = ((got.float().cpu() - want).norm() / want.norm()).item()
+        out["relative_error"] = round(err, 4)
+        if not (err == err and err < 0.2 and xin.grad is not None and bool(torch.isfinite(xin.grad).all())):
+            out["error"] = (
+                f"{bits}-bit layer output is off by {err:.3g} (relative) or its gradient is not finite"
+            )
+            return out
+        out["ok"] = True
+    except Exception as exc:  # what fails here is what we report
+        out["error"] = _err(exc)
+    return out
+
+
+def gather_facts(
+    load_cpu_adam: bool = False, save=None, imports: list[str] | None = None, bnb_bits: int = 0
+) -> dict:
     """What this node is. `save(facts, step)` is called after every step (the probe's checkpoint).
 
     `imports`: the packages to import (None = every installed one); versions are read for all.
+    `bnb_bits` (4 or 8): also run a bitsandbytes-quantized layer (sft.quantization_bit).
     """
 
     def step(name: str) -> None:
@@ -290,6 +336,9 @@ def gather_facts(load_cpu_adam: bool = False, save=None, imports: list[str] | No
     if "deepspeed" in facts["imports"]:
         step("deepspeed ops")
         facts["deepspeed_ops"] = _deepspeed_ops(load_cpu_adam)
+    if bnb_bits:
+        step(f"bitsandbytes {bnb_bits}-bit layer")
+        facts["bitsandbytes"] = _bitsandbytes(torch, bnb_bits, bool(facts["devices"]))
     # Last: a flash-attn built for the wrong GPU can kill the process; everything above is saved.
     step("flash-attn kernel / SDPA")
     facts["attention"] = _attention(torch, bool(facts["devices"]))
@@ -306,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--cpu-adam", action="store_true", help="also build/load DeepSpeed CPU Adam")
     parser.add_argument("--imports", default="", help="comma-separated packages to import (default: all)")
+    parser.add_argument("--bnb", type=int, default=0, help="also run a bitsandbytes layer of 4 or 8 bits")
     args = parser.parse_args(argv)
 
     def save(facts: dict, step: str) -> None:
@@ -313,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.out, facts)
         print(f"probe: {step}", flush=True)
 
-    gather_facts(args.cpu_adam, save, args.imports.split(",") if args.imports else None)
+    gather_facts(args.cpu_adam, save, args.imports.split(",") if args.imports else None, args.bnb)
     return 0
 
 

@@ -28,6 +28,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from . import flops
 from .config import ConfigError
 from .platform import Platform
 from .steptime import StepTime, offload_host_gib, step_time
@@ -151,16 +152,31 @@ class Memory:
         return max(self.backward_peak, self.step_peak)
 
 
-def trainable_params(shape: ModelShape, finetuning_type: str) -> float:
-    """Parameters that get gradients and AdamW states."""
+def trainable_params(
+    shape: ModelShape,
+    finetuning_type: str,
+    lora_rank: int = 8,
+    lora_target: str | list[str] = "all",
+    freeze_trainable_layers: int = 2,
+) -> float:
+    """Parameters that get gradients and AdamW states: LoRA's adapters (flops.lora_params), freeze's
+    |n| whole decoder layers, else every parameter."""
     if finetuning_type == "lora":
-        # rank 8 on every linear of each layer: ~ 2 * r * (in + out) per matrix; well under 1 %.
-        per_layer = 2 * 8 * (4 * shape.hidden + 2 * shape.kv_dim + 3 * (shape.hidden + shape.intermediate))
-        return shape.layers * per_layer
+        return flops.lora_params(shape, lora_rank, lora_target)
     if finetuning_type == "freeze":
-        # LLaMA-Factory's default trains the last 2 layers.
-        return min(2, shape.layers) * shape.layer_params
+        return min(abs(freeze_trainable_layers), shape.layers) * shape.layer_params
     return shape.params
+
+
+def sft_trainable_params(shape: ModelShape, sft: dict) -> float:
+    """trainable_params for an sft config section."""
+    return trainable_params(
+        shape,
+        sft["finetuning_type"],
+        lora_rank=sft.get("lora_rank", 8),
+        lora_target=sft.get("lora_target", "all"),
+        freeze_trainable_layers=sft.get("freeze_trainable_layers", 2),
+    )
 
 
 def estimate(
@@ -177,10 +193,12 @@ def estimate(
     finetuning_type: str = "full",
     neat_mask: bool = False,
     buckets: tuple[float, float] = (5e8, 5e8),
+    trainable: float | None = None,
 ) -> Memory:
-    """Per-GPU memory of one configuration (see the module docstring for the model)."""
+    """Per-GPU memory of one configuration (see the module docstring for the model); `trainable`
+    overrides trainable_params' defaults (LoRA rank 8 on all linear layers, freeze 2 layers)."""
     p = float(shape.params)
-    t = float(trainable_params(shape, finetuning_type))
+    t = float(trainable_params(shape, finetuning_type) if trainable is None else trainable)
     w = max(1, world)
     if precision == "fp32":
         mode = "fp32"
@@ -386,6 +404,12 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
         stages = [2, 3]
     else:
         stages = [0, 2, 3] if world > 1 else [0, 3]
+    if sft.get("quantization_bit", "none") != "none" and not on_gpu:
+        # bitsandbytes' CPU backend trains a quantized model only without DeepSpeed.
+        stages = [0]
+    elif sft.get("quantization_bit") == 8:
+        # LLaMA-Factory trains only 4-bit bitsandbytes models under ZeRO-3.
+        stages = [s for s in stages if s != 3] or [2]
     if sft["offload"] == "auto":
         # On a CPU the "devices" are host memory already: nothing to offload to.
         offloads = [False, True] if on_gpu else [False]
@@ -423,9 +447,10 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
             finetuning_type=sft["finetuning_type"],
             neat_mask=neat_mask,
             buckets=_bucket_elems(_buckets(bucket_setting, shape, stage)),
+            trainable=t,
         )
 
-    t = float(trainable_params(shape, sft["finetuning_type"]))
+    t = float(sft_trainable_params(shape, sft))
 
     def accumulation(rows: int) -> int:
         if sft["gradient_accumulation_steps"] != "auto":

@@ -334,6 +334,34 @@ def flop_count(shape, sft_args: dict, stats: dict) -> flops.FlopCount | None:
     return flops.per_token(shape, flops.attention_span(sft_args, stats), flops.tuning_of(sft_args, shape))
 
 
+def finetuning_rows(train: dict) -> list[list]:
+    """What trained (train_summary.json): the fine-tuning type, its trainable parameters, LoRA's
+    adapter settings and the published sizes."""
+    kind = train.get("finetuning_type") or "full"
+    rows = [["fine-tuning", kind], ["trainable parameters", train.get("trainable_params")]]
+    if kind == "freeze":
+        rows.append(
+            ["trainable decoder layers (freeze_trainable_layers)", train.get("freeze_trainable_layers")]
+        )
+    adapter = train.get("adapter") or {}
+    if adapter:
+        modules = ", ".join(adapter.get("target_modules") or []) or adapter.get("lora_target")
+        settings = (
+            f"rank {adapter.get('lora_rank')}, alpha {adapter.get('lora_alpha')}, "
+            f"dropout {adapter.get('lora_dropout')}, on {modules}"
+            + (f", {adapter['quantization_bit']}-bit base" if adapter.get("quantization_bit") else "")
+        )
+        rows += [["LoRA adapter", settings], ["adapter size (MB)", _mb(adapter.get("adapter_bytes"))]]
+    if train.get("model_bytes"):
+        label = "merged model size (MB)" if adapter else "model size (MB)"
+        rows.append([label, _mb(train.get("model_bytes"))])
+    return rows
+
+
+def _mb(nbytes) -> float | None:
+    return round(nbytes / 1e6, 1) if isinstance(nbytes, (int, float)) else None
+
+
 def throughput_series(history: list[dict], world: int) -> list[tuple[float, float]]:
     """Tokens/s per GPU over each logging interval.
 
@@ -582,30 +610,34 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
     sft_bench = benches.get("sft", {})
     plain_packs = sft_args.get("packing") and not sft_args.get("neat_packing")
     span_kind = "the whole pack" if plain_packs else "the row's own length, token-weighted mean"
-    throughput_rows = [
-        ["world size (processes)", world],
-        ["optimizer steps", train.get("steps")],
-        ["train runtime (s)", train.get("train_runtime_s")],
-        ["train tokens (all processes, incl. padding)", train.get("train_tokens")],
-        [f"tokens/s per {unit} (steady state, mean)", tps_gpu],
-        ["parameters (the tuned model's files)", n_params],
-        [
-            "matrix weights M (output head once, embedding lookup not counted)",
-            round(count.matmul_params) if count else "n/a",
-        ],
-        ["attention span S (tokens)", f"{fmt(count.span)} ({span_kind})" if count else "n/a"],
-        ["training FLOPs per token F (forward + backward)", f"{count.total:.4g}" if count else "n/a"],
-        [flops.FORMULA, f"{mfu_mean:.2%}" if mfu_mean is not None else peak_note],
-        [
-            "peak accelerator memory (GiB)",
-            train.get("peak_vram_gib") if train.get("peak_vram_gib") else "n/a (CPU run)",
-        ],
-        ["memory planner's predicted peak per GPU (GiB)", train.get("predicted_peak_gib") or "n/a"],
-        ["peak host memory of sft (MB RSS)", sft_bench.get("max_rss_mb")],
-    ] + [
-        [f"stage {name}: wall s / peak RSS MB", f"{fmt(b['seconds'])} / {fmt(b['max_rss_mb'])}"]
-        for name, b in benches.items()
-    ]
+    throughput_rows = (
+        finetuning_rows(train)
+        + [
+            ["world size (processes)", world],
+            ["optimizer steps", train.get("steps")],
+            ["train runtime (s)", train.get("train_runtime_s")],
+            ["train tokens (all processes, incl. padding)", train.get("train_tokens")],
+            [f"tokens/s per {unit} (steady state, mean)", tps_gpu],
+            ["parameters (the tuned model's files)", n_params],
+            [
+                "matrix weights M (output head once, embedding lookup not counted)",
+                round(count.matmul_params) if count else "n/a",
+            ],
+            ["attention span S (tokens)", f"{fmt(count.span)} ({span_kind})" if count else "n/a"],
+            ["training FLOPs per token F (forward + backward)", f"{count.total:.4g}" if count else "n/a"],
+            [flops.FORMULA, f"{mfu_mean:.2%}" if mfu_mean is not None else peak_note],
+            [
+                "peak accelerator memory (GiB)",
+                train.get("peak_vram_gib") if train.get("peak_vram_gib") else "n/a (CPU run)",
+            ],
+            ["memory planner's predicted peak per GPU (GiB)", train.get("predicted_peak_gib") or "n/a"],
+            ["peak host memory of sft (MB RSS)", sft_bench.get("max_rss_mb")],
+        ]
+        + [
+            [f"stage {name}: wall s / peak RSS MB", f"{fmt(b['seconds'])} / {fmt(b['max_rss_mb'])}"]
+            for name, b in benches.items()
+        ]
+    )
 
     # ---- data
     hist = stats.get("length_histogram") or {}

@@ -25,18 +25,22 @@ from pathlib import Path
 import yaml
 
 from . import pretokenize, slurm, tracking
-from .config import BUILTIN_MODEL, ConfigError
+from .config import BUILTIN_MODEL, ConfigError, lora_settings
 from .io import atomic_path, read_json, read_jsonl, write_json, write_text
 from .launch import launch_env, torchrun_command
 from .modelfiles import keep_base_structure
 from .packing import STAMP_FILE, packed_dir_name, packing_args, source_fingerprint
-from .plan import ModelShape, Plan, describe, resolve
+from .plan import ModelShape, Plan, describe, model_shape, resolve
 from .platform import Platform
 
 log = logging.getLogger("llmft.sft")
 
 # History of earlier attempts in the work folder: one JSON line per stop, preemption or divergence.
 EVENTS_FILE = "llmft_events.jsonl"
+# Below this learning rate a LoRA run barely moves its adapters: the render log says so.
+LORA_LOW_LR = 5e-5
+# LoRA: the published adapter's folder, beside the merged model's (results/{run}/sft/adapter).
+ADAPTER_DIR = "adapter"
 
 
 def deepspeed_config(plan: Plan, platform: Platform) -> dict | None:
@@ -158,6 +162,7 @@ def llamafactory_args(
         args["fp16"] = True
     if vendor == "cpu" and sft["precision"] != "fp32":
         args["use_cpu"] = True  # transformers refuses half precision on CPU without it
+    args.update(finetuning_args(sft))
     if deepspeed_path:
         args["deepspeed"] = deepspeed_path
     elif platform.world_size > 1:
@@ -180,6 +185,30 @@ def llamafactory_args(
     return args
 
 
+def finetuning_args(sft: dict) -> dict:
+    """LLaMA-Factory's arguments for sft.finetuning_type's own keys (LoRA / QLoRA, freeze)."""
+    kind = sft["finetuning_type"]
+    if kind == "lora":
+        out = lora_settings(sft)
+        if sft["quantization_bit"] != "none":
+            out["quantization_bit"] = sft["quantization_bit"]
+        return out
+    if kind == "freeze":
+        return {"freeze_trainable_layers": sft["freeze_trainable_layers"]}
+    return {}
+
+
+def check_finetuning(sft: dict, shape: ModelShape) -> None:
+    """What the model's shape decides: freeze cannot train more layers than there are (LLaMA-Factory
+    would silently train them all)."""
+    n = sft["freeze_trainable_layers"]
+    if sft["finetuning_type"] == "freeze" and abs(n) > shape.layers:
+        raise ConfigError(
+            f"config key sft.freeze_trainable_layers: {n} but the model has {shape.layers} decoder layers; "
+            f"choose at most {shape.layers} (or finetuning_type: full to train every layer)"
+        )
+
+
 def tiny_shape(tiny: dict) -> ModelShape:
     """The shape of builtin:tiny (assets.build_tiny_model) before it is built."""
     hidden, layers, heads, vocab = (tiny[k] for k in ("hidden_size", "num_layers", "num_heads", "vocab_size"))
@@ -193,7 +222,8 @@ def precheck(cfg: dict) -> Plan:
     yet then: its shape comes from model.tiny. The plan sft trains with is made later, from the
     nodes' facts (render)."""
     name = cfg["model"]["name_or_path"]
-    shape = tiny_shape(cfg["model"]["tiny"]) if name == BUILTIN_MODEL else None
+    shape = tiny_shape(cfg["model"]["tiny"]) if name == BUILTIN_MODEL else model_shape(name)
+    check_finetuning(cfg["sft"], shape)
     return resolve(cfg, name, Platform.declared(cfg), shape)
 
 
@@ -255,6 +285,14 @@ def render(
     shape: ModelShape | None = None,
 ):
     """Plan for `platform`; write llamafactory.yaml (+ the launcher's `llmft:` block) and deepspeed.json."""
+    shape = shape or model_shape(base_model)
+    check_finetuning(cfg["sft"], shape)
+    if cfg["sft"]["finetuning_type"] == "lora" and cfg["sft"]["learning_rate"] < LORA_LOW_LR:
+        log.warning(
+            "sft.learning_rate %g is low for LoRA: the default 1e-5 is the full-SFT recipe; LoRA usually "
+            "trains at about 1e-4 (LLaMA-Factory's LoRA examples)",
+            cfg["sft"]["learning_rate"],
+        )
     plan = resolve(cfg, base_model, platform, shape)
     log.info("platform: %s (%s)", platform.describe(), platform.source)
     log.info("%s", describe(plan))
@@ -421,8 +459,10 @@ def launch(cfg: dict, yaml_path: str) -> int:
 
 
 def finished(work: Path) -> bool:
-    """LLaMA-Factory wrote its end-of-training results and the final model into the work folder."""
-    return (work / "all_results.json").is_file() and (work / "config.json").is_file()
+    """LLaMA-Factory wrote its end-of-training results and the final model (or, for LoRA, the final
+    adapter) into the work folder."""
+    final = (work / "config.json").is_file() or (work / "adapter_config.json").is_file()
+    return (work / "all_results.json").is_file() and final
 
 
 def attempts_summary(records: list[dict]) -> dict:
@@ -463,20 +503,110 @@ def attempts_summary(records: list[dict]) -> dict:
     }
 
 
+def _copy_files(src: Path, dst: Path) -> None:
+    """The files of a work folder (not its checkpoint folders)."""
+    for item in src.iterdir():
+        if item.is_file():
+            shutil.copy2(item, dst / item.name)
+
+
+def base_dtype(model_dir: str | Path) -> str:
+    """The dtype a model folder's config.json declares (transformers' name), float32 if none."""
+    cfg = read_json(Path(model_dir) / "config.json")
+    cfg = cfg.get("text_config", cfg) if not (cfg.get("dtype") or cfg.get("torch_dtype")) else cfg
+    dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32").replace("torch.", "")
+    return dtype if dtype in ("float32", "bfloat16", "float16") else "float32"
+
+
+def merge_adapter(args: dict, adapter_dir: Path, out_dir: Path) -> None:
+    """The base model with the LoRA adapter merged in, written to out_dir by LLaMA-Factory's own
+    export (`llamafactory-cli export`: PEFT's merge_and_unload on the unquantized base), in the base
+    model's dtype, so the result loads as a plain model of the base's structure and size."""
+    from llamafactory.train.tuner import export_model
+
+    base = args["model_name_or_path"]
+    export_model(
+        {
+            "model_name_or_path": base,
+            "adapter_name_or_path": str(adapter_dir),
+            "finetuning_type": "lora",
+            "template": args["template"],
+            "trust_remote_code": args.get("trust_remote_code", False),
+            "export_dir": str(out_dir),
+            "export_device": "cpu",
+            "infer_dtype": base_dtype(base),
+        }
+    )
+    # LLaMA-Factory also writes an Ollama Modelfile: not part of an HF model folder.
+    (out_dir / "Modelfile").unlink(missing_ok=True)
+
+
+def _weights_bytes(model_dir: Path) -> int:
+    return sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
+
+
+def finetuning_summary(args: dict, work: Path, model_out: Path, adapter_out: Path) -> dict:
+    """What train_summary.json says about the fine-tuning method: type, parameters that trained,
+    the adapter's settings, the published sizes."""
+    from .callbacks import PARAMS_FILE
+
+    kind = args.get("finetuning_type", "full")
+    counted = read_json(work / PARAMS_FILE) if (work / PARAMS_FILE).exists() else {}
+    out = {
+        "finetuning_type": kind,
+        "trainable_params": counted.get("trainable_params"),
+        "trained_model_params": counted.get("total_params"),
+        "model_bytes": _weights_bytes(model_out),
+        "adapter": None,
+        "freeze_trainable_layers": args.get("freeze_trainable_layers", 2) if kind == "freeze" else None,
+    }
+    if kind == "lora":
+        adapter_cfg = read_json(adapter_out / "adapter_config.json")
+        out["adapter"] = {
+            "lora_rank": args.get("lora_rank"),
+            "lora_alpha": args.get("lora_alpha"),
+            "lora_dropout": args.get("lora_dropout"),
+            "lora_target": args.get("lora_target"),
+            # the modules PEFT adapted (`all` resolved to names)
+            "target_modules": sorted(adapter_cfg.get("target_modules") or []),
+            "quantization_bit": args.get("quantization_bit"),
+            "adapter_bytes": _weights_bytes(adapter_out),
+            "path": str(adapter_out),
+        }
+    return out
+
+
 def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
-    """Publish the trained model atomically and summarise the run from trainer_log.jsonl."""
+    """Publish the trained model atomically and summarise the run from trainer_log.jsonl.
+
+    Full and freeze training publish the work folder's model. LoRA publishes the adapter (the work
+    folder's files) beside the model, in `adapter/`, and in `model/` the base with the adapter merged
+    in. Each folder is written under a temporary name and renamed when complete."""
     args = yaml.safe_load(Path(yaml_path).read_text())
     world_size = Platform.from_json(args["llmft"]["platform"]).world_size
     work = Path(args["output_dir"])
-    if not (work / "config.json").is_file():
+    kind = args.get("finetuning_type", "full")
+    model_path = Path(model_out)
+    adapter_path = model_path.with_name(ADAPTER_DIR)
+    if kind == "lora" and not (work / "adapter_config.json").is_file():
+        raise RuntimeError(f"training left no LoRA adapter in {work}: see the sft log")
+    if kind != "lora" and not (work / "config.json").is_file():
         raise RuntimeError(f"training left no model in {work}: see the sft log")
     entries = read_jsonl(work / "trainer_log.jsonl") if (work / "trainer_log.jsonl").exists() else []
-    with atomic_path(model_out, directory=True) as tmp:
-        for item in work.iterdir():
-            if item.is_file():
-                shutil.copy2(item, tmp / item.name)
-        # the base's structure: a tied head saved once, the base's dtype; refused if it still differs
-        structure = keep_base_structure(tmp, args["model_name_or_path"])
+    if kind == "lora":
+        with atomic_path(adapter_path, directory=True) as tmp:
+            _copy_files(work, tmp)
+        with atomic_path(model_path, directory=True) as tmp:
+            merge_adapter(args, adapter_path, tmp)
+            structure = keep_base_structure(tmp, args["model_name_or_path"])
+    else:
+        with atomic_path(model_path, directory=True) as tmp:
+            _copy_files(work, tmp)
+            # the base's structure: a tied head saved once, the base's dtype; refused if it still differs
+            structure = keep_base_structure(tmp, args["model_name_or_path"])
+        if (adapter_path / "adapter_config.json").is_file():
+            # an earlier LoRA config's adapter: not this model's
+            shutil.rmtree(adapter_path)
     from .callbacks import STEPS_FILE
 
     results = read_json(work / "all_results.json") if (work / "all_results.json").exists() else {}
@@ -504,6 +634,7 @@ def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
         "predicted_peak_gib": (args.get("llmft") or {}).get("plan", {}).get("memory", {}).get("peak"),
         "eval_loss": results.get("eval_loss"),
         "model_files": structure,
+        **finetuning_summary(args, work, model_path, adapter_path),
         "history": history,
     }
     write_json(summary_out, summary)

@@ -38,6 +38,7 @@ from .callbacks import (
     CompileLayers,
     Diverged,
     DivergenceGuard,
+    ParamCount,
     Preempted,
     PreemptionSaver,
     ProfileWindow,
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         saver,
         StepClock(),
+        ParamCount(),
     ]
     if ours.get("compile_layers"):
         callbacks.append(CompileLayers())

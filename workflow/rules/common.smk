@@ -116,6 +116,21 @@ def stage_python():
     return ["apptainer", "exec", *shlex.split(settings.apptainer_args), image, "python"]
 
 
+def quantization_keys():
+    """The keys that make verify_env check bitsandbytes, only when they ask for it: switching between
+    full, freeze and plain LoRA does not rerun verify_env."""
+    if CFG["sft"]["quantization_bit"] == "none":
+        return []
+    return ["sft.finetuning_type", "sft.quantization_bit"]
+
+
+def sft_adapter_output():
+    """sft's extra output under LoRA: the adapter, beside the merged model."""
+    if CFG["sft"]["finetuning_type"] != "lora":
+        return {}
+    return {"adapter": directory("results/{run}/sft/adapter")}
+
+
 def eval_model(wildcards):
     if wildcards.which == "tuned":
         return f"results/{wildcards.run}/sft/model"

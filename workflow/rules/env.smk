@@ -21,6 +21,7 @@ rule verify_env:
             "sft.offload",
             "sft.precision",
             "sft.liger_kernel",
+            *quantization_keys(),
         ),
         launcher=per_node_launcher,
         python=stage_python(),

@@ -50,6 +50,7 @@ rule pack_data:
 
 # Checkpoints live in results/{run}/work/sft-<config hash>/, which is not a declared output:
 # Snakemake deletes a failed job's outputs, and a retried or requeued job must resume from them.
+# LoRA also publishes the adapter (sft/adapter); sft/model is then the base with it merged in.
 rule sft:
     input:
         yaml="results/{run}/sft/llamafactory.yaml",
@@ -60,6 +61,7 @@ rule sft:
         tokenized="results/{run}/data/tokenized",
         packed="results/{run}/data/packed.json",
     output:
+        **sft_adapter_output(),
         model=directory("results/{run}/sft/model"),
         summary="results/{run}/sft/train_summary.json",
     log:
