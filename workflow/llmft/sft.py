@@ -310,9 +310,9 @@ def render(
         "liger_loss_only": plan.liger and plan.compile,
         "plan": plan.to_json(),
         "platform": platform.to_json(),
-        "tracking": tracking.settings(
-            cfg["sft"]["tracking"], str(Path(out_yaml).parent.parent / "tracking"), cfg["run"]
-        ),
+        # the run's folder, not one derived from where this YAML is written: the same config renders
+        # the same YAML wherever it is written (a login node's preview, the workflow's rule)
+        "tracking": tracking.settings(cfg["sft"]["tracking"], f"results/{cfg['run']}/tracking", cfg["run"]),
     }
     header = (
         "# Rendered by llmft from config/config.yaml: edit the config, not this file.\n"
