@@ -21,7 +21,7 @@ from tests.slurm.test_cluster import SMALL_RUN, _cluster_problem, box_args, subm
 
 pytestmark = pytest.mark.slurm
 
-STEPS = 120
+STEPS = 60
 
 
 @pytest.fixture(scope="module", autouse=True)
