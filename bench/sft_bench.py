@@ -244,6 +244,26 @@ def _read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+def llmft_env(**extra) -> dict:
+    """The environment the bench's llmft subprocesses run in: this checkout's llmft first."""
+    return dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(REPO / "workflow"), os.environ.get("PYTHONPATH", "")]),
+        **extra,
+    )
+
+
+def run_stage(cmd: list[str], rd: Path, stage: str, env: dict) -> dict | None:
+    """One llmft stage of a variant, its output in rd/<stage>.log; the failed variant's result, or None."""
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    (rd / f"{stage}.log").write_text(r.stdout + r.stderr)
+    if not r.returncode:
+        return None
+    result = {"name": rd.name, "status": f"{stage} failed", "error": (r.stdout + r.stderr)[-1500:]}
+    (rd / "result.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
 def node_facts(out: Path) -> Path:
     """This machine's facts (llmft.nodefacts, what verify_env records on each node), once per call:
     the plans are made from them, as the workflow makes them from verify.json. BENCH_FACTS names a
@@ -253,10 +273,7 @@ def node_facts(out: Path) -> Path:
     path = out / "facts.json"
     if not path.exists():
         cmd = [sys.executable, "-m", "llmft.nodefacts", "--out", str(path)]  # imports all: Liger too
-        env = dict(
-            os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "workflow"), os.environ.get("PYTHONPATH", "")])
-        )
-        subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+        subprocess.run(cmd, capture_output=True, text=True, env=llmft_env(), cwd=REPO, timeout=300)
         facts = json.loads(path.read_text())
         if facts.get("devices"):
             # The device machine's memory is a balloon that grows as it is used: MemTotal reads low
@@ -280,18 +297,11 @@ def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> di
     render += ["--verify", str(facts)]
     render += ["--data-dir", str(WORK / "data"), "--out-yaml", str(rd / "llamafactory.yaml")]
     render += ["--out-deepspeed", str(rd / "deepspeed.json"), "--work-root", str(RUNS)]
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(REPO / "workflow"), os.environ.get("PYTHONPATH", "")]),
-        **VARIANT_ENV.get(name, {}),
-    )
+    env = llmft_env(**VARIANT_ENV.get(name, {}))
     t0 = time.time()
-    r = subprocess.run(render, capture_output=True, text=True, env=env, cwd=REPO)
-    (rd / "render.log").write_text(r.stdout + r.stderr)
-    if r.returncode:
-        result = {"name": name, "status": "render failed", "error": (r.stdout + r.stderr)[-1500:]}
-        (rd / "result.json").write_text(json.dumps(result, indent=2))
-        return result
+    failed = run_stage(render, rd, "render", env)
+    if failed:
+        return failed
     # the pack_data stage: pack the tokenized rows for this YAML, as the workflow does before sft
     pack = [
         py,
@@ -304,12 +314,9 @@ def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> di
         str(WORK / "data"),
     ]
     pack += ["--tokenizer", str(WORK / "tok"), "--stamp-out", str(rd / "packed.json")]
-    r = subprocess.run(pack, capture_output=True, text=True, env=env, cwd=REPO)
-    (rd / "pack.log").write_text(r.stdout + r.stderr)
-    if r.returncode:
-        result = {"name": name, "status": "pack failed", "error": (r.stdout + r.stderr)[-1500:]}
-        (rd / "result.json").write_text(json.dumps(result, indent=2))
-        return result
+    failed = run_stage(pack, rd, "pack", env)
+    if failed:
+        return failed
     args = yaml.safe_load((rd / "llamafactory.yaml").read_text())
     if name in DS_LF and args.get("deepspeed"):
         ds = lf_deepspeed(name, json.loads(Path(args["deepspeed"]).read_text()))

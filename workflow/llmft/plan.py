@@ -87,8 +87,7 @@ class ModelShape:
 
     @property
     def layer_params(self) -> int:
-        attn = self.hidden * self.heads * self.head_dim * 2 + self.hidden * self.kv_dim * 2
-        return attn + 3 * self.hidden * self.intermediate + 2 * self.hidden
+        return int(flops.layer_matmul(self)) + 2 * self.hidden  # the projections and two norms
 
 
 def model_shape(model_dir: str | Path) -> ModelShape:
@@ -451,6 +450,7 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
         )
 
     t = float(sft_trainable_params(shape, sft))
+    tuning = flops.tuning_of(sft, shape)  # the config's keys are LLaMA-Factory's names
 
     def accumulation(rows: int) -> int:
         if sft["gradient_accumulation_steps"] != "auto":
@@ -492,7 +492,7 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
             gradient_checkpointing=gc,
             trainable=t,
             precision=sft["precision"],
-            finetuning_type=sft["finetuning_type"],
+            tuning=tuning,
         )
         fitting.append((est, cand, m))
     if not fitting:

@@ -228,10 +228,11 @@ LONG_CELL_CHARS, LONG_CELL_LINES, PREVIEW_CHARS = 240, 4, 120
 
 def text_cell(text: str) -> str:
     """A table cell's text, escaped; a long one collapsed behind its first words."""
-    if len(text) <= LONG_CELL_CHARS and text.count("\n") < LONG_CELL_LINES:
+    breaks = text.count("\n")
+    if len(text) <= LONG_CELL_CHARS and breaks < LONG_CELL_LINES:
         return esc(text)
     preview = text.split("\n", 1)[0][:PREVIEW_CHARS].rstrip()
-    more = f"{len(text):,} characters, {text.count(chr(10)) + 1} lines"
+    more = f"{len(text):,} characters, {breaks + 1} lines"
     return (
         f"<details><summary>{esc(preview)}… <span class='muted'>({more})</span></summary>"
         f"<div class='full'>{esc(text)}</div></details>"

@@ -94,15 +94,6 @@ def cpu_adam_params_per_s(platform) -> float:
     return min(cores * CPU_ADAM_PARAMS_PER_S_PER_CORE, HOST_MEMORY_GBS * 1e9 / CPU_ADAM_BYTES_PER_PARAM)
 
 
-def tuning_for(shape, finetuning_type: str, trainable: float) -> flops.Tuning:
-    """The flops.Tuning of a plan: LoRA's adapter or freeze's layers from its trainable count."""
-    if finetuning_type == "lora":
-        return flops.Tuning("lora", adapter=trainable)
-    if finetuning_type == "freeze":
-        return flops.Tuning("freeze", layers=max(1, round(trainable / max(shape.layer_params, 1))))
-    return flops.FULL
-
-
 def step_time(
     shape,
     platform,
@@ -115,14 +106,14 @@ def step_time(
     gradient_checkpointing: bool,
     trainable: float,
     precision: str = "bf16",
-    finetuning_type: str = "full",
+    tuning: flops.Tuning = flops.FULL,
 ) -> StepTime:
     """The estimate for one candidate plan (see the module docstring)."""
     world = platform.world_size
     tokens = micro_batch * seq_len
     # flops.py's model FLOPs, the rows of a pack spanning half of it on average; checkpointing
     # recomputes the forward pass
-    count = flops.per_token(shape, seq_len / 2, tuning_for(shape, finetuning_type, trainable))
+    count = flops.per_token(shape, seq_len / 2, tuning)
     per_token = count.total + (count.forward if gradient_checkpointing else 0.0)
     spec = platform.spec
     peak = (spec.peak_bf16_tflops if spec else CPU_TFLOPS) * 1e12 if platform.on_gpu else CPU_TFLOPS * 1e12
