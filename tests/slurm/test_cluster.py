@@ -34,6 +34,8 @@ SMALL_RUN = {
     "hardware__nodes": 2,
     "hardware__processes_per_node": 1,
     "hardware__gpus_per_node": 0,
+    # the production profile's MI300X gres for CPU ranks: the test cluster's nodes have no GPUs
+    "hardware__allow_cpu_on_gpu_jobs": True,
     "data__synthetic_rows": 600,
     "sft__max_steps": 8,
     "sft__logging_steps": 4,
@@ -229,7 +231,10 @@ def test_rerun_one_stage_runs_only_its_jobs(whole_run):
 
 def test_failing_stage_exits_nonzero_in_bounded_time_and_shows_its_log(tmp_path):
     work = make_workdir(
-        tmp_path, run="broken", **{"verify__required_packages": ["torch", "llmft_no_such_package"]}
+        tmp_path,
+        run="broken",
+        hardware__allow_cpu_on_gpu_jobs=True,
+        verify__required_packages=["torch", "llmft_no_such_package"],
     )
     start = time.monotonic()
     proc = cluster_run(work, "results/broken/env/verify.json", timeout=300)

@@ -19,6 +19,7 @@ from tests.slurm.test_cluster import _cluster_problem, box_args
 pytestmark = pytest.mark.slurm
 
 NIGHT = {
+    "hardware__allow_cpu_on_gpu_jobs": True,  # CPU ranks in the production profile's GPU jobs
     "data__sources": [{"path": "data/rows.jsonl", "format": "alpaca", "weight": 1.0}],
     "sft__max_steps": 10,
     "sft__logging_steps": 5,

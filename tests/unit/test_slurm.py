@@ -105,3 +105,40 @@ def test_allocation_refuses_unknown_node():
     env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "gpu[01-02]", "SLURMD_NODENAME": "other"}
     with pytest.raises(RuntimeError, match="cannot tell this node's rank"):
         current_allocation(env)
+
+
+@pytest.mark.parametrize(
+    "resources,gpus",
+    [
+        ({"gres": "gpu:mi300x:8"}, 8),
+        ({"gres": "'gpu:mi300x:8'"}, 8),  # the quotes a profile keeps
+        ({"gres": "gpu:4"}, 4),
+        ({"gres": "gpu"}, 1),
+        ({"gres": "tmpdisk:100"}, None),
+        ({"gpu": 8}, 8),
+        ({"slurm_extra": "'--exclusive --gpus-per-node=h100:4'"}, 4),
+        ({"slurm_partition": "mi300x"}, None),
+    ],
+)
+def test_gpus_a_rule_requests(resources, gpus):
+    assert slurm.gpus_requested(resources) == gpus
+
+
+MI300X = {"slurm_partition": "mi300x", "gres": "gpu:mi300x:8"}
+
+
+def test_profile_and_config_that_disagree_are_named():
+    gpu_jobs = {rule: MI300X for rule in slurm.GPU_STAGES}
+    cpu_jobs = {rule: {"slurm_partition": "cpu"} for rule in slurm.GPU_STAGES}
+    assert slurm.resources_mismatch(8, False, gpu_jobs) is None
+    assert slurm.resources_mismatch(0, False, {}) is None  # the local executor asks for nothing
+    assert slurm.resources_mismatch(0, True, gpu_jobs) is None  # a CPU smoke test on purpose
+    msg = slurm.resources_mismatch(0, False, gpu_jobs)
+    assert "requests 8 GPU(s) per node for verify_env" in msg and "hardware.gpus_per_node is 0" in msg
+    assert "hardware.allow_cpu_on_gpu_jobs: true" in msg
+    msg = slurm.resources_mismatch(4, False, gpu_jobs)
+    assert "requests 8 GPU(s)" in msg and "hardware.gpus_per_node is 4" in msg
+    msg = slurm.resources_mismatch(8, False, cpu_jobs)
+    assert "requests no GPUs for verify_env" in msg and 'gres: "gpu:<type>:8"' in msg
+    # allow_cpu_on_gpu_jobs never excuses a wrong count
+    assert "is 4" in slurm.resources_mismatch(4, True, gpu_jobs)

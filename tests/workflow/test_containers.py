@@ -23,7 +23,11 @@ def dry_run(tmp_path, nodes: int) -> str:
     (bin_dir / "apptainer").write_text(STUB)
     (bin_dir / "apptainer").chmod(0o755)
     work = make_workdir(
-        tmp_path / "w", container__image=IMAGE, hardware__nodes=nodes, hardware__processes_per_node=1
+        tmp_path / "w",
+        container__image=IMAGE,
+        hardware__nodes=nodes,
+        hardware__processes_per_node=1,
+        hardware__allow_cpu_on_gpu_jobs=True,
     )
     res = snakemake(
         work, "-n", "-p", "--sdm", "apptainer", "--apptainer-args", "--rocm --bind /scratch",

@@ -103,9 +103,19 @@ def validate(raw: dict | None, base_dir: str | Path = ".") -> dict:
 def _describe(err: jsonschema.ValidationError) -> str:
     where = _key(err.absolute_path)
     if err.validator == "type" and isinstance(err.instance, str) and _is_number(err.instance):
+        if "e" in err.instance.lower():
+            why = (
+                "YAML reads an exponent without a decimal point as a string; write "
+                f"{float(err.instance)!r} (e.g. 1.0e-4 for 1e-4)"
+            )
+        else:
+            # quoted in the file, or given on the command line (`--config` passes nested values as text)
+            why = f"write it unquoted ({err.instance.strip()}), in the config file rather than in --config"
+        return f"config key {where}: {err.instance!r} is text, not a number: {why}"
+    if err.validator == "type" and err.instance in ("true", "false", "True", "False"):
         return (
-            f"config key {where}: {err.instance!r} is text, not a number: YAML reads an exponent without a "
-            f"decimal point as a string; write {float(err.instance)!r} (e.g. 1.0e-4 for 1e-4)"
+            f"config key {where}: {err.instance!r} is text, not true/false: write it unquoted, in the "
+            "config file rather than in --config"
         )
     if err.validator == "additionalProperties":
         extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))

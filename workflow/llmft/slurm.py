@@ -158,3 +158,82 @@ def current_allocation(env: dict[str, str] | None = None) -> Allocation:
             f"cannot tell this node's rank: SLURMD_NODENAME={me!r} is not in the job's node list {nodes}"
         )
     return Allocation(job_id, nodes, rank, _resolve(nodes[0]), rendezvous_port(job_id))
+
+
+# The stages that run on GPU nodes when the config has GPUs (verify_env probes them, sft trains,
+# evaluate generates); every other stage is a CPU job.
+GPU_STAGES = ("verify_env", "sft", "evaluate")
+
+
+def gpus_requested(resources: dict) -> int | None:
+    """GPUs per node that a rule's Slurm resources ask for (gres, gpu, slurm_extra's --gpus*);
+    None when they ask for none."""
+    found = []
+    gres = str(resources.get("gres") or "")
+    found += [int(n) for n in re.findall(r"\bgpu(?::[\w.-]+)?:(\d+)", gres)]
+    if re.search(r"\bgpu(?::[\w.-]+)?(?:,|$)", gres.strip("'\"")):
+        found.append(1)  # `gres: gpu` or `gpu:mi300x` alone is one GPU
+    for key in ("gpu", "gpus"):
+        if str(resources.get(key) or "0").isdigit() and int(resources.get(key) or 0):
+            found.append(int(resources[key]))
+    extra = str(resources.get("slurm_extra") or "")
+    found += [int(n) for n in re.findall(r"--gpus(?:-per-node)?[= ](?:[\w.-]+:)?(\d+)", extra)]
+    return max(found) if found else None
+
+
+def _plain_resources(mapping) -> dict:
+    """Snakemake's resources of one rule (a Resources object or a plain mapping) as {name: value}."""
+    out = {}
+    for name, value in dict(mapping or {}).items():
+        raw = getattr(value, "raw", value)  # a Resource as written; a callable one is not a request
+        if isinstance(raw, (str, int)) and not isinstance(raw, bool):
+            out[name] = raw
+    return out
+
+
+def stage_resources(resource_settings) -> dict[str, dict]:
+    """Each GPU stage's resources as Snakemake will submit them: the default resources, then the
+    profile's or command line's set-resources for that rule."""
+    default = _plain_resources(resource_settings.default_resources)
+    overrides = resource_settings.overwrite_resources
+    return {name: default | _plain_resources(overrides.get(name)) for name in GPU_STAGES}
+
+
+def profile_mismatch(hardware: dict, resource_settings) -> str | None:
+    """Why the profile's resources and the config's hardware disagree, or None.
+
+    A Slurm profile is recognised by a partition or account on any stage; the local executor
+    requests nothing, so nothing is compared.
+    """
+    return resources_mismatch(
+        hardware["gpus_per_node"], hardware["allow_cpu_on_gpu_jobs"], stage_resources(resource_settings)
+    )
+
+
+def resources_mismatch(gpus_per_node: int, allow_cpu_on_gpu_jobs: bool, rules: dict[str, dict]) -> str | None:
+    """`profile_mismatch` on plain {stage: resources}."""
+    slurmish = any(r.get("slurm_partition") or r.get("slurm_account") for r in rules.values())
+    for rule in GPU_STAGES:
+        res = rules.get(rule, {})
+        asked = gpus_requested(res)
+        if gpus_per_node == 0 and asked and not allow_cpu_on_gpu_jobs:
+            return (
+                f"the profile requests {asked} GPU(s) per node for {rule} "
+                f"(gres {res.get('gres') or '-'}) but hardware.gpus_per_node is 0: this config trains "
+                "on CPU processes and would hold GPU nodes idle. Set hardware.gpus_per_node to the "
+                "nodes' GPU count, or use profiles/local; to run a CPU config inside GPU jobs on "
+                "purpose (a smoke test of the partition), set hardware.allow_cpu_on_gpu_jobs: true"
+            )
+        if gpus_per_node and asked is not None and asked != gpus_per_node:
+            return (
+                f"the profile requests {asked} GPU(s) per node for {rule} (gres {res.get('gres')}) "
+                f"but hardware.gpus_per_node is {gpus_per_node}: make them equal (the profile's "
+                f"set-resources {rule}.gres, or the config key)"
+            )
+        if gpus_per_node and asked is None and slurmish:
+            return (
+                f"hardware.gpus_per_node is {gpus_per_node} but the profile requests no GPUs for "
+                f'{rule}: its job would start on a node without GPUs. Add gres: "gpu:<type>:'
+                f'{gpus_per_node}" under set-resources.{rule} (profiles/slurm has the MI300X lines)'
+            )
+    return None

@@ -11,6 +11,7 @@ from snakemake.settings.types import DeploymentMethod
 
 from llmft.config import BUILTIN_DATA, BUILTIN_MODEL, ConfigError, layout, validate
 from llmft.sft import precheck
+from llmft.slurm import profile_mismatch
 
 try:
     CFG = validate(config, base_dir=Path.cwd())
@@ -20,6 +21,13 @@ try:
 except ConfigError as exc:
     # The message alone, first and last: Snakemake would print a file, a line and a trace around it.
     sys.exit(f"llmft config error: {exc}")
+
+
+# A Slurm profile that asks for GPUs for a CPU config (or another count than the config's) is
+# refused here, before any job; the local executor requests none.
+_mismatch = profile_mismatch(CFG["hardware"], workflow.resource_settings)
+if _mismatch:
+    sys.exit(f"llmft config error: {_mismatch}")
 
 RUN = CFG["run"]
 LAYOUT = layout(CFG)

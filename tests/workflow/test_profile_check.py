@@ -1,0 +1,34 @@
+"""A Slurm profile and a config that disagree on GPUs are refused before anything is submitted."""
+
+from __future__ import annotations
+
+from tests.conftest import make_workdir, rules_run, snakemake
+
+
+def dry_run(tmp_path, *args, **overrides):
+    work = make_workdir(tmp_path, **overrides)
+    res = snakemake(work, "-n", "-p", *args, profile="slurm", timeout=240)
+    return res.returncode, res.stdout + res.stderr
+
+
+def test_the_production_profile_refuses_the_cpu_demo_config(tmp_path):
+    rc, log = dry_run(tmp_path / "cpu")
+    assert rc != 0
+    assert "llmft config error: the profile requests 8 GPU(s) per node for verify_env" in log, log[-2000:]
+    assert "Traceback" not in log and "sbatch" not in log
+
+
+def test_a_gpu_count_other_than_the_profiles_is_refused_and_equal_ones_plan(tmp_path):
+    rc, log = dry_run(tmp_path / "four", hardware__gpus_per_node=4, hardware__vendor="rocm")
+    assert rc != 0 and "requests 8 GPU(s) per node" in log and "hardware.gpus_per_node is 4" in log
+    # the profile's gres replaced on the command line by one without GPUs: the reverse mismatch
+    rc, log = dry_run(
+        tmp_path / "nogres",
+        "--set-resources", "verify_env:slurm_partition=mi300x", "sft:slurm_partition=mi300x",
+        "evaluate:slurm_partition=mi300x",
+        hardware__gpus_per_node=8, hardware__vendor="rocm",
+    )  # fmt: skip
+    assert rc != 0 and "requests no GPUs for verify_env" in log, log[-2000:]
+    rc, log = dry_run(tmp_path / "eight", hardware__gpus_per_node=8, hardware__vendor="rocm")
+    assert rc == 0, log[-3000:]
+    assert {"verify_env", "sft", "evaluate"} <= set(rules_run(log))
