@@ -19,6 +19,7 @@ import yaml
 from snakemake.profiles import ProfileConfigFileParser
 
 from tests.conftest import REPO, make_workdir, rules_run, snakemake
+from tests.reliability import reliability
 
 pytestmark = pytest.mark.slurm
 
@@ -229,6 +230,12 @@ def test_rerun_one_stage_runs_only_its_jobs(whole_run):
     assert (run / "sft/train_summary.json").stat().st_mtime == model_mtime
 
 
+@reliability(
+    fault="a stage that fails on a node (a package missing there)",
+    seen="`snakemake` exits non-zero within minutes and prints the job's own log",
+    steps_lost="none",
+    data_lost="none",
+)
 def test_failing_stage_exits_nonzero_in_bounded_time_and_shows_its_log(tmp_path):
     work = make_workdir(
         tmp_path,

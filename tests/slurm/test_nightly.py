@@ -14,6 +14,7 @@ import pytest
 from llmft.assets import synthetic_rows
 
 from tests.conftest import BIN, REPO, make_workdir
+from tests.reliability import reliability
 from tests.slurm.test_cluster import _cluster_problem, box_args
 
 pytestmark = pytest.mark.slurm
@@ -65,6 +66,15 @@ def state(work: Path) -> dict:
     return json.loads((work / "results/nightly/state.json").read_text())
 
 
+@reliability(
+    fault="a second nightly retrain started while one runs; a night whose model scores worse",
+    seen=(
+        "the second is refused by the nightly lock (exit 3, naming its pid); a new model is "
+        "promoted only within nightly.tolerance of the current one"
+    ),
+    steps_lost="none",
+    data_lost="none",
+)
 def test_three_nights_and_a_concurrent_start(tmp_path):
     work = make_workdir(tmp_path, **NIGHT)
     rows = synthetic_rows(600, seed=11)

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from tests.conftest import BIN, REPO, make_workdir
+from tests.reliability import reliability
 from tests.slurm.test_cluster import SMALL_RUN, _cluster_problem, box_args, submissions
 
 pytestmark = pytest.mark.slurm
@@ -44,6 +45,15 @@ def trained_steps(work_root) -> list[int]:
     return [json.loads(x)["step"] for x in files[0].read_text().splitlines() if '"time"' in x]
 
 
+@reliability(
+    fault="a two-node Slurm sft job signalled before its time limit (`--signal=USR1@600`)",
+    seen=(
+        "a checkpoint on every rank, `scontrol requeue`, the same job id resumes; TensorBoard, "
+        "MLflow and W&B continue one run"
+    ),
+    steps_lost="none",
+    data_lost="none",
+)
 def test_signalled_sft_job_saves_requeues_and_resumes(tmp_path):
     run = {
         **SMALL_RUN,

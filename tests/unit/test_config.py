@@ -7,6 +7,7 @@ import yaml
 from llmft.config import ConfigError, layout, validate
 
 from tests.conftest import REPO
+from tests.reliability import reliability
 
 DEMO = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 
@@ -65,6 +66,15 @@ BAD = [
 
 
 @pytest.mark.parametrize("name,cfg,needle", BAD, ids=[b[0] for b in BAD])
+@reliability(
+    fault=(
+        "run names `..`, `.`, `current`, `nightly`, `a;touch pwned`, `$(id)`; an unknown template; "
+        "a typo in `sft.extra`; `1e-4` read by YAML as text"
+    ),
+    seen="refused, naming the key (and the fix: the closest template, `1.0e-4`)",
+    steps_lost="none",
+    data_lost="none",
+)
 def test_bad_config_names_the_key(name, cfg, needle):
     with pytest.raises(ConfigError) as err:
         validate(cfg, base_dir=REPO)

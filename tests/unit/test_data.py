@@ -11,6 +11,8 @@ from llmft.assets import build_tokenizer, synthetic_rows
 from llmft.data import DataError, content_key, is_heldout, prepare
 from llmft.io import read_jsonl
 
+from tests.reliability import reliability
+
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
@@ -214,6 +216,18 @@ def test_formats_mix_in_one_run(tmp_path, tokenizer_dir):
     assert info["llmft_train"]["columns"]["history"] == "history"
 
 
+@reliability(
+    fault=(
+        "the length filter or validation dropping more than `data.max_dropped_fraction` (10 %) of "
+        "rows; an empty source"
+    ),
+    seen=(
+        'the stage fails naming the cause and the fix ("20 of 100 rows exceed data.cutoff_len 64 '
+        '... raise data.cutoff_len")'
+    ),
+    steps_lost="none",
+    data_lost="none: no half-written split is left",
+)
 def test_data_loss_is_loud_and_names_the_cause_and_the_fix(tmp_path, tokenizer_dir):
     rows = synthetic_rows(100)
     long = {"instruction": "w " * 400, "output": "x"}

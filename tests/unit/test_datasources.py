@@ -10,6 +10,8 @@ from datasets import Dataset, DatasetDict
 from llmft import datasources as ds
 from llmft.datasources import FileError, RowError, clean_text, iter_raw, normalise, validate
 
+from tests.reliability import reliability
+
 ALPACA = [
     {"instruction": "Name a fruit.", "input": "", "output": "apple"},
     {"instruction": "Add.", "input": "2 3", "output": "5", "system": "Be brief."},
@@ -140,6 +142,17 @@ def bad(fmt, raw):
         ({"instruction": "a", "output": "bad \udcff byte"}, ds.BAD_ENCODING, "output", "not valid UTF-8"),
         ({"instruction": "lone \ud800", "output": "x"}, ds.BAD_ENCODING, "instruction", "UTF-8"),
     ],
+)
+@reliability(
+    fault=(
+        "dataset rows with invalid UTF-8, NUL bytes, wrong types, missing fields, trailing garbage, bad roles"
+    ),
+    seen=(
+        "every bad row named with its row number and field; `data.invalid_rows: drop` counts and "
+        "lists them all"
+    ),
+    steps_lost="none",
+    data_lost="none: nothing is written until the whole file is read",
 )
 def test_alpaca_rules(raw, reason, field, needle):
     err = bad("alpaca", raw)

@@ -36,7 +36,7 @@ def test_render_writes_yaml_and_zero3(tmp_path, tiny):
     assert on_disk == args
     assert args["overwrite_output_dir"] is False
     assert args["logging_nan_inf_filter"] is False  # NaN must reach the divergence guard
-    assert args["ddp_timeout"] == DEMO["sft"]["collective_timeout_minutes"] * 60
+    assert args["ddp_timeout"] == round(DEMO["sft"]["collective_timeout_minutes"] * 60)
     assert args["deepspeed"] == str(tmp_path / "ds.json")
     # the demo's explicit settings pass through the planner unchanged
     assert (args["per_device_train_batch_size"], args["gradient_accumulation_steps"]) == (16, 1)

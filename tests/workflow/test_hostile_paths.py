@@ -10,12 +10,19 @@ import sys
 import pytest
 
 from tests.conftest import make_workdir, snakemake
+from tests.reliability import reliability
 
 pytestmark = pytest.mark.workflow
 
 HOSTILE = "My Models/m$(touch pwned)`touch pwned2`'q\"\nline two"
 
 
+@reliability(
+    fault="model and data paths holding spaces, quotes, `$(...)`, backticks and a newline",
+    seen="the run goes through; nothing in the names is ever run (every path is quoted or passed in a file)",
+    steps_lost="none",
+    data_lost="none",
+)
 def test_hostile_model_and_data_paths_are_data_not_code(tmp_path):
     work = tmp_path / "w"
     folder = work / HOSTILE

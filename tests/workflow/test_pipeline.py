@@ -9,6 +9,7 @@ import re
 import pytest
 
 from tests.conftest import make_workdir, rules_run, snakemake
+from tests.reliability import reliability
 
 pytestmark = pytest.mark.workflow
 
@@ -172,6 +173,12 @@ def test_training_param_change_reruns_only_downstream(demo):
             "sft.freeze_trainable_layers: 3 but the model has 2 decoder layers",
         ),
     ],
+)
+@reliability(
+    fault="a config typo, a bad run name, a missing dataset, a LoRA key without LoRA",
+    seen="one line naming the config key, before any job; no traceback",
+    steps_lost="none",
+    data_lost="none",
 )
 def test_bad_config_stops_before_any_job(tmp_path, overrides, needle):
     work = make_workdir(tmp_path, **overrides)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tests.conftest import make_workdir, rules_run, snakemake
+from tests.reliability import reliability
 
 
 def dry_run(tmp_path, *args, **overrides):
@@ -11,6 +12,12 @@ def dry_run(tmp_path, *args, **overrides):
     return res.returncode, res.stdout + res.stderr
 
 
+@reliability(
+    fault="a Slurm profile that asks for GPUs for a CPU config, none for a GPU one, or another count",
+    seen="refused before any job (under `-n` too), naming both numbers and the key to change",
+    steps_lost="none",
+    data_lost="none",
+)
 def test_the_production_profile_refuses_the_cpu_demo_config(tmp_path):
     rc, log = dry_run(tmp_path / "cpu")
     assert rc != 0

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.reliability import reliability
 
 pytestmark = pytest.mark.workflow
 
@@ -50,14 +51,14 @@ def stage(tmp_path_factory):
     return root
 
 
-def render(root: Path, name: str, sft: dict) -> tuple[str, dict]:
+def render(root: Path, name: str, sft: dict, work_root: str = "work") -> tuple[str, dict]:
     """Render the demo config with `sft` overrides; return (overrides JSON, rendered args)."""
     overrides = json.dumps({"sft": {"logging_steps": 1, **sft}})
     out = f"{name}.yaml"
     proc = llmft(
         "render-sft", "--overrides", overrides, "--base-model", "base_model", "--verify", "facts.json",
         "--data-dir", "data",
-        "--out-yaml", out, "--out-deepspeed", f"{name}.json", "--work-root", "work", cwd=root,
+        "--out-yaml", out, "--out-deepspeed", f"{name}.json", "--work-root", work_root, cwd=root,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     return overrides, yaml.safe_load((root / out).read_text())
@@ -112,6 +113,19 @@ def steps_done(work: Path) -> list[int]:
 @pytest.mark.parametrize(
     "sig,zero_stage,kind",
     [(signal.SIGUSR1, 3, "full"), (signal.SIGTERM, 0, "full"), (signal.SIGUSR1, 3, "lora")],
+)
+@reliability(
+    fault=(
+        "SIGUSR1 or SIGTERM during training (Slurm's warning signal, preemption, a manual stop); a "
+        "rerun of a finished training"
+    ),
+    seen=(
+        "every rank saves at the same step and exits 75; the rerun resumes; the summary counts "
+        "resumed, trained and lost steps apart; a finished training is published again without "
+        "training"
+    ),
+    steps_lost="none",
+    data_lost="none",
 )
 def test_stop_signal_saves_and_the_rerun_resumes_without_losing_steps(stage, sig, zero_stage, kind):
     # The demo's ZeRO-3 (DeepSpeed checkpoints) and plain DDP (torch checkpoints: transformers 5.6
@@ -184,6 +198,12 @@ def test_stop_signal_saves_and_the_rerun_resumes_without_losing_steps(stage, sig
 
 
 @pytest.mark.parametrize("kind", ["full", "lora"])
+@reliability(
+    fault="training diverges (NaN loss)",
+    seen="training stops at the first bad step with a diagnosis naming the learning rate and precision",
+    steps_lost="the diverged run (by design)",
+    data_lost="none: no model is published",
+)
 def test_absurd_learning_rate_stops_at_the_first_nan_with_a_diagnosis(stage, kind):
     sft = {
         "zero_stage": 0,

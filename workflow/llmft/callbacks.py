@@ -14,6 +14,9 @@
   frozen layers, ZeRO-3's partitioned weights counted whole), for train_summary.json.
 - CompileLayers: torch.compile every decoder layer in place before the first step (regional
   compilation: one graph, reused by all layers; parameter names and checkpoints are unchanged).
+- CheckpointSeal: once every rank has written checkpoint-N, rank 0 seals it (faults.seal); an
+  unsealed checkpoint is never resumed from.
+- HeartbeatCallback: each rank's heartbeat file (faults.Heartbeat) carries its last step.
 
 Exceptions end the run from inside the training loop, on every rank at the same step (the values
 they act on are global: the logged loss is averaged over ranks, the grad norm is the global norm,
@@ -169,6 +172,30 @@ def _any_rank(flag: bool, device) -> bool:
     t = torch.tensor([1 if flag else 0], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+class CheckpointSeal(TrainerCallback):
+    """Seal checkpoint-N after every rank returned from saving it. Listed before PreemptionSaver,
+    whose on_save ends the run: a checkpoint saved for a stop is sealed first."""
+
+    def on_save(self, args, state, control, **kwargs):
+        import torch.distributed as dist
+
+        from .faults import seal
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()  # every rank's shards, optimizer states and RNG states are on disk
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and checkpoint.is_dir():
+            seal(checkpoint)
+
+
+class HeartbeatCallback(TrainerCallback):
+    def __init__(self, heartbeat):
+        self.heartbeat = heartbeat
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.heartbeat.step(state.global_step)
 
 
 class PreemptionSaver(TrainerCallback):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from . import pretokenize, slurm, tracking
+from . import faults, pretokenize, slurm, tracking
 from .config import BUILTIN_MODEL, ConfigError, lora_settings
 from .io import atomic_path, read_json, read_jsonl, write_json, write_text
 from .launch import launch_env, torchrun_command
@@ -137,7 +137,7 @@ def llamafactory_args(
         "weight_decay": sft["weight_decay"],
         "max_grad_norm": sft["max_grad_norm"],
         "seed": sft["seed"],
-        "ddp_timeout": sft["collective_timeout_minutes"] * 60,
+        "ddp_timeout": max(1, round(sft["collective_timeout_minutes"] * 60)),
         # varlen is ours (llmft.train switches the model to it); LLaMA-Factory loads SDPA.
         "flash_attn": "sdpa" if plan.attention == "varlen" else plan.attention,
         "disable_gradient_checkpointing": not plan.gradient_checkpointing,
@@ -366,17 +366,10 @@ def _ignore_usr1() -> None:
 
 
 def launch(cfg: dict, yaml_path: str) -> int:
-    """Run this node's torchrun over llmft.train; forward stop signals; requeue after preemption."""
-    # imported here: callbacks pull in transformers, which rendering and planning do not need
-    from .callbacks import (
-        DIVERGENCE_FILE,
-        EXIT_DIVERGED,
-        EXIT_PREEMPTED,
-        PREEMPTED_FILE,
-        STEPS_FILE,
-        STOP_REQUEST_FILE,
-    )
+    """Run this node's torchrun over llmft.train; forward stop signals; requeue after preemption.
 
+    One launcher per node and work folder at a time (faults.WorkLock); a second is refused.
+    """
     alloc = slurm.current_allocation()
     if alloc.nnodes != cfg["hardware"]["nodes"]:
         raise RuntimeError(
@@ -389,10 +382,29 @@ def launch(cfg: dict, yaml_path: str) -> int:
         port = int(os.environ.get("MASTER_PORT") or slurm.free_port())
         alloc = dataclasses.replace(alloc, master_port=port)
     args = yaml.safe_load(Path(yaml_path).read_text())
-    ours = args.get("llmft") or {}
-    platform = Platform.from_json(ours["platform"])
     work = Path(args["output_dir"])
     work.mkdir(parents=True, exist_ok=True)
+    try:
+        with faults.WorkLock(work, alloc.node_rank):
+            return _launch_locked(cfg, yaml_path, args, work, alloc)
+    except faults.WorkBusy as exc:
+        print(f"[llmft] {exc}", flush=True)
+        return faults.EXIT_BUSY
+
+
+def _launch_locked(cfg: dict, yaml_path: str, args: dict, work: Path, alloc: slurm.Allocation) -> int:
+    # imported here: callbacks pull in transformers, which rendering and planning do not need
+    from .callbacks import (
+        DIVERGENCE_FILE,
+        EXIT_DIVERGED,
+        EXIT_PREEMPTED,
+        PREEMPTED_FILE,
+        STEPS_FILE,
+        STOP_REQUEST_FILE,
+    )
+
+    ours = args.get("llmft") or {}
+    platform = Platform.from_json(ours["platform"])
     if finished(work):
         # The same config trained to the end before (its outputs were deleted, or the job died after
         # training): LLaMA-Factory would "resume" from the final checkpoint and train 0 steps.
@@ -407,6 +419,11 @@ def launch(cfg: dict, yaml_path: str) -> int:
         # that every worker waits for.
         for stale in (STOP_REQUEST_FILE, PREEMPTED_FILE, DIVERGENCE_FILE):
             _archive(work, stale)
+        # A checkpoint a killed attempt left half-written would be the one LLaMA-Factory resumes
+        # from: set it aside, so training resumes from the newest one written whole.
+        for warning in faults.set_aside_unsealed(work):
+            print(f"[llmft] WARNING: {warning}", flush=True)
+        faults.clear_heartbeats(work)
     env = launch_env(platform, alloc)
     host = os.environ.get("SLURMD_NODENAME", alloc.nodes[alloc.node_rank])
     print(
@@ -455,6 +472,10 @@ def launch(cfg: dict, yaml_path: str) -> int:
                 flush=True,
             )
         return EXIT_PREEMPTED
+    if rc != 0:
+        timeout = cfg["sft"]["collective_timeout_minutes"]
+        for line in faults.failure_report(work, rc, timeout):
+            print(f"[llmft] {line}", flush=True)
     return rc
 
 
@@ -504,9 +525,9 @@ def attempts_summary(records: list[dict]) -> dict:
 
 
 def _copy_files(src: Path, dst: Path) -> None:
-    """The files of a work folder (not its checkpoint folders)."""
+    """The files of a work folder (not its checkpoint folders, nor the launchers' lock files)."""
     for item in src.iterdir():
-        if item.is_file():
+        if item.is_file() and not item.name.startswith("."):
             shutil.copy2(item, dst / item.name)
 
 

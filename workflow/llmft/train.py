@@ -29,15 +29,17 @@ from pathlib import Path
 
 import yaml
 
-from . import tracking
+from . import faults, tracking
 from .callbacks import (
     EXIT_DIVERGED,
     EXIT_PREEMPTED,
     PROFILE_ENV,
     STOP_REQUEST_FILE,
+    CheckpointSeal,
     CompileLayers,
     Diverged,
     DivergenceGuard,
+    HeartbeatCallback,
     ParamCount,
     Preempted,
     PreemptionSaver,
@@ -130,7 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     except tracking.TrackingError as exc:
         print(f"[llmft] {exc}", file=sys.stderr, flush=True)
         return 2
+    rank = int(os.environ.get("RANK", "0"))
+    heartbeat = faults.Heartbeat(output_dir, rank).start()
     callbacks = [
+        CheckpointSeal(),  # before the saver: a checkpoint saved for a stop is sealed first
+        HeartbeatCallback(heartbeat),
         DivergenceGuard(
             factor=float(ours.get("divergence_factor", 100)),
             precision=ours.get("precision", "bf16"),

@@ -1,0 +1,216 @@
+"""Faults during real CPU training (tiny model, 2 processes, gloo, ZeRO-3), no mocks: a rank killed,
+a rank hung, the newest checkpoint half-written, the disk full during a save, a second launcher on
+the same training. Each attempt fails in bounded time with a message that names what happened, and
+the rerun resumes from the newest checkpoint written whole, losing at most one save interval.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.reliability import reliability
+from tests.workflow.test_sft_launcher import finish, launch, publish, render, stage, steps_done
+
+pytestmark = pytest.mark.workflow
+__all__ = ["stage"]  # the module-scoped fixture: the demo's model and data, made once here
+
+SAVE = 10
+
+
+def heartbeat(work: Path, rank: int) -> dict:
+    return json.loads((work / "llmft_heartbeat" / f"rank{rank}.json").read_text())
+
+
+def wait_for_step(proc, work: Path, step: int, timeout: float = 240) -> int:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        done = steps_done(work)
+        if done and done[-1] >= step:
+            return done[-1]
+        time.sleep(0.2)
+    raise AssertionError(f"no step {step} within {timeout} s:\n{proc.log_path.read_text()[-3000:]}")
+
+
+def attempts(work: Path) -> list[int]:
+    """The step each training attempt started from, in order."""
+    lines = (work / "llmft_steps.jsonl").read_text().splitlines()
+    return [json.loads(x)["attempt_start"] for x in lines if "attempt_start" in x]
+
+
+def resume_to_the_end(root: Path, overrides: str, name: str, work: Path, steps: int) -> tuple[str, dict]:
+    proc = launch(root, overrides, name, tag="-rerun")
+    out = finish(proc, 300)
+    assert proc.returncode == 0, out[-3000:]
+    summary = publish(root, overrides, name)
+    assert summary["steps"] == steps
+    return out, summary
+
+
+@reliability(
+    fault="one training rank killed (SIGKILL)",
+    seen="the attempt fails within seconds; torchrun names the rank and its signal; llmft says "
+    "which checkpoint a rerun resumes from",
+    steps_lost="the steps since the last save (< sft.save_steps)",
+    data_lost="none",
+)
+def test_a_killed_rank_fails_the_attempt_and_the_rerun_resumes(stage):
+    name = "killed"
+    overrides, args = render(stage, name, {"max_steps": 40, "save_steps": SAVE})
+    work = stage / args["output_dir"]
+    proc = launch(stage, overrides, name)
+    at = wait_for_step(proc, work, SAVE + 3)
+    victim = heartbeat(work, 1)
+    t0 = time.monotonic()
+    os.kill(victim["pid"], signal.SIGKILL)
+    out = finish(proc, 180)
+    assert proc.returncode not in (0, 75), out[-3000:]
+    assert time.monotonic() - t0 < 90
+    assert "Signal 9 (SIGKILL) received" in out and "rank" in out
+    assert f"[llmft] training failed (exit {proc.returncode})" in out
+    resumed = max(s for s in (10, 20, 30) if s <= at)
+    assert f"[llmft] a rerun resumes from checkpoint-{resumed}" in out, out[-3000:]
+    lost = steps_done(work)[-1] - resumed
+    assert 0 <= lost < SAVE + 3  # ranks may finish a step or two between the kill and the stop
+    rerun, summary = resume_to_the_end(stage, overrides, name, work, 40)
+    assert attempts(work) == [0, resumed]
+    assert summary["attempt"]["steps_lost"] == lost
+
+
+@reliability(
+    fault="one training rank hung (SIGSTOP) in a collective",
+    seen="the job fails after sft.collective_timeout_minutes; llmft names the rank, its node and "
+    "pid, and the step it stopped at",
+    steps_lost="the steps since the last save",
+    data_lost="none",
+)
+def test_a_hung_rank_fails_within_the_collective_timeout_and_is_named(stage):
+    name = "hung"
+    # 0.25 min = 15 s: the workers' collectives give up after that; torchrun then waits 30 s for
+    # the stopped rank to take its SIGTERM before it sends SIGKILL.
+    overrides, args = render(
+        stage, name, {"max_steps": 200, "save_steps": SAVE, "collective_timeout_minutes": 0.25}
+    )
+    work = stage / args["output_dir"]
+    proc = launch(stage, overrides, name)
+    wait_for_step(proc, work, 4)
+    victim = heartbeat(work, 1)
+    t0 = time.monotonic()
+    os.kill(victim["pid"], signal.SIGSTOP)
+    try:
+        out = finish(proc, 240)
+    finally:
+        try:
+            os.kill(victim["pid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wall = time.monotonic() - t0
+    assert proc.returncode not in (0, 75), out[-3000:]
+    assert 15 <= wall < 15 + 30 + 60, f"took {wall:.0f} s"
+    host = victim["host"]
+    assert f"rank 1 on node {host} (pid {victim['pid']}) stopped responding at step" in out, out[-3000:]
+    assert "sft.collective_timeout_minutes (0.25)" in out
+    assert "rank 0 on node" not in out
+
+
+@reliability(
+    fault="newest checkpoint half-written (a shard truncated after the save)",
+    seen="a warning names the checkpoint and the file; training resumes from the one before",
+    steps_lost="the steps between the two checkpoints (< sft.save_steps)",
+    data_lost="none: the bad checkpoint is kept aside as incomplete-checkpoint-N",
+)
+def test_a_half_written_newest_checkpoint_is_set_aside(stage):
+    name = "halfsaved"
+    overrides, args = render(stage, name, {"max_steps": 30, "save_steps": SAVE})
+    work = stage / args["output_dir"]
+    proc = launch(stage, overrides, name)
+    wait_for_step(proc, work, 2 * SAVE + 2)
+    os.kill(proc.pid, signal.SIGUSR1)  # a checkpoint now, then stop
+    out = finish(proc, 180)
+    assert proc.returncode == 75, out[-3000:]
+    stopped = json.loads((work / "llmft_preempted.json").read_text())["step"]
+    newest = work / f"checkpoint-{stopped}"
+    assert (newest / "llmft_complete.json").is_file()  # sealed by every rank's save
+    shard = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    size = shard.stat().st_size
+    with open(shard, "r+b") as fh:
+        fh.truncate(size // 2)
+    rerun, summary = resume_to_the_end(stage, overrides, name, work, 30)
+    rel = shard.relative_to(newest)
+    assert (
+        f"[llmft] WARNING: checkpoint-{stopped} is not trusted: {rel} has {size // 2} bytes, not the "
+        f"{size} sealed; moved to incomplete-checkpoint-{stopped}"
+    ) in rerun, rerun[-3000:]
+    assert "[llmft] WARNING: resuming from checkpoint-20, the newest written whole" in rerun
+    assert attempts(work) == [0, 20]
+    assert (work / f"incomplete-checkpoint-{stopped}").is_dir()  # kept, not deleted
+    assert summary["attempt"]["resumed_from_step"] == 20
+
+
+def _mount_tmpfs(path: Path, size_mb: int) -> str | None:
+    path.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)], capture_output=True, text=True
+    )
+    return None if res.returncode == 0 else (res.stderr.strip() or f"mount exit {res.returncode}")
+
+
+@reliability(
+    fault="disk full during a checkpoint save (a small filesystem for the work folder)",
+    seen="the attempt fails; llmft says the work folder's filesystem is full, how much is free, "
+    "and which checkpoint a rerun resumes from",
+    steps_lost="the steps since the last whole checkpoint",
+    data_lost="none: the partial checkpoint is set aside on the rerun",
+)
+def test_a_full_disk_during_a_save_loses_only_that_save(stage):
+    name = "diskfull"
+    small = stage / "small"
+    # One checkpoint of the tiny model (bf16 weights, fp32 master weights and Adam moments, RNG
+    # states) is about 9 MB: 16 MB hold the first save, not the second.
+    problem = _mount_tmpfs(small, 16)
+    if problem:
+        pytest.skip(f"cannot mount a small tmpfs here ({problem}): needs root, as the Slurm tests do")
+    try:
+        overrides, args = render(stage, name, {"max_steps": 30, "save_steps": SAVE}, work_root="small")
+        work = stage / args["output_dir"]
+        proc = launch(stage, overrides, name)
+        out = finish(proc, 240)
+        assert proc.returncode not in (0, 75), out[-3000:]
+        assert "[llmft] the work folder's filesystem is full" in out, out[-3000:]
+        assert "[llmft] a rerun resumes from checkpoint-10" in out
+        subprocess.run(["mount", "-o", "remount,size=256m", str(small)], check=True)
+        rerun, summary = resume_to_the_end(stage, overrides, name, work, 30)
+        assert "[llmft] WARNING: checkpoint-20 is not trusted" in rerun, rerun[-3000:]
+        assert attempts(work) == [0, 10] and summary["attempt"]["resumed_from_step"] == 10
+    finally:
+        subprocess.run(["umount", "-l", str(small)], capture_output=True)
+
+
+@reliability(
+    fault="a second launcher on the same training (a rerun while the first still trains)",
+    seen="refused at once, naming the running launcher's pid, host and Slurm job, and how to stop it",
+    steps_lost="none",
+    data_lost="none",
+)
+def test_a_second_launcher_on_the_same_training_is_refused(stage):
+    name = "twice"
+    overrides, args = render(stage, name, {"max_steps": 200, "save_steps": 1000})
+    work = stage / args["output_dir"]
+    first = launch(stage, overrides, name)
+    try:
+        wait_for_step(first, work, 2)
+        second = launch(stage, overrides, name, tag="-second")
+        out = finish(second, 60)
+        assert second.returncode == 16, out[-2000:]
+        assert f"another sft launcher (pid {first.pid} on" in out and f"kill {first.pid}" in out
+        assert first.poll() is None  # the first run was not disturbed
+    finally:
+        first.send_signal(signal.SIGUSR1)
+        finish(first, 180)
+    assert first.returncode == 75
