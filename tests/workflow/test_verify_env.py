@@ -71,7 +71,7 @@ def test_cpu_stage_runs_gloo_over_two_processes(tmp_path):
 
 
 def test_a_node_that_never_comes_is_killed_and_reported(tmp_path):
-    job = random.randint(1, 1999)
+    job = random.randint(1000, 1999)  # above the test cluster's own job ids: no port shared
     t0 = time.monotonic()
     scratch = tmp_path / "scratch"
     proc, out = verify(
@@ -101,7 +101,7 @@ def test_a_node_that_never_comes_is_killed_and_reported(tmp_path):
 
 
 def test_two_nodes_one_report_from_node_zero(tmp_path):
-    job = random.randint(1, 1999)
+    job = random.randint(1000, 1999)  # above the test cluster's own job ids: no port shared
     # Only torch imported and ZeRO off: the other tests cover the imports; this one the gathering.
     overrides = {
         "hardware": {"nodes": 2, "processes_per_node": 1},
