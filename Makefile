@@ -30,4 +30,4 @@ test: $(STAMP)
 	bash tests/setup-chromium.sh
 # tests/slurm run on a real two-node Slurm cluster on this machine, stopped by PID even on failure
 	trap 'bash tests/slurm/cluster-down.sh' EXIT; bash tests/slurm/cluster-up.sh && \
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -ra --durations=15 -n 2 --dist loadgroup --no-loadscope-reorder tests
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -ra --durations=15 -n 2 --no-loadscope-reorder tests

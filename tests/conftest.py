@@ -71,22 +71,27 @@ def rules_run(log: str) -> list[str]:
     return out
 
 
-# `make test` runs the suite on two pytest-xdist workers (--dist loadgroup). Each module is one
-# group, so its module-scoped fixtures (a trained demo, a tokenized dataset) are built once; every
-# test on the Slurm test cluster is one group, so its two nodes serve one test at a time. The
-# longest groups go first: the cluster's, then the workflow runs, then the unit tests fill the tail.
+# `make test` runs the suite on two pytest-xdist workers. Each module is one unit of work, so its
+# module-scoped fixtures (a trained demo, a tokenized dataset) are built once; all of tests/slurm is
+# one unit, so the test cluster's two nodes serve one test at a time. The longest units go first:
+# the cluster's, then the workflow runs; the unit tests fill the tail.
 _ORDER = {"slurm": 0, "workflow": 1}
 
 
-def _group(item: pytest.Item) -> str:
-    folder, module = Path(item.path).parent.name, Path(item.path).stem
-    return "slurm" if folder == "slurm" else f"{folder}.{module}"
-
-
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
     items.sort(key=lambda item: _ORDER.get(Path(item.path).parent.name, 2))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "tests/slurm" if module.startswith("tests/slurm/") else module
+
+    return ByModule(config, log)
 
 
 @pytest.fixture(scope="session")
