@@ -96,6 +96,10 @@ VARIANTS = {
     "lora_hand_8b": ("8b", {**LORA_HAND, "per_device_train_batch_size": 4}, 12, 3),
     "lora_ours_8b": ("8b", {**LORA, "tokens_per_step": 8192}, 12, 3),
     "lora_warm_8b": ("8b", {**LORA, "tokens_per_step": 8192}, 6, 3),
+    # ours with each decoder layer compiled (regional torch.compile: the adapters' dropout, scaling
+    # and add fused with the frozen matmuls' neighbours); recompiles for new packed shapes: warm-up 8
+    "lora_compile_1b": ("1b", {**LORA, "tokens_per_step": 16384, "torch_compile": True}, 30, 8),
+    "lora_compile_8b": ("8b", {**LORA, "tokens_per_step": 8192, "torch_compile": True}, 16, 6),
     # ours without DeepSpeed (ZeRO stage 0): what the engine costs a LoRA step on one GPU
     "lora_ours0_1b": ("1b", {**LORA, "tokens_per_step": 16384, "zero_stage": 0}, 24, 5),
     # name: (model size, sft overrides, default max steps, warm-up steps left out of the timing)

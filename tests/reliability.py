@@ -16,6 +16,7 @@ ROWS: list[dict] = []
 MODULES = [
     "tests.workflow.test_faults",
     "tests.workflow.test_pipeline_faults",
+    "tests.slurm.test_node_lost",
     "tests.slurm.test_sft_resume",
     "tests.workflow.test_sft_launcher",
     "tests.slurm.test_cluster",

@@ -177,6 +177,15 @@ def test_torch_compile_is_asked_for_and_refused_with_zero3(model):
         plan_of(gpu_cfg(torch_compile=True, zero_stage=3), model("1b"))
 
 
+def test_auto_compiles_lora_layers_on_gpus_only(model):
+    assert plan_of(gpu_cfg(gpus=1, finetuning_type="lora"), model("1b")).compile  # measured faster
+    assert not plan_of(gpu_cfg(gpus=1, finetuning_type="freeze"), model("1b")).compile
+    assert not plan_of(gpu_cfg(gpus=1, finetuning_type="lora", quantization_bit=4), model("1b")).compile
+    assert not plan_of(gpu_cfg(gpus=1, finetuning_type="lora", zero_stage=3), model("1b")).compile
+    cpu = validate({"sft": {"finetuning_type": "lora"}})
+    assert not resolve(cpu, model("1b"), Platform.declared(cpu)).compile
+
+
 def test_step_time_estimates_within_15_percent_of_measured_h200_steps():
     """Every measured plan of the committed one-H200 step-time check, estimated again with the
     committed constants from the shape and settings it recorded; and the ranking as measured."""

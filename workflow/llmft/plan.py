@@ -543,7 +543,7 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
         seq_len=seq,
         params=shape.params,
         reasons=reasons,
-        compile=_use_compile(sft, stage),
+        compile=_use_compile(sft, stage, platform),
         step=estimate_,
     )
 
@@ -591,14 +591,19 @@ def _host_refusal(shape: ModelShape, platform: Platform, need: float) -> str:
     )
 
 
-def _use_compile(sft: dict, stage: int) -> bool:
-    """Regional torch.compile, only when asked: auto leaves it off. Measured on 1.24 B over 2 x H200
-    (bench/results/sft_h200x2_compile.json) the compiled layers with Liger's fused loss step as fast
-    as Liger's eager kernels (0.279 vs 0.280 s), and recompiles for new packed shapes add pauses.
-    ZeRO-3 gathers weights in module hooks that the compiled layers would have to trace: refused."""
+def _use_compile(sft: dict, stage: int, platform: Platform) -> bool:
+    """Regional torch.compile. auto: on for LoRA on GPUs below ZeRO-3, whose adapters (dropout,
+    scaling, two low-rank matmuls and an add per layer) fuse into few kernels; full training
+    measured no faster compiled (bench/README.md has both). ZeRO-3 gathers weights in module hooks
+    that the compiled layers would have to trace: refused. 4-bit and 8-bit layers are left eager."""
     setting = sft.get("torch_compile", "auto")
     if setting == "auto":
-        return False
+        return (
+            sft["finetuning_type"] == "lora"
+            and sft.get("quantization_bit", "none") == "none"
+            and platform.vendor != "cpu"
+            and stage < 3
+        )
     if setting and stage == 3:
         raise ConfigError(
             "config key sft.torch_compile: true needs ZeRO-0/1/2 (the plan chose ZeRO-3, whose "

@@ -1,0 +1,149 @@
+"""A node lost mid-training on the real Slurm test cluster: while the two-node sft job trains, node
+n2 goes away at once (its slurmd, the job's slurmstepd there and every task it ran are killed, as a
+power loss would), then comes back (slurmd restarted, as a rebooted or replaced node would). The
+job must end in bounded time, and the run must finish from the newest checkpoint written whole,
+losing less than one save interval.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, REPO, make_workdir
+from tests.reliability import reliability
+from tests.slurm.test_cluster import SMALL_RUN, _cluster_problem, box_args
+from tests.slurm.test_sft_resume import sft_job_id, trained_steps
+
+pytestmark = pytest.mark.slurm
+
+STEPS, SAVE = 40, 10
+SLURM_CONF = "/etc/slurm/slurm.conf"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    problem = _cluster_problem()
+    if problem:
+        pytest.skip(f"Slurm test cluster not up: {problem}; run `bash tests/slurm/cluster-up.sh` as root")
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+
+
+def _stat(pid: int) -> tuple[str, int]:
+    """(command name, parent pid) of a process."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    name = text[text.index("(") + 1 : text.rindex(")")]
+    return name, int(text[text.rindex(")") + 2 :].split()[1])
+
+
+def node_processes(node: str) -> list[int]:
+    """The tasks a node runs (SLURMD_NODENAME), the slurmstepd that started them, and its slurmd."""
+    tasks, stepds = set(), set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if _environ(pid).get("SLURMD_NODENAME") == node:
+            tasks.add(pid)
+    for pid in list(tasks):
+        try:
+            name, parent = _stat(pid)
+            pname, _ = _stat(parent)
+        except (OSError, ValueError):
+            continue
+        if pname.startswith("slurmstepd"):
+            stepds.add(parent)
+    slurmd = int(Path(f"/var/lib/llmft-slurm/run/slurmd-{node}.pid").read_text())
+    return [slurmd, *sorted(stepds), *sorted(tasks)]
+
+
+def job_state(job: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+@reliability(
+    fault="a node lost mid-training: its slurmd, the job's slurmstepd and every rank there killed at once",
+    seen=(
+        "the job ends within minutes; once the node is back (slurmd restarted), Snakemake's retry or "
+        "Slurm's requeue runs sft again and it resumes from the newest checkpoint written whole"
+    ),
+    steps_lost="the steps since the last save (< sft.save_steps)",
+    data_lost="none",
+)
+def test_a_node_lost_mid_training_ends_the_job_and_the_run_resumes(tmp_path):
+    run = {
+        **SMALL_RUN,
+        "run": "lost",
+        "sft__max_steps": STEPS,
+        "sft__save_steps": SAVE,
+        "sft__logging_steps": 1,
+    }
+    work = make_workdir(tmp_path, **run)
+    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(work)]
+    cmd += ["--profile", str(REPO / "profiles/slurm"), *box_args()]
+    log = open(tmp_path / "snakemake.log", "w")
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    proc = subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, env=env)
+    work_root = work / "results/lost/work"
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and proc.poll() is None and len(trained_steps(work_root)) < SAVE + 4:
+            time.sleep(1)
+        job = sft_job_id()
+        at_loss = len(trained_steps(work_root))
+        assert job and at_loss >= SAVE + 4, (tmp_path / "snakemake.log").read_text()[-4000:]
+        victims = node_processes("n2")
+        assert len(victims) >= 3, victims  # slurmd, slurmstepd, the node's launcher (and its ranks)
+        t0 = time.monotonic()
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        # The job on the surviving node ends by itself (its collectives lose their peer).
+        while job_state(job) == "RUNNING" and time.monotonic() - t0 < 300:
+            time.sleep(2)
+        ended = time.monotonic() - t0
+        assert job_state(job) != "RUNNING", f"job {job} still running {ended:.0f} s after the node was lost"
+        subprocess.run(["slurmd", "-f", SLURM_CONF, "-N", "n2"], check=True)  # the node comes back
+        proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=120)
+        log.close()
+        # the node is back for the tests after this one, whatever happened here
+        if subprocess.run(["pgrep", "-f", "slurmd -f .* -N n2"], capture_output=True).returncode:
+            subprocess.run(["slurmd", "-f", SLURM_CONF, "-N", "n2"])
+        subprocess.run(["scontrol", "update", "nodename=n2", "state=resume"], capture_output=True)
+    text = (tmp_path / "snakemake.log").read_text()
+    assert proc.returncode == 0, text[-5000:]
+    print(f"node lost: job {job} ended {ended:.0f} s later", flush=True)
+    steps = trained_steps(work_root)
+    sft_dir = next(work_root.glob("sft-*"))
+    starts = [
+        json.loads(x)["attempt_start"]
+        for x in (sft_dir / "llmft_steps.jsonl").read_text().splitlines()
+        if "attempt_start" in x
+    ]
+    resumed = starts[-1]
+    assert len(starts) >= 2 and resumed >= SAVE and resumed % SAVE == 0, starts
+    assert set(steps) == set(range(1, STEPS + 1))  # every step trained, some twice
+    summary = json.loads((work / "results/lost/sft/train_summary.json").read_text())
+    assert summary["steps"] == STEPS
+    assert summary["attempt"]["resumed_from_step"] == resumed
+    assert 0 <= summary["attempt"]["steps_lost"] < SAVE + 4
