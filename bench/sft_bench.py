@@ -1,5 +1,6 @@
-"""GPU SFT benchmark: the seed's recipe, the best hand-tuned LLaMA-Factory config and llmft's own
-choices, side by side on the same data, each through llmft's render path and launcher.
+"""GPU SFT benchmark: the by-hand recipe (LLaMA-Factory's ZeRO-3 example), the best hand-tuned
+LLaMA-Factory config and llmft's own choices, side by side on the same data, each through llmft's
+render path and launcher.
 
     python bench/sft_bench.py lengths DATA_DIR TOKENIZER           # here: token length per train row
     python bench/sft_bench.py run NAME --out OUT [--max-steps N]   # on the GPU machine, one variant
@@ -46,7 +47,7 @@ MODELS = Path(os.environ.get("BENCH_MODELS", "/tmp/models"))
 RUNS = Path(os.environ.get("BENCH_RUNS", "/tmp/bench_runs"))
 SEQ = 2048
 
-RECIPE = {  # the seed article's verified config, as LLaMA-Factory's example runs it
+RECIPE = {  # the by-hand recipe: LLaMA-Factory's ZeRO-3 example config, as its users run it
     "zero_stage": 3,
     "offload": False,
     "per_device_train_batch_size": 1,
@@ -58,7 +59,8 @@ RECIPE = {  # the seed article's verified config, as LLaMA-Factory's example run
     "zero_bucket_size": "hf",
 }
 PLAIN = {"packing": "plain", "flash_attn": "sdpa", "liger_kernel": False, "gradient_checkpointing": False}
-# FACTS.md's best hand-tuned LLaMA-Factory configs: 1 B plain DDP, 8 B ZeRO-2 with 5e8 buckets
+# the best hand-tuned LLaMA-Factory configs measured on these GPUs before llmft: 1 B plain DDP,
+# 8 B ZeRO-2 with 5e8 buckets
 HAND_1B = {**PLAIN, "zero_stage": 0, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}
 HAND_8B = {**PLAIN, "zero_stage": 2, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 4,
            "zero_bucket_size": 500000000, "offload": False}  # fmt: skip
@@ -146,9 +148,9 @@ VARIANTS = {
 }  # fmt: skip
 # Where LLaMA-Factory 0.9.5's example DeepSpeed configs differ from llmft's rendering: the recipe and
 # hand-tuned runs are LLaMA-Factory as its users run it. Every one keeps DeepSpeed's bf16 overflow
-# pass; the recipe is the seed's `deepspeed: examples/deepspeed/ds_z3_config.json`, which also turns
+# pass; the recipe names `deepspeed: examples/deepspeed/ds_z3_config.json`, which also turns
 # communication overlap off (llmft's ZeRO-3 rendering turns it on; sessions 1-4 measured the recipe
-# with it on). FACTS.md's hand-tuned 8 B run is ZeRO-2 with overlap_comm on, as rendered.
+# with it on). The hand-tuned 8 B run is ZeRO-2 with overlap_comm on, as rendered.
 # Sections replace the rendered ones, except zero_optimization, whose keys are updated.
 LF_BF16 = {"bf16": {"enabled": "auto"}}
 LF_Z3_EXAMPLE = {**LF_BF16, "zero_optimization": {"overlap_comm": False}}

@@ -161,7 +161,7 @@ def collective_preset(
 
 # How NCCL/RCCL name the path between two GPUs in their topology search ("type NVL/PIX" in the
 # NCCL_DEBUG_SUBSYS=GRAPH line). RCCL prints XGMI where NCCL prints NVL. The PCIe kinds are the
-# seed's fallback: traffic through a PCIe switch (PIX/PXB), the CPU's root complex (PHB) or across
+# slow fallback: traffic through a PCIe switch (PIX/PXB), the CPU's root complex (PHB) or across
 # CPU sockets (SYS), instead of the fabric.
 FABRIC_PATHS = {"NVL": "NVLink", "NVB": "NVLink (via a GPU)", "XGMI": "xGMI", "C2C": "chip-to-chip"}
 PCIE_PATHS = {
