@@ -116,3 +116,13 @@ def test_a_second_launcher_on_the_same_work_folder_is_refused(tmp_path):
         holder.wait()
     with faults.WorkLock(tmp_path, 0):  # released by the holder's death, even a SIGKILL
         pass
+
+
+def test_a_filesystem_without_locks_trains_unguarded_with_a_warning(tmp_path, monkeypatch, capsys):
+    def no_locks(fh, op):
+        raise OSError(38, "Function not implemented")  # ENOSYS: Lustre mounted without -o flock
+
+    monkeypatch.setattr(faults.fcntl, "flock", no_locks)
+    with faults.WorkLock(tmp_path, 0):
+        pass
+    assert "does not lock files (Function not implemented)" in capsys.readouterr().out

@@ -233,6 +233,19 @@ class WorkLock:
                 holder = {}
             fh.close()
             raise WorkBusy(self._busy_message(holder)) from None
+        except OSError as exc:
+            # Lustre mounted without -o flock (and some NFS setups) lock nothing: train unguarded
+            # rather than not at all, and say so.
+            fh.close()
+            print(
+                f"[llmft] WARNING: the work folder's filesystem does not lock files ({exc.strerror}): "
+                "a second launcher on this training will not be refused",
+                flush=True,
+            )
+            return self
+        return self._claim(fh)
+
+    def _claim(self, fh) -> WorkLock:
         fh.seek(0)
         fh.truncate()
         fh.write(
