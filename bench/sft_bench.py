@@ -102,6 +102,9 @@ VARIANTS = {
     # and add fused with the frozen matmuls' neighbours); recompiles for new packed shapes: warm-up 8
     "lora_compile_1b": ("1b", {**LORA, "tokens_per_step": 16384, "torch_compile": True}, 30, 8),
     "lora_compile_8b": ("8b", {**LORA, "tokens_per_step": 8192, "torch_compile": True}, 16, 6),
+    # ours with compilation off: the eager run against which the compiled one is measured
+    "lora_eager_1b": ("1b", {**LORA, "tokens_per_step": 16384, "torch_compile": False}, 24, 5),
+    "lora_eager_8b": ("8b", {**LORA, "tokens_per_step": 8192, "torch_compile": False}, 12, 3),
     # ours without DeepSpeed (ZeRO stage 0): what the engine costs a LoRA step on one GPU
     "lora_ours0_1b": ("1b", {**LORA, "tokens_per_step": 16384, "zero_stage": 0}, 24, 5),
     # name: (model size, sft overrides, default max steps, warm-up steps left out of the timing)
