@@ -105,6 +105,13 @@ VARIANTS = {
     # ours with compilation off: the eager run against which the compiled one is measured
     "lora_eager_1b": ("1b", {**LORA, "tokens_per_step": 16384, "torch_compile": False}, 24, 5),
     "lora_eager_8b": ("8b", {**LORA, "tokens_per_step": 8192, "torch_compile": False}, 12, 3),
+    # compiled, without DeepSpeed (ZeRO stage 0), as the hand-tuned run trains
+    "lora_compile0_8b": (
+        "8b",
+        {**LORA, "tokens_per_step": 8192, "torch_compile": True, "zero_stage": 0},
+        16,
+        6,
+    ),
     # ours without DeepSpeed (ZeRO stage 0): what the engine costs a LoRA step on one GPU
     "lora_ours0_1b": ("1b", {**LORA, "tokens_per_step": 16384, "zero_stage": 0}, 24, 5),
     # name: (model size, sft overrides, default max steps, warm-up steps left out of the timing)
