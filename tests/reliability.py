@@ -1,8 +1,8 @@
 """The README's reliability table, made from the tests that try each fault and hostile input.
 
 A test declares its row with @reliability(fault=..., seen=..., steps_lost=..., data_lost=...); the
-row names the test. `python -m tests.reliability` prints the table; tests/unit/test_readme_tables.py
-fails when the README's copy differs from it.
+row names the test. `python -m tests.reliability` prints the table;
+tests/unit/test_reliability_table.py fails when the README's copy differs from it.
 """
 
 from __future__ import annotations

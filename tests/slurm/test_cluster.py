@@ -8,6 +8,7 @@ per job, faster status polling). SFT runs on two nodes, one process each, on the
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 import yaml
 from snakemake.profiles import ProfileConfigFileParser
 
-from tests.conftest import REPO, make_workdir, rules_run, snakemake
+from tests.conftest import BIN, REPO, make_workdir, rules_run, snakemake
 from tests.reliability import reliability
 
 pytestmark = pytest.mark.slurm
@@ -87,6 +88,15 @@ def cluster_run(
     work: Path, *args: str, timeout: int = 600, env: dict | None = None
 ) -> subprocess.CompletedProcess:
     return snakemake(work, *box_args(), *args, profile="slurm", timeout=timeout, env=env)
+
+
+def cluster_start(work: Path, log: Path, *args: str) -> subprocess.Popen:
+    """`cluster_run` in the background, its output to `log`: for tests that act while it runs."""
+    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(work)]
+    cmd += ["--profile", str(REPO / "profiles/slurm"), *box_args(), *args]
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    with open(log, "w") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(cmd, cwd=work, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
 def submissions(log: str) -> dict[str, list[str]]:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, REPO, make_workdir
+from tests.conftest import make_workdir
 from tests.reliability import reliability
-from tests.slurm.test_cluster import SMALL_RUN, _cluster_problem, box_args
+from tests.slurm.test_cluster import SMALL_RUN, _cluster_problem, cluster_start
 from tests.slurm.test_sft_resume import sft_job_id, trained_steps
 
 pytestmark = pytest.mark.slurm
@@ -93,12 +93,8 @@ def test_a_node_lost_mid_training_ends_the_job_and_the_run_resumes(tmp_path):
         "sft__logging_steps": 1,
     }
     work = make_workdir(tmp_path, **run)
-    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(work)]
-    cmd += ["--profile", str(REPO / "profiles/slurm"), *box_args()]
-    cmd += ["results/lost/sft/train_summary.json"]  # up to training: evaluation is not at stake here
-    log = open(tmp_path / "snakemake.log", "w")
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    proc = subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, env=env)
+    # up to training: evaluation is not at stake here
+    proc = cluster_start(work, tmp_path / "snakemake.log", "results/lost/sft/train_summary.json")
     work_root = work / "results/lost/work"
     try:
         deadline = time.time() + 600
@@ -126,7 +122,6 @@ def test_a_node_lost_mid_training_ends_the_job_and_the_run_resumes(tmp_path):
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=120)
-        log.close()
         # the node is back for the tests after this one, whatever happened here
         if subprocess.run(["pgrep", "-f", "slurmd -f .* -N n2"], capture_output=True).returncode:
             subprocess.run(["slurmd", "-f", SLURM_CONF, "-N", "n2"])

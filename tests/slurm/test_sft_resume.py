@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from tests.conftest import BIN, REPO, make_workdir
+from tests.conftest import make_workdir
 from tests.reliability import reliability
-from tests.slurm.test_cluster import SMALL_RUN, _cluster_problem, box_args, submissions
+from tests.slurm.test_cluster import SMALL_RUN, _cluster_problem, cluster_start, submissions
 
 pytestmark = pytest.mark.slurm
 
@@ -64,11 +64,7 @@ def test_signalled_sft_job_saves_requeues_and_resumes(tmp_path):
         "sft__tracking": ["tensorboard", "mlflow", "wandb"],
     }
     work = make_workdir(tmp_path, **run)
-    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(work)]
-    cmd += ["--profile", str(REPO / "profiles/slurm"), *box_args()]
-    log = open(tmp_path / "snakemake.log", "w")
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    proc = subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = cluster_start(work, tmp_path / "snakemake.log")
     work_root = work / "results/preempt/work"
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None and len(trained_steps(work_root)) < 10:
@@ -82,7 +78,6 @@ def test_signalled_sft_job_saves_requeues_and_resumes(tmp_path):
         if proc.poll() is None:
             proc.send_signal(2)  # Snakemake stops (and cancels its jobs) on SIGINT, not SIGTERM
             proc.wait(timeout=120)
-        log.close()
     text = (tmp_path / "snakemake.log").read_text()
     assert proc.returncode == 0, text[-4000:]
     sft_dir = next(work_root.glob("sft-*"))

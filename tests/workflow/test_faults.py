@@ -24,6 +24,12 @@ __all__ = ["stage"]  # the module-scoped fixture: the demo's model and data, mad
 SAVE = 10
 
 
+def start(stage: Path, name: str, sft: dict, work_root: str = "work"):
+    """Render `name` with these sft keys and start its launcher: (overrides, work folder, process)."""
+    overrides, args = render(stage, name, sft, work_root=work_root)
+    return overrides, stage / args["output_dir"], launch(stage, overrides, name)
+
+
 def heartbeat(work: Path, rank: int) -> dict:
     return json.loads((work / "llmft_heartbeat" / f"rank{rank}.json").read_text())
 
@@ -62,9 +68,7 @@ def resume_to_the_end(root: Path, overrides: str, name: str, work: Path, steps: 
 )
 def test_a_killed_rank_fails_the_attempt_and_the_rerun_resumes(stage):
     name = "killed"
-    overrides, args = render(stage, name, {"max_steps": 40, "save_steps": SAVE})
-    work = stage / args["output_dir"]
-    proc = launch(stage, overrides, name)
+    overrides, work, proc = start(stage, name, {"max_steps": 40, "save_steps": SAVE})
     at = wait_for_step(proc, work, SAVE + 3)
     victim = heartbeat(work, 1)
     t0 = time.monotonic()
@@ -94,11 +98,9 @@ def test_a_hung_rank_fails_within_the_collective_timeout_and_is_named(stage):
     name = "hung"
     # 0.25 min = 15 s: the workers' collectives give up after that; torchrun then waits 30 s for
     # the stopped rank to take its SIGTERM before it sends SIGKILL.
-    overrides, args = render(
+    overrides, work, proc = start(
         stage, name, {"max_steps": 200, "save_steps": SAVE, "collective_timeout_minutes": 0.25}
     )
-    work = stage / args["output_dir"]
-    proc = launch(stage, overrides, name)
     wait_for_step(proc, work, 4)
     victim = heartbeat(work, 1)
     t0 = time.monotonic()
@@ -127,9 +129,7 @@ def test_a_hung_rank_fails_within_the_collective_timeout_and_is_named(stage):
 )
 def test_a_half_written_newest_checkpoint_is_set_aside(stage):
     name = "halfsaved"
-    overrides, args = render(stage, name, {"max_steps": 30, "save_steps": SAVE})
-    work = stage / args["output_dir"]
-    proc = launch(stage, overrides, name)
+    overrides, work, proc = start(stage, name, {"max_steps": 30, "save_steps": SAVE})
     wait_for_step(proc, work, 2 * SAVE + 2)
     os.kill(proc.pid, signal.SIGUSR1)  # a checkpoint now, then stop
     out = finish(proc, 180)
@@ -177,9 +177,7 @@ def test_a_full_disk_during_a_save_loses_only_that_save(stage):
     if problem:
         pytest.skip(f"cannot mount a small tmpfs here ({problem}): needs root, as the Slurm tests do")
     try:
-        overrides, args = render(stage, name, {"max_steps": 30, "save_steps": SAVE}, work_root="small")
-        work = stage / args["output_dir"]
-        proc = launch(stage, overrides, name)
+        overrides, work, proc = start(stage, name, {"max_steps": 30, "save_steps": SAVE}, work_root="small")
         out = finish(proc, 240)
         assert proc.returncode not in (0, 75), out[-3000:]
         assert "[llmft] the work folder's filesystem is full" in out, out[-3000:]
@@ -200,9 +198,7 @@ def test_a_full_disk_during_a_save_loses_only_that_save(stage):
 )
 def test_a_second_launcher_on_the_same_training_is_refused(stage):
     name = "twice"
-    overrides, args = render(stage, name, {"max_steps": 200, "save_steps": 1000})
-    work = stage / args["output_dir"]
-    first = launch(stage, overrides, name)
+    overrides, work, first = start(stage, name, {"max_steps": 200, "save_steps": 1000})
     try:
         wait_for_step(first, work, 2)
         second = launch(stage, overrides, name, tag="-second")

@@ -45,9 +45,10 @@ def start(work: Path, log: Path) -> subprocess.Popen:
     ]
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     # its own session: the test can end whatever it leaves behind, as a user's `kill` would not
-    return subprocess.Popen(
-        cmd, cwd=work, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
-    )
+    with open(log, "w") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(
+            cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def trained_steps(work: Path) -> int:

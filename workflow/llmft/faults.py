@@ -23,6 +23,8 @@ import threading
 import time
 from pathlib import Path
 
+from .io import write_json
+
 SEAL_FILE = "llmft_complete.json"
 HEARTBEAT_DIR = "llmft_heartbeat"
 HEARTBEAT_SECONDS = 2.0
@@ -31,10 +33,9 @@ EXIT_BUSY = 16  # EBUSY: another launcher holds the work folder
 SET_ASIDE_PREFIX = "incomplete-"  # transformers only resumes from and rotates `checkpoint-*`
 
 
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+def _host() -> str:
+    """This node's name as Slurm knows it (the hostname outside Slurm)."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 # ------------------------------------------------------------------ sealed checkpoints
@@ -47,7 +48,7 @@ def seal(checkpoint: Path) -> None:
         for p in sorted(checkpoint.rglob("*"))
         if p.is_file() and p.name != SEAL_FILE
     }
-    _write_json(checkpoint / SEAL_FILE, {"files": files, "sealed": time.time()})
+    write_json(checkpoint / SEAL_FILE, {"files": files, "sealed": time.time()})
 
 
 def seal_problem(checkpoint: Path) -> str | None:
@@ -121,7 +122,7 @@ class Heartbeat:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.record = {
             "rank": rank,
-            "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+            "host": _host(),
             "pid": os.getpid(),
             "step": 0,
             "started": time.time(),
@@ -144,7 +145,7 @@ class Heartbeat:
     def beat(self) -> None:
         with self._lock:
             try:
-                _write_json(self.path, dict(self.record, beat=time.time()))
+                write_json(self.path, dict(self.record, beat=time.time()))
             except OSError:
                 pass  # a full disk must not kill the rank from here; the save will say so
 
@@ -182,9 +183,9 @@ def stalled(beats: list[dict], slack: float = 5 * HEARTBEAT_SECONDS) -> list[dic
 def failure_report(work: Path, rc: int, timeout_minutes: float) -> list[str]:
     """What the launcher says when training failed without a stop, divergence or preemption."""
     lines = [f"training failed (exit {rc})"]
-    gone = stalled(read_heartbeats(work))
-    for b in gone:
-        waited = max(0.0, max(x["beat"] for x in read_heartbeats(work)) - b["beat"])
+    beats = read_heartbeats(work)
+    for b in stalled(beats):
+        waited = max(x["beat"] for x in beats) - b["beat"]
         lines.append(
             f"rank {b['rank']} on node {b['host']} (pid {b['pid']}) stopped responding at step "
             f"{b['step']}, {waited:.0f} s before the others gave up; the others waited for it in a "
@@ -252,7 +253,7 @@ class WorkLock:
             json.dumps(
                 {
                     "pid": os.getpid(),
-                    "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+                    "host": _host(),
                     "slurm_job": os.environ.get("SLURM_JOB_ID", ""),
                     "since": time.strftime("%Y-%m-%d %H:%M:%S"),
                 }

@@ -174,8 +174,9 @@ def gpus_requested(resources: dict) -> int | None:
     if re.search(r"\bgpu(?::[\w.-]+)?(?:,|$)", gres.strip("'\"")):
         found.append(1)  # `gres: gpu` or `gpu:mi300x` alone is one GPU
     for key in ("gpu", "gpus"):
-        if str(resources.get(key) or "0").isdigit() and int(resources.get(key) or 0):
-            found.append(int(resources[key]))
+        value = str(resources.get(key) or "")
+        if value.isdigit() and int(value):
+            found.append(int(value))
     extra = str(resources.get("slurm_extra") or "")
     found += [int(n) for n in re.findall(r"--gpus(?:-per-node)?[= ](?:[\w.-]+:)?(\d+)", extra)]
     return max(found) if found else None
