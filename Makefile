@@ -28,6 +28,7 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(MAKE) lint
 	bash tests/setup-chromium.sh
+	bash tests/setup-tokenizers.sh
 # tests/slurm run on a real two-node Slurm cluster on this machine, stopped by PID even on failure
 	trap 'bash tests/slurm/cluster-down.sh' EXIT; bash tests/slurm/cluster-up.sh && \
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -ra --durations=15 -n 2 --no-loadscope-reorder tests

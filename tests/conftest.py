@@ -120,3 +120,26 @@ def tiny_config(folder: Path, **extra) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(shape))
     return str(folder)
+
+
+# Real tokenizers, fetched by tests/setup-tokenizers.sh (run by `make test`) into a git-ignored
+# folder: one folder per family, each loadable with transformers' AutoTokenizer.from_pretrained.
+TOKENIZER_CACHE = REPO / ".cache" / "tokenizers"
+TOKENIZER_FAMILIES = ("llama3", "qwen3", "qwen2_5", "gemma3", "deepseek_v3", "llama2")
+
+
+def real_tokenizer_path(family: str) -> Path | None:
+    """The folder of `family`'s real tokenizer, or None when tests/setup-tokenizers.sh has not
+    fetched it."""
+    folder = TOKENIZER_CACHE / family
+    if (folder / "tokenizer.json").is_file() and (folder / "tokenizer_config.json").is_file():
+        return folder
+    return None
+
+
+def real_tokenizer(family: str) -> Path:
+    """The folder of `family`'s real tokenizer; skips the calling test, saying why, when absent."""
+    folder = real_tokenizer_path(family)
+    if folder is None:
+        pytest.skip(f"real {family} tokenizer not in {TOKENIZER_CACHE} (run bash tests/setup-tokenizers.sh)")
+    return folder

@@ -23,8 +23,10 @@ MODULES = [
     "tests.slurm.test_nightly",
     "tests.workflow.test_hostile_paths",
     "tests.unit.test_datasources",
+    "tests.unit.test_tools",
     "tests.unit.test_data",
     "tests.unit.test_config",
+    "tests.unit.test_chat_templates",
     "tests.workflow.test_pipeline",
     "tests.workflow.test_profile_check",
 ]

@@ -175,7 +175,18 @@ def conv(*turns, key="conversations"):
         ({"conversations": ["hi"]}, ds.WRONG_TYPE, "conversations[1]", "must be an object"),
         ({"conversations": [{"value": "hi"}]}, ds.MISSING, "conversations[1].from", "is missing"),
         (conv(("human", "q"), ("bot", "a")), ds.UNKNOWN_ROLE, "conversations[2].from", "unknown role 'bot'"),
-        (conv(("human", "q"), ("function_call", "{}")), ds.UNKNOWN_ROLE, "conversations[2].from", "tool"),
+        (
+            conv(("human", "q"), ("function_call", "{}")),
+            ds.BAD_FUNCTION_CALL,
+            "conversations[2].value",
+            "call",
+        ),
+        (
+            conv(("user", "q"), ("tool", "x"), key="messages"),
+            ds.UNKNOWN_ROLE,
+            "messages[2].role",
+            "function_call",
+        ),
         (conv(("gpt", "a"), ("human", "q")), ds.ROLE_ORDER, "conversations[1]", "expected a user turn"),
         (conv(("human", "q"), ("human", "q2")), ds.ROLE_ORDER, "conversations[2]", "expected a assistant"),
         (

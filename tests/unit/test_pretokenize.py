@@ -14,6 +14,7 @@ from llmft.pretokenize import PREPROCESSING_DEFAULTS, SFTEncoder, blockers, mess
 from llmft.sft import render
 
 from tests.conftest import REPO
+from tests.lfref import aligned_from_canonical, lf_sft, llamafactory_preprocess
 
 ROWS = synthetic_rows(120, seed=4) + [
     {"instruction": "Say </s> and <s> literally", "input": "", "output": "ok </s>"},
@@ -80,28 +81,10 @@ def test_equals_template_encode_oneturn(tokenizer_dir, template):
 @pytest.mark.parametrize("template", TEMPLATES)
 @pytest.mark.parametrize("kind", ["bytelevel", "metaspace"])
 def test_equals_llamafactory_sft_processor_multiturn(tokenizer_dir, metaspace_dir, template, kind):
-    from llamafactory.data.processor import SupervisedDatasetProcessor
-    from llamafactory.hparams import DataArguments
-
     enc = SFTEncoder(tokenizer_dir if kind == "bytelevel" else metaspace_dir, template)
     assert (enc._fast is not None) == (kind == "bytelevel")  # both tokenizer paths are exercised
     assert enc._plain == (template != "qwen3")  # and both template paths
-    proc = SupervisedDatasetProcessor(
-        template=enc.template,
-        tokenizer=enc.tokenizer,
-        processor=None,
-        data_args=DataArguments(template=template, cutoff_len=100_000),
-    )
-    batch = {k: [] for k in ("_prompt", "_response", "_system", "_tools", "_images", "_videos", "_audios")}
-    for row in ROWS:
-        msgs = messages_of(row)
-        batch["_prompt"].append(msgs[:-1])
-        batch["_response"].append(msgs[-1:])
-        batch["_system"].append(row.get("system", ""))
-        batch["_tools"].append("")
-        for k in ("_images", "_videos", "_audios"):
-            batch[k].append(None)
-    theirs = proc.preprocess_dataset(batch)
+    theirs = lf_sft(enc.template, enc.tokenizer, aligned_from_canonical(ROWS), template)
     enc.encode(ROWS)
     ours = enc.encode(ROWS)  # the second chunk: the one-pass path where it applies
     one_pass = enc._plain and enc._fast is not None
@@ -109,35 +92,6 @@ def test_equals_llamafactory_sft_processor_multiturn(tokenizer_dir, metaspace_di
     assert all(direct[:50]) == (kind == "bytelevel" and template != "qwen3") and not all(direct)
     for i in range(len(ROWS)):
         assert rows_of(ours, i) == (theirs["input_ids"][i], theirs["labels"][i]), ROWS[i]
-
-
-def llamafactory_preprocess(tmp_path, data_dir, tokenizer_dir, cutoff_len, **extra):
-    """LLaMA-Factory's own get_dataset, with the arguments our rendered YAML gives it."""
-    from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
-    from llamafactory.hparams import get_train_args
-    from llamafactory.model import load_tokenizer
-
-    args = {
-        "model_name_or_path": str(tokenizer_dir),
-        "stage": "sft",
-        "do_train": True,
-        "finetuning_type": "full",
-        "dataset": "llmft_train",
-        "eval_dataset": "llmft_heldout",
-        "dataset_dir": str(data_dir),
-        "template": "default",
-        "cutoff_len": cutoff_len,
-        "preprocessing_num_workers": 1,
-        "output_dir": str(tmp_path / "lf_out"),
-        "cache_dir": str(tmp_path / "hf_cache"),
-        "overwrite_cache": True,
-        "report_to": "none",
-        **extra,
-    }
-    model_args, data_args, training_args, *_ = get_train_args(args)
-    module = load_tokenizer(model_args)
-    template = get_template_and_fix_tokenizer(module["tokenizer"], data_args)
-    return get_dataset(template, model_args, data_args, training_args, stage="sft", **module)
 
 
 @pytest.fixture(scope="module")

@@ -49,24 +49,37 @@ def cmd_synthetic(args) -> int:
 
 
 def cmd_prepare_data(args) -> int:
+    from .chat_templates import check as check_template
+    from .chat_templates import for_config as template_for_config
     from .data import prepare
+    from .lfdataset import resolve as resolve_lf_entry
 
     cfg = _cfg(args)
     sources = []
-    for src in cfg["data"]["sources"]:
+    for i, src in enumerate(cfg["data"]["sources"]):
+        if src.get("dataset_info"):
+            entry = resolve_lf_entry(src, where=f"data.sources[{i}]")
+            keep = {"path": entry["path"], "format": entry["format"], "attr": entry["attr"]}
+            sources.append({"weight": src["weight"], **keep})
+            continue
         path = args.synthetic if src["path"] == BUILTIN_DATA else src["path"]
         sources.append({**src, "path": path})
     d = cfg["data"]
+    # The fit check of the DAG, here too: the builtin model's folder did not exist then.
+    template, why = template_for_config(cfg, args.tokenizer)
+    check_template(template, args.tokenizer)
     prepare(
         sources,
         args.out_dir,
         args.tokenizer,
-        cfg["model"]["template"],
+        template,
         d["cutoff_len"],
         d["heldout_fraction"],
         d["split_salt"],
         d["invalid_rows"],
         dedup=d["dedup"],
+        clean_text=d["clean_text"],
+        tokenizer_check=d["tokenizer_check"],
         workers=int(args.workers or 0),
         max_dropped=d["max_dropped_fraction"],
     )

@@ -92,7 +92,12 @@ def validate(raw: dict | None, base_dir: str | Path = ".") -> dict:
     errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
         raise ConfigError(_describe(errors[0]))
+    _source_keys(cfg)  # before defaults: which keys the user wrote
     cfg = _fill_defaults(schema, cfg)
+    for src in cfg["data"]["sources"]:
+        if "dataset_info" in src:  # the entry decides them; the validated config stays valid input
+            src.pop("format", None)
+            src.pop("split", None)
     errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
         raise ConfigError(_describe(errors[0]))
@@ -129,6 +134,29 @@ def _describe(err: jsonschema.ValidationError) -> str:
     return f"config key {where}: {err.message}"
 
 
+def _source_keys(cfg: dict) -> None:
+    """A data source is a file (path, with format and split) or a LLaMA-Factory dataset entry
+    (dataset_info with name, whose format the entry decides): never a mix."""
+    for i, src in enumerate((cfg.get("data") or {}).get("sources") or ()):
+        where = f"config key data.sources[{i}]"
+        if "dataset_info" in src:
+            mixed = sorted({"path", "format", "split"} & set(src))
+            if mixed:
+                raise ConfigError(
+                    f"{where}.{mixed[0]}: not with dataset_info (the entry's file_name and formatting "
+                    "decide them); remove it"
+                )
+            if "name" not in src:
+                raise ConfigError(f"{where}.name: missing; the entry of {src['dataset_info']} to read")
+        elif "path" not in src:
+            raise ConfigError(
+                f"{where}: needs path (a dataset file) or dataset_info and name (a LLaMA-Factory "
+                "dataset_info.json entry)"
+            )
+        elif "name" in src:
+            raise ConfigError(f"{where}.name: only with dataset_info (a LLaMA-Factory dataset_info.json)")
+
+
 def _is_number(text: str) -> bool:
     try:
         float(text)
@@ -155,6 +183,14 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
             f"{hw['processes_per_node']} processes but only {hw['gpus_per_node']} GPUs per node"
         )
     for i, src in enumerate(cfg["data"]["sources"]):
+        if "dataset_info" in src:
+            from .lfdataset import LFDatasetError, resolve
+
+            try:
+                resolve(src, base_dir, where=f"data.sources[{i}]")
+            except LFDatasetError as exc:
+                raise ConfigError(str(exc)) from None
+            continue
         path = src["path"]
         if path.startswith("builtin:"):
             if path != BUILTIN_DATA:
@@ -196,7 +232,8 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
 
     lf = names()
     template = cfg["model"]["template"]
-    if template not in lf["templates"]:
+    # auto: picked from the model folder when the DAG is built (chat_templates.resolve).
+    if template != "auto" and template not in lf["templates"]:
         raise ConfigError(
             f"config key model.template: LLaMA-Factory {lf['llamafactory']} has no template {template!r}"
             + closest(template, lf["templates"])

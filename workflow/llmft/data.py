@@ -15,6 +15,7 @@ new held-out row is its near-duplicate: it leaves train, it never moves to held-
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -28,7 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .datasources import FORMATS, FileError, RowError, iter_raw, normalise, validate
+from . import lfdataset
+from .conversation import SHAREGPT_TAGS, sharegpt_line
+from .datasources import FORMATS, FileError, RowError, check_with_template, iter_raw, normalise, validate
 from .dedup import NearDupIndex, SeenKeys
 from .io import write_json
 from .pretokenize import TOKENIZED_DIR
@@ -56,7 +59,10 @@ def _payload(row: dict) -> str:
     """Normalised, case-folded content: what identity (dedup, split) and similarity are about.
 
     Rows without system prompt or history hash exactly as before those fields existed, so existing
-    alpaca datasets keep their split."""
+    alpaca datasets keep their split. Tool rows (the messages form) hash every turn with its role,
+    the system prompt and the tools, so a changed call or tool list is another row."""
+    if "messages" in row:
+        return _tool_payload(row)
     text = "\x1f".join(normalise(row.get(f, "")).casefold() for f in ("instruction", "input", "output"))
     extra = []
     if row.get("system"):
@@ -64,6 +70,18 @@ def _payload(row: dict) -> str:
     for user, assistant in row.get("history") or ():
         extra.append(normalise(user).casefold() + "\x1f" + normalise(assistant).casefold())
     return text + ("\x1e" + "\x1e".join(extra) if extra else "")
+
+
+def _tool_payload(row: dict) -> str:
+    parts = ["messages"]
+    parts += [m["role"] + "\x1f" + normalise(m["content"]).casefold() for m in row["messages"]]
+    if row.get("system"):
+        parts.append("system\x1f" + normalise(row["system"]).casefold())
+    if row.get("tools"):
+        # The decoded JSON, compactly: tools that differ only in spacing are the same tools.
+        tools = json.dumps(json.loads(row["tools"]), ensure_ascii=False, separators=(",", ":"))
+        parts.append("tools\x1f" + normalise(tools).casefold())
+    return "\x1e".join(parts)
 
 
 def content_key(row: dict) -> str:
@@ -156,6 +174,7 @@ class _Preparer:
         self.pending: deque = deque()
         self.started = time.perf_counter()
         self.rows_read = 0
+        self.clean_text = True  # config data.clean_text
 
     def _open(self, name: str):
         return open(self.tmp / name, "w", encoding="utf-8")
@@ -164,6 +183,7 @@ class _Preparer:
 
     def run_source(self, index: int, src: dict) -> None:
         path, fmt = str(src["path"]), src.get("format", "alpaca")
+        attr = src.get("attr")  # a dataset_info.json entry's columns and tags (lfdataset.resolve)
         stats = _SourceStats(path, fmt, float(src.get("weight", 1.0)))
         self.sources.append(stats)
         chunk: list[tuple[int, dict]] = []
@@ -171,8 +191,14 @@ class _Preparer:
             for number, raw in iter_raw(path, src.get("split", "train")):
                 stats.rows += 1
                 self.rows_read += 1
-                row = validate(path, number, raw, fmt)
+                if attr is not None:
+                    raw = lfdataset.view(raw, attr)
+                row = validate(path, number, raw, fmt, self.clean_text)
+                if not isinstance(row, RowError) and "messages" in row:
+                    row = check_with_template(path, number, raw, row, self.encoder.template) or row
                 if isinstance(row, RowError):
+                    if attr is not None:
+                        row = dataclasses.replace(row, field=lfdataset.field_name(row.field, attr))
                     self._invalid(row, stats)
                     continue
                 if self.invalid_total and self.policy == "fail":
@@ -311,7 +337,8 @@ def _init_worker() -> None:
 
 
 # Optional columns a row may carry, as bits (LLaMA-Factory's dataset_info declares only those present).
-_COLUMN_FLAGS = ((1, "system"), (2, "history"))
+# A side with a `messages` row (a tool row) is written in the sharegpt form.
+_COLUMN_FLAGS = ((1, "system"), (2, "history"), (4, "messages"), (8, "tools"))
 
 
 @dataclass
@@ -355,17 +382,39 @@ def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
 
+def _as_sharegpt(line: str, tools: bool) -> str:
+    """A JSONL line of a side written in the sharegpt form: plain rows gain their `messages`, and
+    with a tools column every row has one (one JSON schema for the whole file)."""
+    row = sharegpt_line(json.loads(line))
+    if tools and "tools" not in row:
+        row = {**row, "tools": ""}
+    return json.dumps(row, ensure_ascii=False) + "\n"
+
+
 def _rewrite_side(
-    side_dir: Path, jsonl: Path, keep_repeats: np.ndarray, out_tok: Path, out_jsonl: Path
+    side_dir: Path,
+    jsonl: Path,
+    keep_repeats: np.ndarray,
+    out_tok: Path,
+    out_jsonl: Path,
+    columns: set = frozenset(),
 ) -> None:
-    """Copy a spooled side with each row written `keep_repeats[i]` times (0 = dropped)."""
+    """Copy a spooled side with each row written `keep_repeats[i]` times (0 = dropped); a side
+    with tool rows (`messages` in `columns`) is written in the sharegpt form."""
     import pyarrow as pa
 
     from .pretokenize import SplitWriter
 
-    if (keep_repeats == 1).all():
+    sharegpt = "messages" in columns
+    if (keep_repeats == 1).all() and not sharegpt:
         shutil.move(str(jsonl), out_jsonl)
         shutil.move(str(side_dir), out_tok)
+        return
+    if (keep_repeats == 1).all():
+        shutil.move(str(side_dir), out_tok)
+        with open(jsonl, encoding="utf-8") as src, open(out_jsonl, "w", encoding="utf-8") as dst:
+            for line in src:
+                dst.write(_as_sharegpt(line, "tools" in columns))
         return
     writer = SplitWriter(out_tok)
     start = 0
@@ -383,6 +432,8 @@ def _rewrite_side(
     with open(jsonl, encoding="utf-8") as src, open(out_jsonl, "w", encoding="utf-8") as dst:
         for line, reps in zip(src, keep_repeats, strict=True):
             if reps:
+                if sharegpt:
+                    line = _as_sharegpt(line, "tools" in columns)
                 dst.write(line * int(reps))
     shutil.rmtree(side_dir)
 
@@ -412,6 +463,8 @@ def prepare(
     dedup: dict | None = None,
     workers: int = 0,
     max_dropped: float = 1.0,
+    clean_text: bool = True,
+    tokenizer_check: str = "fail",
 ) -> dict:
     """Run the whole preparation; write train/heldout JSONL, the tokenized dataset, rejected.jsonl,
     dataset_info.json and stats.json into `out_dir`.
@@ -421,14 +474,29 @@ def prepare(
 
     `dedup`: {near: bool, decontaminate: bool, threshold: float, num_perm: int} (config data.dedup).
     `workers`: tokenizing processes; 0 = one per core this process may use.
+    `clean_text` (config data.clean_text): clean row texts (datasources.clean_text) or keep them as
+    LLaMA-Factory reads them.
+    `tokenizer_check` (config data.tokenizer_check): fail or warn when the loaded tokenizer encodes
+    the probes differently from its tokenizer.json.
     """
+    from . import tokcheck
+    from .chat_templates import resolved as resolved_template
     from .pretokenize import SFTEncoder
 
     out_dir = Path(out_dir)
     dedup = {"near": False, "decontaminate": True, "threshold": 0.8, "num_perm": 64, **(dedup or {})}
+    # Before any row is read: `auto` resolved (the stage gets the name Snakemake resolved; the
+    # stage also checked that the template fits), and the tokenizer loading as its tokenizer.json
+    # encodes.
+    template, why = resolved_template(template, tokenizer_dir)
+    log.info("template %s: %s", template, why)
     encoder = SFTEncoder(tokenizer_dir, template)
+    tokenizer_check = tokcheck.check(encoder.tokenizer, tokenizer_dir, fail=tokenizer_check == "fail")
     workers = workers or len(os.sched_getaffinity(0))
     run = _Preparer(out_dir, encoder, cutoff_len, heldout_fraction, split_salt, invalid_rows, dedup, workers)
+    run.template_info = (template, why)
+    run.tokenizer_check = tokenizer_check
+    run.clean_text = bool(clean_text)
     try:
         for index, src in enumerate(sources):
             run.run_source(index, src)
@@ -510,9 +578,17 @@ def _conclude(run: _Preparer, out_dir: Path, cutoff_len: int, heldout_fraction: 
     tmp = run.tmp
     final_tok = tmp / "final" / TOKENIZED_DIR
     final_tok.mkdir(parents=True)
-    for idx, split, name in ((train_idx, "train", "train.jsonl"), (held_idx, "validation", "heldout.jsonl")):
+    for idx, split, name, side in (
+        (train_idx, "train", "train.jsonl", run.sides[False]),
+        (held_idx, "validation", "heldout.jsonl", run.sides[True]),
+    ):
         _rewrite_side(
-            tmp / TOKENIZED_DIR / split, tmp / name, final[idx], final_tok / split, tmp / "final" / name
+            tmp / TOKENIZED_DIR / split,
+            tmp / name,
+            final[idx],
+            final_tok / split,
+            tmp / "final" / name,
+            side.columns,
         )
     write_dataset_dict(final_tok, ["train", "validation"])
 
@@ -528,6 +604,9 @@ def _conclude(run: _Preparer, out_dir: Path, cutoff_len: int, heldout_fraction: 
     total_rows = int(lengths.sum())
     elapsed = time.perf_counter() - run.started
     stats = {
+        "template": run.template_info[0],
+        "template_reason": run.template_info[1],
+        "tokenizer_check": run.tokenizer_check,
         "sources": [s.as_dict() for s in run.sources],
         "rows_read": run.rows_read,
         "invalid": run.invalid_total,
@@ -541,6 +620,7 @@ def _conclude(run: _Preparer, out_dir: Path, cutoff_len: int, heldout_fraction: 
         "heldout_rows": n_held,
         "cutoff_len": cutoff_len,
         "heldout_fraction": heldout_fraction,
+        "clean_text": run.clean_text,
         "dedup": {
             "near": run.near_dedup,
             "decontaminate": run.decontaminate,
@@ -599,14 +679,19 @@ def _publish(tmp: Path, out_dir: Path) -> None:
 
 def dataset_info(train_columns: set = frozenset(), heldout_columns: set = frozenset()) -> dict:
     """LLaMA-Factory's dataset_info.json; system and history columns only where rows have them
-    (a declared column that no row has would fail LLaMA-Factory's loader)."""
+    (a declared column that no row has would fail LLaMA-Factory's loader). A file with tool rows
+    is read in the sharegpt form (messages in LLaMA-Factory's own role names, a tools column)."""
 
-    def columns(extra: set) -> dict:
+    def entry(file_name: str, extra: set) -> dict:
+        if "messages" in extra:
+            cols = {"messages": "messages"}
+            cols.update({k: k for k in ("system", "tools") if k in extra})
+            return {"file_name": file_name, "formatting": "sharegpt", "columns": cols, "tags": SHAREGPT_TAGS}
         cols = {"prompt": "instruction", "query": "input", "response": "output"}
         cols.update({k: k for k in ("system", "history") if k in extra})
-        return cols
+        return {"file_name": file_name, "columns": cols}
 
     return {
-        TRAIN_NAME: {"file_name": "train.jsonl", "columns": columns(train_columns)},
-        HELDOUT_NAME: {"file_name": "heldout.jsonl", "columns": columns(heldout_columns)},
+        TRAIN_NAME: entry("train.jsonl", train_columns),
+        HELDOUT_NAME: entry("heldout.jsonl", heldout_columns),
     }

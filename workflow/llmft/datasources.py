@@ -7,12 +7,15 @@ written by `datasets`' `save_to_disk` (memory-mapped Arrow, batch by batch).
 Row formats: alpaca (instruction / input / output, optional system and history) and sharegpt
 (`conversations` of from/value or `messages` of role/content). Both become one canonical row, the
 alpaca-with-history form that LLaMA-Factory reads: history pairs, then the last user turn and the
-answer. Every problem is a `RowError` naming the row, the field and a reason code.
+answer. Sharegpt rows with tool turns (function_call, observation) or a `tools` field keep their
+messages instead (conversation.py describes both forms). Every problem is a `RowError` naming the
+row, the field and a reason code.
 """
 
 from __future__ import annotations
 
 import codecs
+import contextvars
 import json
 import re
 import unicodedata
@@ -29,10 +32,15 @@ EMPTY = "empty_field"
 WRONG_TYPE = "wrong_type"
 UNKNOWN_ROLE = "unknown_role"
 ROLE_ORDER = "role_order"
+BAD_TOOLS = "bad_tools"
+BAD_FUNCTION_CALL = "bad_function_call"
 
 FORMATS = ("alpaca", "sharegpt")
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
-TOOL_ROLES = {"function_call", "observation", "function", "tool"}
+# LLaMA-Factory's sharegpt tags for tool turns (the same in both spellings), to its role names.
+TOOL_ROLES = {"function_call": "function", "observation": "observation"}
+# Tool roles of other formats (OpenAI's): named in the error, not guessed at.
+OTHER_TOOL_ROLES = {"function", "tool"}
 
 _BLOCK = 1 << 20
 _MAX_ROW = 64 << 20
@@ -76,6 +84,11 @@ class FileError(ValueError):
 # -- text
 
 
+# Whether row texts are cleaned (clean_text) before they become canonical rows: config key
+# data.clean_text, set for one validate() call. False = the texts as LLaMA-Factory reads them.
+_CLEAN = contextvars.ContextVar("llmft_clean_text", default=True)
+
+
 def clean_text(text: str) -> str:
     """What the model trains on: NFC, unified newlines, stripped ends; inner spacing is kept
     (indentation in code answers matters)."""
@@ -112,9 +125,14 @@ def _text(value, field: str, required: bool) -> str:
         raise _Invalid(WRONG_TYPE, f"must be a string, got {type(value).__name__}", field)
     if not _valid_utf8(value):
         raise _Invalid(BAD_ENCODING, "is not valid UTF-8", field)
-    value = clean_text(value)
-    if required and not value:
-        raise _Invalid(EMPTY, "is empty", field)
+    if _CLEAN.get():
+        value = clean_text(value)
+        if required and not value:
+            raise _Invalid(EMPTY, "is empty", field)
+    elif required and not value.strip():
+        # Kept as LLaMA-Factory reads it otherwise, but a turn without text is refused either way:
+        # LLaMA-Factory would train on it (an empty answer teaches only the end-of-turn token).
+        raise _Invalid(EMPTY, "is empty" if not value else "holds only whitespace", field)
     return value
 
 
@@ -122,7 +140,7 @@ def _text(value, field: str, required: bool) -> str:
 
 
 def check_alpaca(raw: object) -> dict:
-    """instruction and output required; input, system, history optional (null = empty)."""
+    """instruction and output required; input, system, history, tools optional (null = empty)."""
     if not isinstance(raw, dict):
         raise _Invalid(NOT_AN_OBJECT, f"expected an object, got {type(raw).__name__}")
     row = {
@@ -148,27 +166,99 @@ def check_alpaca(raw: object) -> dict:
             pairs.append([_text(pair[0], f"history[{i}][0]", True), _text(pair[1], f"history[{i}][1]", True)])
         if pairs:
             row["history"] = pairs
+    tools = _tools(raw.get("tools"))
+    if tools:  # LLaMA-Factory's alpaca converter passes a tools column on too: a tool row
+        from .conversation import messages
+
+        tool_row = {"messages": messages(row)}
+        if system:
+            tool_row["system"] = system
+        tool_row["tools"] = tools
+        row = tool_row
     _copy_task(raw, row)
     return row
 
 
+def _spelling(raw: dict) -> tuple[str, str, str]:
+    """(list field, role key, content key): `conversations` of from/value or `messages` of role/content."""
+    if raw.get("conversations") is not None:
+        return "conversations", "from", "value"
+    if raw.get("messages") is not None:
+        return "messages", "role", "content"
+    raise _Invalid(MISSING, "is missing (or 'messages')", "conversations")
+
+
+def _tools(value) -> str:
+    """The `tools` value as the JSON string LLaMA-Factory's tool formatter reads ("" = no tools).
+
+    A list or object (a JSON file's tools given inline, or a Parquet struct column) is serialised
+    with json.dumps(ensure_ascii=False), as LLaMA-Factory's openai converter does: its sharegpt
+    converter would hand the object itself to the formatter, which only decodes strings. Every tool
+    formatter decodes the string and writes the tools anew, so how the JSON is spaced never reaches
+    the tokens; a string is kept as given."""
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict)):
+        text = json.dumps(value, ensure_ascii=False)
+    elif isinstance(value, str):
+        if not _valid_utf8(value):
+            raise _Invalid(BAD_ENCODING, "is not valid UTF-8", "tools")
+        text = value.strip()
+        if not text:
+            return ""
+    else:
+        raise _Invalid(WRONG_TYPE, f"must be a JSON string (or a list), got {type(value).__name__}", "tools")
+    try:
+        decoded = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _Invalid(BAD_TOOLS, f"is not valid JSON ({exc.msg})", "tools") from None
+    if isinstance(decoded, dict) and not decoded:
+        return text  # empty, as "[]": LLaMA-Factory writes an empty tool text (and a system block)
+    if not isinstance(decoded, list):
+        raise _Invalid(BAD_TOOLS, f"must be a JSON list of tools, got {type(decoded).__name__}", "tools")
+    for i, tool in enumerate(decoded, 1):
+        inner = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else tool
+        if not isinstance(inner, dict) or not isinstance(inner.get("name"), str):
+            raise _Invalid(BAD_TOOLS, f"tool {i} must be an object with a 'name'", "tools")
+    return text
+
+
+def _check_call(text: str, field: str) -> None:
+    """A function_call turn that is JSON must be what LLaMA-Factory's function formatter reads: a
+    call or a list of calls, each with a name and arguments. Text that is not JSON may still hold
+    the call inside the template's tool-call words or after a thought; the template's own formatter
+    decides that (check_with_template)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return
+    calls = value if isinstance(value, list) else [value]
+    if not calls:
+        raise _Invalid(BAD_FUNCTION_CALL, "is an empty list of calls", field)
+    for call in calls:
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or "arguments" not in call:
+            raise _Invalid(
+                BAD_FUNCTION_CALL, 'must be a call {"name": ..., "arguments": ...} or a list of them', field
+            )
+
+
 def check_sharegpt(raw: object) -> dict:
-    """An optional system turn, then user/assistant turns alternating, ending with the assistant."""
+    """An optional system turn, then prompt turns (user, observation) and answer turns (assistant,
+    function_call) alternating, ending with an answer: LLaMA-Factory's sharegpt rules.
+
+    Rows without tool turns or tools become the alpaca-with-history form, as before; the others keep
+    their messages (with LLaMA-Factory's role names) and their tools (see conversation.py)."""
     if not isinstance(raw, dict):
         raise _Invalid(NOT_AN_OBJECT, f"expected an object, got {type(raw).__name__}")
-    if raw.get("conversations") is not None:
-        field, role_key, content_key = "conversations", "from", "value"
-    elif raw.get("messages") is not None:
-        field, role_key, content_key = "messages", "role", "content"
-    else:
-        raise _Invalid(MISSING, "is missing (or 'messages')", "conversations")
+    field, role_key, content_key = _spelling(raw)
     conv = raw[field]
     if not isinstance(conv, list):
         raise _Invalid(WRONG_TYPE, f"must be a list of messages, got {type(conv).__name__}", field)
     if not conv:
         raise _Invalid(EMPTY, "is empty", field)
     system = _text(raw.get("system"), "system", False)
-    turns: list[tuple[str, str]] = []
+    tools = _tools(raw.get("tools"))
+    turns: list[tuple[str, str]] = []  # (role in LLaMA-Factory's names, content)
     for i, msg in enumerate(conv, 1):
         where = f"{field}[{i}]"
         if not isinstance(msg, dict):
@@ -178,29 +268,49 @@ def check_sharegpt(raw: object) -> dict:
             raise _Invalid(MISSING, "is missing", f"{where}.{role_key}")
         if not isinstance(role, str):
             raise _Invalid(WRONG_TYPE, f"must be a string, got {type(role).__name__}", f"{where}.{role_key}")
-        if role in TOOL_ROLES:
-            raise _Invalid(UNKNOWN_ROLE, f"tool turns ({role!r}) are not supported", f"{where}.{role_key}")
-        if role not in ROLES:
-            known = ", ".join(sorted(ROLES))
+        if role in OTHER_TOOL_ROLES:
+            raise _Invalid(
+                UNKNOWN_ROLE,
+                f"unknown role {role!r}: sharegpt tool turns are 'function_call' and 'observation'",
+                f"{where}.{role_key}",
+            )
+        if role not in ROLES and role not in TOOL_ROLES:
+            known = ", ".join(sorted({*ROLES, *TOOL_ROLES}))
             raise _Invalid(UNKNOWN_ROLE, f"unknown role {role!r} (known: {known})", f"{where}.{role_key}")
-        content = _text(msg.get(content_key), f"{where}.{content_key}", ROLES[role] != "system")
-        role = ROLES[role]
-        if role == "system":
+        lf_role = ROLES.get(role) or TOOL_ROLES[role]
+        content = _text(msg.get(content_key), f"{where}.{content_key}", lf_role != "system")
+        if lf_role == "system":
             if turns or i != 1:
                 raise _Invalid(ROLE_ORDER, "a system message may only come first", where)
             if system and content:
                 raise _Invalid(ROLE_ORDER, "system prompt given twice (field and first message)", where)
             system = system or content
             continue
-        expected = "user" if len(turns) % 2 == 0 else "assistant"
-        if role != expected:
+        if len(turns) % 2 == 0 and lf_role not in ("user", "observation"):
             after = turns[-1][0] if turns else "the start"
-            raise _Invalid(ROLE_ORDER, f"expected a {expected} turn after {after}, got {role}", where)
-        turns.append((role, content))
+            raise _Invalid(
+                ROLE_ORDER, f"expected a user turn (or observation) after {after}, got {role}", where
+            )
+        if len(turns) % 2 == 1 and lf_role not in ("assistant", "function"):
+            after = turns[-1][0]
+            raise _Invalid(
+                ROLE_ORDER, f"expected a assistant turn (or function_call) after {after}, got {role}", where
+            )
+        if lf_role == "function":
+            _check_call(content, f"{where}.{content_key}")
+        turns.append((lf_role, content))
     if not turns:
         raise _Invalid(EMPTY, "has no user/assistant turns", field)
     if len(turns) % 2:
-        raise _Invalid(ROLE_ORDER, "ends with a user turn: no answer to train on", field)
+        raise _Invalid(ROLE_ORDER, f"ends with a {turns[-1][0]} turn: no answer to train on", field)
+    if tools or any(r in ("observation", "function") for r, _ in turns):
+        row = {"messages": [{"role": r, "content": c} for r, c in turns]}
+        if system:
+            row["system"] = system
+        if tools:
+            row["tools"] = tools
+        _copy_task(raw, row)
+        return row
     pairs = [[turns[i][1], turns[i + 1][1]] for i in range(0, len(turns), 2)]
     row = {"instruction": pairs[-1][0], "input": "", "output": pairs[-1][1]}
     if system:
@@ -209,6 +319,53 @@ def check_sharegpt(raw: object) -> dict:
         row["history"] = pairs[:-1]
     _copy_task(raw, row)
     return row
+
+
+def check_with_template(source: str, number: int, raw: dict, row: dict, template) -> RowError | None:
+    """Run a tool row's tools and function calls through LLaMA-Factory's formatters of `template`
+    (they differ: GLM-4 takes one call at a time, Mistral's wraps every tool), so a row they refuse
+    is a named bad row here instead of a traceback in the tokenizer."""
+    from llamafactory.data.template import Llama2Template
+
+    if "messages" not in row:
+        return None
+    if row.get("tools"):
+        try:
+            template.format_tools.apply(content=row["tools"])
+        except Exception as exc:  # noqa: BLE001 - any refusal of the formatter is the row's fault
+            return RowError(
+                source,
+                number,
+                BAD_TOOLS,
+                f"the template's tool formatter refuses it ({type(exc).__name__}: {exc})",
+                "tools",
+            )
+    if not any(m["role"] == "function" for m in row["messages"]):
+        return None  # (alpaca rows with tools end here: they have no calls)
+    field, role_key, content_key = _spelling(raw)
+    # Where each message of the row stands in the file's list (a leading system turn is not one).
+    raw_positions = [i for i, m in enumerate(raw[field], 1) if m.get(role_key) != "system"]
+    # Llama2-style templates (mistral) call the function formatter without thought/tool-call words.
+    words = (
+        {}
+        if isinstance(template, Llama2Template)
+        else {"thought_words": template.thought_words, "tool_call_words": template.tool_call_words}
+    )
+    for k, msg in enumerate(row["messages"]):
+        if msg["role"] != "function":
+            continue
+        try:
+            template.format_function.apply(content=msg["content"], **words)
+        except Exception as exc:  # noqa: BLE001 - as above
+            where = f"{field}[{raw_positions[k]}].{content_key}"
+            return RowError(
+                source,
+                number,
+                BAD_FUNCTION_CALL,
+                f"the template's function formatter refuses it ({type(exc).__name__}: {exc})",
+                where,
+            )
+    return None
 
 
 def _copy_task(raw: dict, row: dict) -> None:
@@ -221,10 +378,19 @@ def _copy_task(raw: dict, row: dict) -> None:
 CHECKS = {"alpaca": check_alpaca, "sharegpt": check_sharegpt}
 
 
-def validate(source: str, number: int, raw: object, fmt: str) -> dict | RowError:
-    """The canonical row, or a RowError naming row, field and reason."""
+def validate(source: str, number: int, raw: object, fmt: str, clean: bool = True) -> dict | RowError:
+    """The canonical row, or a RowError naming row, field and reason.
+
+    `clean` (config data.clean_text): texts through clean_text (NFC, unified newlines, stripped
+    ends); False keeps them exactly as LLaMA-Factory reads the file, so the tokens are its tokens."""
     if isinstance(raw, RowError):
         return raw
+    if not clean:
+        token = _CLEAN.set(False)
+        try:
+            return validate(source, number, raw, fmt)
+        finally:
+            _CLEAN.reset(token)
     try:
         return CHECKS[fmt](raw)
     except _Invalid as exc:

@@ -29,6 +29,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import conversation
 from .io import read_jsonl, write_json, write_jsonl
 from .metrics import SOURCE as METRIC_SOURCE
 from .metrics import exact_match, mean_scores, similarity
@@ -75,21 +76,79 @@ COMPILE_BACKEND_ENV = "LLMFT_EVAL_COMPILE_BACKEND"
 REPLICA_MEMORY_SHARE = 0.6
 
 
-def prompt_text(row: dict) -> str:
-    """The user turn, joined as LLaMA-Factory's alpaca converter joins instruction and input."""
-    return "\n".join(part for part in (row.get("instruction"), row.get("input")) if part)
+# The conversation of a held-out row, as LLaMA-Factory builds it (conversation.py).
+prompt_text = conversation.prompt_text
+messages = conversation.messages
 
 
-def messages(row: dict) -> list[dict]:
-    """The conversation LLaMA-Factory's alpaca converter builds: earlier turns from `history`
-    (prepare_data keeps them for multi-turn sources), then this prompt and its answer."""
-    msgs = []
-    for old_prompt, old_answer in row.get("history") or []:
-        msgs += [{"role": "user", "content": old_prompt}, {"role": "assistant", "content": old_answer}]
-    return msgs + [
-        {"role": "user", "content": prompt_text(row)},
-        {"role": "assistant", "content": row["output"]},
-    ]
+def _call_list(template, text: str, prefix: str) -> list | None:
+    """The calls in `text` as the template's own tool extractor reads them: [(name, arguments)],
+    arguments decoded; None when it finds no call."""
+    import json
+
+    if prefix.strip() and text.startswith(prefix.strip()):
+        text = text[len(prefix.strip()) :]
+    found = template.extract_tool(text.strip())
+    if isinstance(found, str) or not found:
+        return None
+    try:
+        return [(call.name, json.loads(call.arguments)) for call in found]
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass
+class Reference:
+    """What a generation is scored against. A text answer is its own reference. A function-call
+    answer's `text` is the call exactly as the template formats it for training (the function
+    formatter's text up to its first special token or stop word, where generation stops), and
+    `calls` what the template's own tool extractor reads from that text: a generation matches
+    exactly when the extractor reads the same calls from it (same names, equal decoded arguments,
+    in order), or when it equals the text."""
+
+    text: str
+    calls: list | None = None
+    template: object = None
+    prefix: str = ""  # the function formatter's text before the call (Mistral's "[TOOL_CALLS] ")
+
+    def exact_match(self, pred: str) -> float:
+        if self.calls is not None and _call_list(self.template, pred, self.prefix) == self.calls:
+            return 1.0
+        return exact_match(pred, self.text)
+
+
+def references(rows: list[dict], template_name: str, stop_texts: list[str]) -> list[Reference]:
+    """The Reference of each row (LLaMA-Factory's template is imported only for function calls)."""
+    out: list[Reference] = []
+    template = None
+    for row in rows:
+        last = conversation.answer(row)
+        if last["role"] != conversation.FUNCTION:
+            out.append(Reference(last["content"]))
+            continue
+        if template is None:
+            from llamafactory.data.template import TEMPLATES, Llama2Template
+
+            template = TEMPLATES[template_name]
+        # As the template's _encode calls it (Llama2-style templates pass no thought/call words).
+        words = (
+            {}
+            if isinstance(template, Llama2Template)
+            else {"thought_words": template.thought_words, "tool_call_words": template.tool_call_words}
+        )
+        text = ""
+        for slot in template.format_function.apply(content=last["content"], **words):
+            if not isinstance(slot, str):  # a special token (EOS): generation stops there
+                break
+            text += slot
+        for stop in (*stop_texts, *template.stop_words):
+            if stop and stop in text:
+                text = text[: text.index(stop)]
+        first = template.format_function.slots[0]
+        prefix = first.split("{{content}}")[0] if isinstance(first, str) else ""
+        text = text.strip()
+        out.append(Reference(text, _call_list(template, text, prefix), template, prefix))
+    return out
 
 
 def plan_batches(lengths: list[int], batch_size: int, max_tokens: int = 0) -> list[list[int]]:
@@ -540,8 +599,11 @@ def encode(rows: list[dict], model_dir: str, template_name: str):
     from the template table where it is exact (no LLaMA-Factory import), else LLaMA-Factory itself."""
     from transformers import AutoTokenizer
 
+    from .chat_templates import resolved
     from .prompts import PromptEncoder
 
+    # Snakemake passes the name it resolved; `auto` here only in a hand-made config.
+    template_name, _ = resolved(template_name, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     table, why = PromptEncoder.load(tokenizer, template_name)
     encoded = table.encode(rows) if table else None
@@ -549,18 +611,32 @@ def encode(rows: list[dict], model_dir: str, template_name: str):
         log.info("prompts: template %r from the template table", template_name)
         return tokenizer, encoded
     log.info("prompts: template %r from LLaMA-Factory (%s)", template_name, why or "a row needs it")
-    return encode_with_llamafactory(rows, tokenizer, template_name)
+    return encode_with_llamafactory(rows, tokenizer, template_name, model_dir)
 
 
-def encode_with_llamafactory(rows: list[dict], tokenizer, template_name: str):
-    """The same through LLaMA-Factory's template, which also fixes the tokenizer (EOS, pad, stop words)."""
+def encode_with_llamafactory(rows: list[dict], tokenizer, template_name: str, model_dir: str | None = None):
+    """The same through LLaMA-Factory's template, which also fixes the tokenizer (EOS, pad, stop words).
+
+    A multimodal template's plugin sees each row first, with the model's processor, as in
+    LLaMA-Factory's own inference (a folder without a processor stops in load_processor)."""
     from llamafactory.data import get_template_and_fix_tokenizer
     from llamafactory.hparams import DataArguments
 
+    from .pretokenize import load_processor
+
     template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template_name))
+    processor = load_processor(model_dir, tokenizer, template_name) if model_dir is not None else None
+    plugin = template.mm_plugin
     encoded = []
     for row in rows:
-        prompt_ids, answer_ids = template.encode_oneturn(tokenizer, messages(row), row.get("system") or None)
+        msgs = messages(row)
+        if processor is not None:
+            msgs = plugin.process_messages(msgs, [], [], [], processor)
+        prompt_ids, answer_ids = template.encode_oneturn(
+            tokenizer, msgs, conversation.system(row) or None, conversation.tools(row) or None
+        )
+        if processor is not None:
+            prompt_ids, _ = plugin.process_token_ids(prompt_ids, None, [], [], [], tokenizer, processor)
         if template.efficient_eos:  # LLaMA-Factory appends EOS to such answers when training
             answer_ids = answer_ids + [tokenizer.eos_token_id]
         encoded.append((prompt_ids, answer_ids))
@@ -584,6 +660,8 @@ def evaluate(
     than the cores the scheduler granted make torch's thread pool wait on descheduled threads: the
     demo's generation measured 20-40x slower with 2 threads than with 1 while other jobs ran.
     """
+    from .chat_templates import for_config as template_for_config
+
     ecfg = cfg["eval"]
     t_start = time.perf_counter()
     setup: dict[str, float] = {}  # seconds per set-up step, in metrics.json
@@ -611,7 +689,8 @@ def evaluate(
         pool = worker_pool(n)
         clock("spawn")
     rows = read_jsonl(heldout)[: ecfg["max_rows"]]
-    tokenizer, encoded = encode(rows, model_dir, cfg["model"]["template"])
+    template_name = template_for_config(cfg, model_dir)[0]
+    tokenizer, encoded = encode(rows, model_dir, template_name)
     clock("encode")  # transformers import, tokenizer, prompts
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stops = eos_ids(tokenizer)
@@ -673,18 +752,21 @@ def evaluate(
 
     per_example = []
     by_task: dict[str, list[float]] = defaultdict(list)
+    stop_texts = [tokenizer.convert_ids_to_tokens(t) for t in stops]
+    refs = references(rows, template_name, [t for t in stop_texts if isinstance(t, str)])
     for i, row in enumerate(rows):
         pred = tokenizer.decode(generated[i], skip_special_tokens=True).strip()
         nll, count = row_nll[i]
-        em = exact_match(pred, row["output"])
+        ref = refs[i]
+        em = ref.exact_match(pred)
         rec = {
             "index": i,
             "prompt": prompt_text(row),
-            "reference": row["output"],
+            "reference": ref.text,
             "prediction": pred,
             "task": row.get("task", ""),
             "exact_match": em,
-            **similarity(pred, row["output"]),
+            **similarity(pred, ref.text),
             "loss": round(nll / max(1, count), 4),
             "new_tokens": len(generated[i]),
         }

@@ -42,6 +42,12 @@ def data_fingerprint(cfg: dict, base_dir: Path = Path(".")) -> str:
     h = hashlib.sha256()
     for src in cfg["data"]["sources"]:
         h.update(json.dumps(src, sort_keys=True).encode())
+        if src.get("dataset_info"):  # a LLaMA-Factory dataset entry: the entry's file, and the entry
+            from .lfdataset import resolve
+
+            entry = resolve(src, base_dir)
+            h.update(json.dumps(entry["attr"], sort_keys=True).encode())
+            src = {"path": entry["path"]}
         if src["path"] == BUILTIN_DATA:
             continue
         path = Path(src["path"])

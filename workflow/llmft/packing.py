@@ -21,8 +21,9 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
+from . import conversation
 from .io import atomic_path
-from .pretokenize import load_tokenizer_and_template, messages_of, write_dataset_dict
+from .pretokenize import load_tokenizer_and_template, write_dataset_dict
 
 SPLITS = (("train", "train.jsonl"), ("validation", "heldout.jsonl"))
 ARROW_FILE = "data-00000-of-00001.arrow"
@@ -201,13 +202,17 @@ def _pack(tokenized_dir: Path, rows_dir: Path, out_dir: Path, tokenizer_dir, arg
                     line = next(lines)
                     if len(ids) > data_args.cutoff_len:  # LLaMA-Factory truncates this one: its own way
                         row = json.loads(line)
-                        msgs = messages_of(row)
-                        prompt, response, system = msgs[:-1], msgs[-1:], row.get("system", "")
+                        prompt, response = conversation.split(row)
+                        system, tools = conversation.system(row), conversation.tools(row)
                     else:
-                        prompt, response, system = [_Known(ids, labels)], [None], ""
-                    for key, value in (("_prompt", prompt), ("_response", response), ("_system", system)):
+                        prompt, response, system, tools = [_Known(ids, labels)], [None], "", ""
+                    for key, value in (
+                        ("_prompt", prompt),
+                        ("_response", response),
+                        ("_system", system),
+                        ("_tools", tools),
+                    ):
                         batch[key].append(value)
-                    batch["_tools"].append("")
                     for key in ("_images", "_videos", "_audios"):
                         batch[key].append(None)
                 out = processor.preprocess_dataset(batch)

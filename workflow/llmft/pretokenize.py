@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import conversation
+from .conversation import messages as messages_of  # noqa: F401 - the name callers and tests use
 from .fasttok import FastPath, SpanTable, gather
 
 log = logging.getLogger("llmft.pretokenize")
@@ -85,16 +87,39 @@ def load_tokenizer_and_template(tokenizer_dir: str | Path, template_name: str):
     return tokenizer, template
 
 
-def messages_of(row: dict) -> list[dict]:
-    """The messages LLaMA-Factory's alpaca converter builds from a row (history, then the last turn)."""
-    msgs = []
-    for user, assistant in row.get("history") or ():
-        msgs.append({"role": "user", "content": user})
-        msgs.append({"role": "assistant", "content": assistant})
-    query = [t for t in (row["instruction"], row.get("input", "")) if t]
-    msgs.append({"role": "user", "content": "\n".join(query)})
-    msgs.append({"role": "assistant", "content": row["output"]})
-    return msgs
+def load_processor(tokenizer_dir: str | Path, tokenizer, template_name: str):
+    """The model's processor as LLaMA-Factory's `load_tokenizer` loads and patches it; None for a
+    text-only template (its plugin never reads it). A multimodal template needs it even for text
+    rows: without it, stop here naming the folder and the text-only template to use."""
+    from .chat_templates import TemplateError, is_multimodal, processor_problem, read_folder
+
+    if not is_multimodal(template_name):
+        return None
+    problem = processor_problem(template_name, read_folder(tokenizer_dir))
+    if problem:
+        raise TemplateError(problem)
+    from llamafactory.hparams import ModelArguments
+    from llamafactory.model.patcher import patch_processor
+    from transformers import AutoProcessor
+
+    try:
+        try:
+            processor = AutoProcessor.from_pretrained(str(tokenizer_dir), use_fast=True)
+        except ValueError:  # LLaMA-Factory tries the other kind
+            processor = AutoProcessor.from_pretrained(str(tokenizer_dir), use_fast=False)
+    except Exception as exc:  # noqa: BLE001 - named in the message below
+        raise TemplateError(
+            f"template {template_name!r} is multimodal and needs the processor of {tokenizer_dir}, which "
+            f"transformers cannot load ({type(exc).__name__}: {exc})"
+        ) from None
+    if "Processor" not in type(processor).__name__:  # as LLaMA-Factory: a bare tokenizer is none
+        raise TemplateError(
+            f"template {template_name!r} is multimodal, but {tokenizer_dir} loads as a "
+            f"{type(processor).__name__}, not a processor (no processor_config.json or "
+            "preprocessor_config.json)"
+        )
+    patch_processor(processor, tokenizer, ModelArguments(model_name_or_path=str(tokenizer_dir)))
+    return processor
 
 
 class _Recorder:
@@ -169,6 +194,7 @@ class SFTEncoder:
         from tokenizers import Tokenizer, models
 
         self.tokenizer, self.template = load_tokenizer_and_template(tokenizer_dir, template_name)
+        self.processor = load_processor(tokenizer_dir, self.tokenizer, template_name)
         self._recorder = _Recorder(self.tokenizer)
         self._eos = self.tokenizer.eos_token_id
         if self.tokenizer.is_fast:
@@ -188,6 +214,8 @@ class SFTEncoder:
             self._fast_checked = False
         else:
             self._backend = self._fast = None
+            why = "slow (Python) tokenizer"
+        self.ascii_shortcut_reason = why
         # Plain templates (formatters that only substitute texts, no media plugin) can be planned
         # once per row shape instead of run per row.
         tpl = self.template
@@ -204,6 +232,12 @@ class SFTEncoder:
         # Token ids of pieces, constants and special tokens for the chunk-at-once path (_encode_chunk).
         self._table = SpanTable(self._key_ids)
 
+    @property
+    def ascii_shortcut(self) -> bool:
+        """Whether the ASCII shortcut (fasttok.FastPath) encodes texts: decided for the tokenizer,
+        and turned off for good when the first chunk's check finds a difference."""
+        return self._fast is not None
+
     def _check_fast(self, texts: list[str]) -> None:
         """Once per process, on the probes and the first chunk's first distinct texts: any
         difference from the tokenizer, no shortcut."""
@@ -212,6 +246,7 @@ class SFTEncoder:
         if differ:
             log.warning("ASCII shortcut off: differs from the tokenizer on %r", differ[0][:200])
             self._fast = None
+            self.ascii_shortcut_reason = f"differs from the tokenizer on {differ[0][:80]!r}"
 
     def _first_texts(self, rows: list[dict], n: int = 256) -> list[str]:
         """The first `n` distinct strings the general path would encode for `rows`, in its order."""
@@ -250,16 +285,21 @@ class SFTEncoder:
     def _template_pairs(self, row: dict) -> tuple[list, list, list]:
         """(prefix ids, prefix labels, [(prompt elements, answer elements)]) by running the template."""
         plugin = self.template.mm_plugin
-        msgs = plugin.process_messages(messages_of(row), [], [], [], None)
-        prefix_ids, prefix_labels = plugin.process_token_ids([], [], [], [], [], self.tokenizer, None)
-        pairs = self.template.encode_multiturn(self._recorder, msgs, row.get("system") or "", "")
+        msgs = plugin.process_messages(conversation.messages(row), [], [], [], self.processor)
+        prefix_ids, prefix_labels = plugin.process_token_ids(
+            [], [], [], [], [], self.tokenizer, self.processor
+        )
+        # Tool rows pass their tools: the template formats them into the system turn (the recorder
+        # sees the formatters' strings like any other text).
+        system, tools = conversation.system(row), conversation.tools(row)
+        pairs = self.template.encode_multiturn(self._recorder, msgs, system, tools)
         return prefix_ids, prefix_labels, pairs
 
     def _planned_pairs(self, row: dict) -> tuple[list, list, list] | None:
         """The same from a per-shape plan: the template run once with markers in place of the texts,
         the markers then replaced by each row's texts. Exact for plain templates, whose formatters
-        only substitute {{content}}; None (run the template) for anything else."""
-        if not self._plain:
+        only substitute {{content}}; None (run the template) for anything else, tool rows included."""
+        if not self._plain or "messages" in row:
             return None
         contents = [c for pair in row.get("history") or () for c in pair]
         contents += ["\n".join(t for t in (row["instruction"], row.get("input", "")) if t), row["output"]]
@@ -354,7 +394,9 @@ class SFTEncoder:
 
     def _direct(self, row: dict) -> tuple[list[int], list[int]] | None:
         """The common case in one pass: a plain template's plan, texts through the ASCII shortcut.
-        None when a text needs the general path (not plain ASCII, holds a marker, ...)."""
+        None when a text needs the general path (not plain ASCII, holds a marker, a tool row, ...)."""
+        if "messages" in row:
+            return None
         contents = [c for pair in row.get("history") or () for c in pair]
         contents += ["\n".join(t for t in (row["instruction"], row.get("input", "")) if t), row["output"]]
         system = row.get("system") or ""
@@ -407,6 +449,9 @@ class SFTEncoder:
         row_keys: list[int] = []
         rest: list[int] = []
         for index, row in enumerate(rows):
+            if "messages" in row:  # tool rows: the template's own run
+                rest.append(index)
+                continue
             contents = [c for pair in row.get("history") or () for c in pair]
             contents += ["\n".join(t for t in (row["instruction"], row.get("input", "")) if t), row["output"]]
             system = row.get("system") or ""

@@ -13,7 +13,8 @@ LLaMA-Factory produces and that the prompt and answer ids equal `encode_oneturn`
 `PromptEncoder.load` returns None, and the caller uses LLaMA-Factory itself, whenever this could
 differ from it: another LLaMA-Factory version, a template not in the table, a tokenizer that
 LLaMA-Factory's `fix_special_tokens` would change (EOS to replace, stop words to set), a
-conversation of another shape, or a text holding a marker or a `{{...}}` placeholder.
+conversation of another shape, a tool row (function calls, observations, tools), or a text holding
+a marker or a `{{...}}` placeholder.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import json
 import logging
 from importlib import metadata
 from pathlib import Path
+
+from . import conversation
 
 log = logging.getLogger("llmft.prompts")
 
@@ -36,11 +39,8 @@ def _marker(i: int) -> str:
 
 def row_contents(row: dict) -> tuple[list[str], str]:
     """The message texts LLaMA-Factory's alpaca converter builds (history turns, the prompt joined
-    from instruction and input, the answer) and the system prompt."""
-    contents = [c for pair in row.get("history") or () for c in pair]
-    contents.append("\n".join(part for part in (row.get("instruction"), row.get("input")) if part))
-    contents.append(row["output"])
-    return contents, row.get("system") or ""
+    from instruction and input, the answer) and the system prompt, of a plain row."""
+    return conversation.contents(row), conversation.system(row)
 
 
 class _Recorder:
@@ -149,6 +149,8 @@ class PromptEncoder:
         filled = []
         texts: dict[str, int] = {}
         for row in rows:
+            if conversation.is_tool_row(row):  # tool turns and tools: LLaMA-Factory's formatters
+                return None
             contents, system = row_contents(row)
             values = contents + [system]
             plan = plans.get(f"{len(contents)}{'s' if system else ''}")

@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from . import faults, pretokenize, slurm, tracking
+from .chat_templates import for_config as template_for_config
 from .config import BUILTIN_MODEL, ConfigError, lora_settings
 from .io import atomic_path, read_json, read_jsonl, write_json, write_text
 from .launch import launch_env, torchrun_command
@@ -113,7 +114,8 @@ def llamafactory_args(
         "dataset": "llmft_train",
         "eval_dataset": "llmft_heldout",
         "dataset_dir": data_dir,
-        "template": cfg["model"]["template"],
+        # Snakemake passes the name it resolved; `auto` here only in a hand-made config.
+        "template": template_for_config(cfg, base_model)[0],
         "cutoff_len": cfg["data"]["cutoff_len"],
         "preprocessing_num_workers": 1 if vendor == "cpu" else 8,
         "dataloader_num_workers": 0 if vendor == "cpu" else 4,

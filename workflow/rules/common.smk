@@ -9,7 +9,11 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
 from snakemake.settings.types import DeploymentMethod
 
+from llmft.chat_templates import AUTO as AUTO_TEMPLATE
+from llmft.chat_templates import check as check_template
+from llmft.chat_templates import resolved as resolved_template
 from llmft.config import BUILTIN_DATA, BUILTIN_MODEL, ConfigError, layout, validate
+from llmft.lfdataset import resolve as resolve_lf_entry
 from llmft.sft import precheck
 from llmft.slurm import profile_mismatch
 
@@ -21,6 +25,22 @@ try:
 except ConfigError as exc:
     # The message alone, first and last: Snakemake would print a file, a line and a trace around it.
     sys.exit(f"llmft config error: {exc}")
+
+# model.template: auto becomes one name here, so every stage gets the same one through cfg_arg; the
+# template must fit the tokenizer (its special tokens in the vocabulary, its ids in the embedding
+# table). The builtin model is built by a rule: its template is known, prepare_data checks the fit.
+_model = CFG["model"]["name_or_path"]
+# Path.cwd() / an absolute path is that path.
+_model_dir = None if _model == BUILTIN_MODEL else Path.cwd() / _model
+try:
+    _template, _why = resolved_template(CFG["model"]["template"], _model_dir)
+    if _model_dir is not None:
+        check_template(_template, _model_dir)
+except ConfigError as exc:
+    sys.exit(f"llmft config error: config key model.template: {exc}")
+if CFG["model"]["template"] == AUTO_TEMPLATE:
+    print(f"llmft: model.template auto -> {_template} ({_why})", file=sys.stderr)
+CFG["model"]["template"] = _template
 
 
 # A Slurm profile that asks for GPUs for a CPU config (or another count than the config's) is
@@ -63,14 +83,18 @@ def base_model_dir(wildcards):
 
 
 def dataset_inputs(wildcards):
-    return [
-        (
-            f"results/{wildcards.run}/data/synthetic.jsonl"
-            if src["path"] == BUILTIN_DATA
-            else src["path"]
-        )
-        for src in CFG["data"]["sources"]
-    ]
+    """The data files prepare_data reads; for a LLaMA-Factory dataset entry, the entry's file and
+    the dataset_info.json (editing the entry's columns or tags changes what is read)."""
+    out = []
+    for i, src in enumerate(CFG["data"]["sources"]):
+        if src.get("dataset_info"):
+            entry = resolve_lf_entry(src, Path.cwd(), where=f"data.sources[{i}]")
+            out += [entry["path"], entry["dataset_info"]]
+        elif src["path"] == BUILTIN_DATA:
+            out.append(f"results/{wildcards.run}/data/synthetic.jsonl")
+        else:
+            out.append(src["path"])
+    return out
 
 
 def per_node_resources():
