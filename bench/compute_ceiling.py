@@ -39,11 +39,12 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO))  # bench.* as a package, as tests import it
 
 from llmft import flops, hardware, varlen  # noqa: E402
 from llmft.plan import shape_from_config  # noqa: E402
-from sft_models import llama_config  # noqa: E402
+
+from bench.sft_models import llama_config  # noqa: E402
 
 SEQ = 2048
 

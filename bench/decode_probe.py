@@ -22,11 +22,12 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO))  # bench.* as a package, as tests import it
 
-from compute_ceiling import gpu_times  # noqa: E402
 from llmft import evaluate as ev  # noqa: E402
 from llmft.io import read_jsonl  # noqa: E402
+
+from bench.compute_ceiling import gpu_times  # noqa: E402
 
 FIRST: dict[str, float] = {}  # each timing's first call, apart: it carries one-time set-up
 

@@ -17,7 +17,8 @@ LLaMA-Factory's launcher starts torchrun over the same GPUs; both generate in bf
 LLaMA-Factory runs once per --lf-batch-size (default: 1, the value of its own example predict
 config examples/train_lora/llama3_lora_predict.yaml, and our batch size). Each run is timed as a
 whole command (wall and CPU seconds) and by its own in-process clock. Results go to
-bench/results/eval-<cpu|gpu>-<date>T<time>.json with the command and the machine.
+bench/results/eval_<machine>_<date>T<time>.json (machine: cpu<cores> or <gpu>x<count>, e.g. h200x1)
+with the command and the machine.
 """
 
 from __future__ import annotations
@@ -82,6 +83,14 @@ def run_timed(cmd: list[str], log: Path, env: dict, timeout: float = 0) -> dict:
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
         "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
     }
+
+
+def machine_tag(info: dict) -> str:
+    """The machine part of a result's name (bench/README.md): h200x1, h200x2, cpu2."""
+    gpus = info.get("gpus") or []
+    if gpus:
+        return f"{gpus[0].split()[-1].lower()}x{len(gpus)}"
+    return f"cpu{info.get('cpu_count')}"
 
 
 def machine() -> dict:
@@ -176,7 +185,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--min-match", type=float, default=1.0, help="fail below this greedy match rate")
     ap.add_argument(
-        "--out", default="", help="result JSON (default: bench/results/eval-<device>-<date>T<time>.json)"
+        "--out", default="", help="result JSON (default: bench/results/eval_<machine>_<date>T<time>.json)"
     )
     args = ap.parse_args()
 
@@ -440,8 +449,7 @@ def main() -> int:
         "repeats": args.repeats,
         "runs": runs,
     }
-    device = "gpu" if gpu else "cpu"
-    out = Path(args.out or REPO / f"bench/results/eval-{device}-{stamp}.json")
+    out = Path(args.out or REPO / f"bench/results/eval_{machine_tag(result['machine'])}_{stamp}.json")
     write_json(out, result)
     lines = []
     for name, v in variants.items():

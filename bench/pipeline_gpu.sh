@@ -6,7 +6,7 @@
 #   PIPELINE_DRY_RUN=1 bash bench/pipeline_gpu.sh   # the same path here: .venv, CPU, tiny model
 # Needs, carried from the checkout: .whl/ (LLaMA-Factory 0.9.5 + DeepSpeed + liger-kernel +
 # Snakemake 9.27.1 and every wheel they need that the device image lacks) and bench/work/pipeline/
-# (tok/ alone: the byte-level BPE tokenizer, copied from shared/reference/gpu/tok). The data and the
+# (tok/ alone: the byte-level BPE tokenizer, the same as bench/work/sft/tok). The data and the
 # model are made on the machine, in bench/work/pipeline_gen/ (alpaca_synth.json, llama1b/), which is
 # not carried: a warm machine keeps and reuses them.
 # Results in $OUT: llamafactory.yaml, train_summary.json, verify.json, summary.json (results/$RUN/...),
@@ -174,8 +174,8 @@ python - "results/$RUN" "$M" >"$OUT/flops_check.json" 2>"$R/flops_check.log" <<'
 import json, sys
 from pathlib import Path
 import yaml
-sys.path.insert(0, "bench")
-from sft_bench import run_flops, token_lengths
+sys.path.insert(0, ".")
+from bench.sft_bench import run_flops, token_lengths
 from llmft import flops
 from llmft.modelfiles import safetensors_stats
 run, base = Path(sys.argv[1]), Path(sys.argv[2])

@@ -356,7 +356,8 @@ def main() -> int:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"prep-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M')}.json"
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M")
+    path = out / f"prep_cpu{os.cpu_count()}_{stamp}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"saved {path}")
     return 0

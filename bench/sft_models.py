@@ -6,7 +6,7 @@
 Rows are made-up words with a Zipf-like distribution and lognormal answer lengths (median ~220
 words, long tail), so packing has real work to do; the models are Llama-3.2-1B-like (tied
 embeddings) and Llama-3-8B-like, 128 256-token vocabulary, random init in bf16. Nothing is
-downloaded; the tokenizer is the byte-level BPE from shared/reference/gpu/tok.
+downloaded; the tokenizer is the byte-level BPE kept in bench/work/sft/tok (git-ignored, carried).
 """
 
 from __future__ import annotations

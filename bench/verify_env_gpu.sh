@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Usage (device tool, kind nvidia-h200-x2, carry .whl): bash bench/verify_env_gpu.sh
-# .whl/ holds /work/shared/reference/gpu/whl/*.whl plus the jsonschema wheels (see bench/results/verify_env_h200x2.md).
+# .whl/ holds the wheels the image lacks (LLaMA-Factory 0.9.5, DeepSpeed, transformers and what they
+# need, fetched with pip download --python-version 3.12) plus jsonschema (see bench/results/verify_env_h200x2.md).
 # verify_env on the device machine (nvidia-h200-x2): the stage for real on 2 GPUs, twice (the first
 # run also compiles the carried packages' bytecode), then with NCCL_P2P_DISABLE=1, which must fail.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1

@@ -93,14 +93,13 @@ def test_the_committed_h200_run_page_mfu_is_the_formulas():
     The page's MFU is tokens/s/GPU x F / 989 TFLOP/s with F counted again here from the model's
     shape, and the tuned folder holds the base's 1 235 814 400 parameters."""
     import json
-    import sys
     from pathlib import Path
 
     import yaml
 
+    from bench.sft_models import llama_config
+
     repo = Path(__file__).resolve().parents[2]
-    sys.path.insert(0, str(repo / "bench"))
-    from sft_models import llama_config
 
     stem = repo / "bench/results/pipeline_h200x1_20261201_flops"
     page = json.loads(Path(f"{stem}.summary.json").read_text())

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from . import flops
 
 # Best model-FLOPs utilisation of a large micro-batch, and the micro-batch size (tokens) at which half
-# of it is reached. Fitted on one H200 (bench/results/steptime_check_h200.md): 1.24 B and 4.5 B
+# of it is reached. Fitted on one H200 (bench/results/steptime_check_h200x1.md): 1.24 B and 4.5 B
 # ZeRO-2 steps of 8 x 2048-token micro-batches measured 0.508 and 1.479 s.
 MFU_MAX = 0.55
 TOKENS_AT_HALF = 1024
@@ -147,7 +147,7 @@ def step_time(
 # weights, two AdamW moments and fp32 gradients (16 B) plus the 16-bit weight shards (2 B); DeepSpeed's
 # pinned staging buffers and the 16-bit copy transformers loads the model into come on top. Measured
 # on one H200 with 125.8 GiB of host memory: a 4.54 B model's offload run was killed for memory in
-# its first step (bench/results/steptime_check_h200.md), so 18 B is far too few; 24 + 4 B put that
+# its first step (bench/results/steptime_check_h200x1.md), so 18 B is far too few; 24 + 4 B put that
 # run at 118 GiB, over the 80 % the planner allows.
 OFFLOAD_HOST_BYTES_TRAINABLE = 24.0
 OFFLOAD_HOST_BYTES_PARAM = 4.0
