@@ -532,8 +532,39 @@ def _check_losses(run: _Preparer, cutoff_len: int, max_dropped: float) -> None:
 
 
 def _conclude(run: _Preparer, out_dir: Path, cutoff_len: int, heldout_fraction: float) -> dict:
-    from .pretokenize import write_dataset_dict
+    _fail_on_invalid(run)
+    kept = _kept_rows(run)
+    _write_final(run, kept)
+    fingerprint = _fingerprint(kept)
+    tasks = Counter()
+    with open(run.tmp / "final" / "heldout.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            tasks[json.loads(line).get("task", "")] += 1
+    elapsed = time.perf_counter() - run.started
+    stats = _stats(run, kept, cutoff_len, heldout_fraction, tasks, fingerprint, elapsed)
+    info = dataset_info(run.sides[False].columns, run.sides[True].columns)
+    write_json(run.tmp / "final" / "dataset_info.json", info)
+    _publish(run.tmp, out_dir)
+    write_json(out_dir / "stats.json", stats)
+    log.info(
+        "prepared %d train / %d held-out rows from %d read (%d invalid, %d duplicates, %d near-duplicates, "
+        "%d decontaminated, %d over %d tokens) in %.1f s",
+        kept.n_train,
+        kept.n_held,
+        run.rows_read,
+        stats["invalid"],
+        stats["duplicates"],
+        stats["near_duplicates"],
+        stats["decontaminated"],
+        stats["too_long"],
+        cutoff_len,
+        elapsed,
+    )
+    return stats
 
+
+def _fail_on_invalid(run: _Preparer) -> None:
+    """Under data.invalid_rows: fail, any invalid row stops the stage, showing the first few."""
     if run.invalid_total and run.policy == "fail":
         shown = "\n  ".join(e["message"] for e in run.invalid_examples[:EXAMPLES_KEPT])
         by_reason = ", ".join(f"{k} {v}" for k, v in sorted(run.invalid_by_reason.items()))
@@ -542,6 +573,27 @@ def _conclude(run: _Preparer, out_dir: Path, cutoff_len: int, heldout_fraction: 
             f"{run.invalid_total} bad row(s) ({by_reason}); data.invalid_rows is 'fail':\n  {shown}"
             + (f"\n  ... and {more} more (every one is in the log)" if more else "")
         )
+
+
+@dataclass
+class _Kept:
+    """Per row (in read order) what survives near-dedup and decontamination, and how often."""
+
+    heldout: np.ndarray
+    keys: np.ndarray
+    row_tokens: np.ndarray
+    near: np.ndarray
+    contaminated: np.ndarray
+    final: np.ndarray  # repeats per row, 0 where dropped
+    train_idx: np.ndarray
+    held_idx: np.ndarray
+    n_train: int
+    n_held: int
+
+
+def _kept_rows(run: _Preparer) -> _Kept:
+    """Close the side files, drop near-duplicates and contaminating rows (rejected.jsonl names each),
+    count what each source keeps, and stop if a side is empty."""
     for side in run.sides.values():
         side.jsonl.close()
         side.tokenized.close()
@@ -575,35 +627,54 @@ def _conclude(run: _Preparer, out_dir: Path, cutoff_len: int, heldout_fraction: 
         raise DataError(
             f"no held-out rows: raise data.heldout_fraction or add rows ({n_train} train rows kept)"
         )
+    return _Kept(heldout, keys, row_tokens, near, contaminated, final, train_idx, held_idx, n_train, n_held)
+
+
+def _write_final(run: _Preparer, kept: _Kept) -> None:
+    """The kept rows, repeated as counted, into tmp/final: both JSONL files and the tokenized dataset."""
+    from .pretokenize import write_dataset_dict
+
     tmp = run.tmp
     final_tok = tmp / "final" / TOKENIZED_DIR
     final_tok.mkdir(parents=True)
     for idx, split, name, side in (
-        (train_idx, "train", "train.jsonl", run.sides[False]),
-        (held_idx, "validation", "heldout.jsonl", run.sides[True]),
+        (kept.train_idx, "train", "train.jsonl", run.sides[False]),
+        (kept.held_idx, "validation", "heldout.jsonl", run.sides[True]),
     ):
         _rewrite_side(
             tmp / TOKENIZED_DIR / split,
             tmp / name,
-            final[idx],
+            kept.final[idx],
             final_tok / split,
             tmp / "final" / name,
             side.columns,
         )
     write_dataset_dict(final_tok, ["train", "validation"])
 
+
+def _fingerprint(kept: _Kept) -> str:
+    """The content keys of both sides, each repeated as kept: same rows, same fingerprint."""
     fingerprint = hashlib.sha256()
-    for side_name, idx in (("train", train_idx), ("heldout", held_idx)):
+    for side_name, idx in (("train", kept.train_idx), ("heldout", kept.held_idx)):
         fingerprint.update(side_name.encode())
-        fingerprint.update(np.repeat(keys[idx], final[idx]).astype("<u8").tobytes())
-    tasks = Counter()
-    with open(tmp / "final" / "heldout.jsonl", encoding="utf-8") as fh:
-        for line in fh:
-            tasks[json.loads(line).get("task", "")] += 1
+        fingerprint.update(np.repeat(kept.keys[idx], kept.final[idx]).astype("<u8").tobytes())
+    return fingerprint.hexdigest()[:16]
+
+
+def _stats(
+    run: _Preparer,
+    kept: _Kept,
+    cutoff_len: int,
+    heldout_fraction: float,
+    tasks: Counter,
+    fingerprint: str,
+    elapsed: float,
+) -> dict:
+    """stats.json."""
     lengths = run.length_counts
     total_rows = int(lengths.sum())
-    elapsed = time.perf_counter() - run.started
-    stats = {
+    final, train_idx, row_tokens = kept.final, kept.train_idx, kept.row_tokens
+    return {
         "template": run.template_info[0],
         "template_reason": run.template_info[1],
         "tokenizer_check": run.tokenizer_check,
@@ -613,11 +684,11 @@ def _conclude(run: _Preparer, out_dir: Path, cutoff_len: int, heldout_fraction: 
         "invalid_by_reason": dict(sorted(run.invalid_by_reason.items())),
         "invalid_examples": run.invalid_examples,
         "duplicates": sum(s.duplicates for s in run.sources),
-        "near_duplicates": int(near.sum()),
-        "decontaminated": int(contaminated.sum()),
+        "near_duplicates": int(kept.near.sum()),
+        "decontaminated": int(kept.contaminated.sum()),
         "too_long": sum(s.too_long for s in run.sources),
-        "train_rows": n_train,
-        "heldout_rows": n_held,
+        "train_rows": kept.n_train,
+        "heldout_rows": kept.n_held,
         "cutoff_len": cutoff_len,
         "heldout_fraction": heldout_fraction,
         "clean_text": run.clean_text,
@@ -639,30 +710,11 @@ def _conclude(run: _Preparer, out_dir: Path, cutoff_len: int, heldout_fraction: 
             2,
         ),
         "tasks_heldout": dict(tasks),
-        "tokenized": {"path": TOKENIZED_DIR, "splits": {"train": n_train, "validation": n_held}},
-        "fingerprint": fingerprint.hexdigest()[:16],
+        "tokenized": {"path": TOKENIZED_DIR, "splits": {"train": kept.n_train, "validation": kept.n_held}},
+        "fingerprint": fingerprint,
         "seconds": round(elapsed, 2),
         "rows_per_second": round(run.rows_read / elapsed, 1) if elapsed else None,
     }
-    info = dataset_info(run.sides[False].columns, run.sides[True].columns)
-    write_json(tmp / "final" / "dataset_info.json", info)
-    _publish(tmp, out_dir)
-    write_json(out_dir / "stats.json", stats)
-    log.info(
-        "prepared %d train / %d held-out rows from %d read (%d invalid, %d duplicates, %d near-duplicates, "
-        "%d decontaminated, %d over %d tokens) in %.1f s",
-        n_train,
-        n_held,
-        run.rows_read,
-        stats["invalid"],
-        stats["duplicates"],
-        stats["near_duplicates"],
-        stats["decontaminated"],
-        stats["too_long"],
-        cutoff_len,
-        elapsed,
-    )
-    return stats
 
 
 def _publish(tmp: Path, out_dir: Path) -> None:

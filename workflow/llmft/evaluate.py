@@ -228,13 +228,41 @@ def progress(device, phase: str, k: int, n: int, rows: int, seconds: float, new_
 def run_shard(job: ShardJob) -> dict:
     """Eval loss and greedy generation for this process's batches; results keyed by row index."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     t_start = time.perf_counter()
     start_delay = time.time() - job.submitted if job.submitted else 0.0
     if job.threads:
         torch.set_num_threads(job.threads)
     torch.manual_seed(0)
+    on_gpu = job.device != "cpu"
+    model, device = _load_model(job)
+    load_s = time.perf_counter() - t_start
+    row_nll, loss_s, loss_first_s = _loss_pass(model, job, device)
+    generated, gen_s, first_batch_s, decoding = _generate_pass(model, job, device)
+    if on_gpu:
+        peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
+    else:  # ru_maxrss is KiB on Linux: the process's host memory high-water mark
+        peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return {
+        "device": str(device),
+        "row_nll": row_nll,
+        "generated": generated,
+        "start_delay_seconds": start_delay,
+        "load_seconds": load_s,
+        "loss_seconds": loss_s,
+        "loss_first_batch_seconds": loss_first_s or 0.0,
+        "generate_seconds": gen_s,
+        "first_batch_seconds": first_batch_s or 0.0,
+        "decoding": decoding,
+        "peak_memory_gib": peak_gib,
+    }
+
+
+def _load_model(job: ShardJob):
+    """The model in eval mode on the job's device, and the device its inputs go to."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     on_gpu = job.device != "cpu"
     dtype = torch.bfloat16 if job.precision == "bf16" else torch.float32
     if job.device == "auto":
@@ -254,7 +282,12 @@ def run_shard(job: ShardJob) -> dict:
         # the first generate of a 64-row batch took 3.9 s with it and 1.1 s without; a graphs batch
         # at a new width 1.0 s and 0.45 s. The other SDPA kernels need no plan.
         torch.backends.cuda.enable_cudnn_sdp(False)
-    load_s = time.perf_counter() - t_start
+    return model, device
+
+
+def _loss_pass(model, job: ShardJob, device):
+    """(summed answer NLL, answer tokens) per row; the pass's seconds and its first batch's."""
+    import torch
 
     t0 = time.perf_counter()
     row_nll: dict[int, tuple[float, int]] = {}
@@ -268,7 +301,13 @@ def run_shard(job: ShardJob) -> dict:
             if loss_first_s is None:  # the first forward carries the accelerator's one-time set-up
                 loss_first_s = time.perf_counter() - t0
             progress(device, "loss", k, len(job.loss_batches), len(batch), time.perf_counter() - tb)
-    loss_s = time.perf_counter() - t0
+    return row_nll, time.perf_counter() - t0, loss_first_s
+
+
+def _generate_pass(model, job: ShardJob, device):
+    """Generated ids per row (cut at the first stop id); the pass's seconds, its first batch's, and
+    the decoding it ended with (a compiled path that fails falls back to dynamic)."""
+    import torch
 
     t0 = time.perf_counter()
     generated: dict[int, list[int]] = {}
@@ -301,25 +340,7 @@ def run_shard(job: ShardJob) -> dict:
             progress(
                 device, "generate", k, len(job.gen_batches), len(batch), time.perf_counter() - tb, new_tokens
             )
-    gen_s = time.perf_counter() - t0
-
-    if on_gpu:
-        peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
-    else:  # ru_maxrss is KiB on Linux: the process's host memory high-water mark
-        peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    return {
-        "device": str(device),
-        "row_nll": row_nll,
-        "generated": generated,
-        "start_delay_seconds": start_delay,
-        "load_seconds": load_s,
-        "loss_seconds": loss_s,
-        "loss_first_batch_seconds": loss_first_s or 0.0,
-        "generate_seconds": gen_s,
-        "first_batch_seconds": first_batch_s or 0.0,
-        "decoding": decoding,
-        "peak_memory_gib": peak_gib,
-    }
+    return generated, time.perf_counter() - t0, first_batch_s, decoding
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int, tail: int = 0):
@@ -643,6 +664,20 @@ def encode_with_llamafactory(rows: list[dict], tokenizer, template_name: str, mo
     return tokenizer, encoded
 
 
+class _SetupClock:
+    """Seconds per set-up step, for metrics.json; a step clocked twice adds up."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.last = self.start
+        self.setup: dict[str, float] = {}
+
+    def __call__(self, step: str) -> None:
+        now = time.perf_counter()
+        self.setup[step] = round(self.setup.get(step, 0.0) + now - self.last, 3)
+        self.last = now
+
+
 def evaluate(
     cfg: dict,
     model_dir: str,
@@ -663,15 +698,60 @@ def evaluate(
     from .chat_templates import for_config as template_for_config
 
     ecfg = cfg["eval"]
-    t_start = time.perf_counter()
-    setup: dict[str, float] = {}  # seconds per set-up step, in metrics.json
-    mark = [t_start]
-
-    def clock(step: str) -> None:  # a step clocked twice adds up
-        mark.append(time.perf_counter())
-        setup[step] = round(setup.get(step, 0.0) + mark[-1] - mark[-2], 3)
-
+    clock = _SetupClock()
     weights = safetensors_stats(model_dir)
+    kind, n, pool = plan_eval(processes, weights["weight_bytes"], clock)
+    rows = read_jsonl(heldout)[: ecfg["max_rows"]]
+    template_name = template_for_config(cfg, model_dir)[0]
+    tokenizer, encoded = encode(rows, model_dir, template_name)
+    clock("encode")  # transformers import, tokenizer, prompts
+    jobs = shard_jobs(ecfg, model_dir, tokenizer, encoded, kind, n, threads)
+    log.info(
+        "%s: %d rows, %d batches of <=%d, %d process(es), %s, %s decoding",
+        label,
+        len(rows),
+        sum(len(job.gen_batches) for job in jobs),
+        ecfg["batch_size"],
+        n,
+        kind,
+        jobs[0].decoding,
+    )
+    t_jobs = time.perf_counter()
+    results, row_nll, generated = run(jobs, pool, len(rows))
+    per_example, by_task = score(rows, tokenizer, template_name, jobs[0].stop_ids, row_nll, generated)
+    loss = sum(v[0] for v in row_nll.values()) / max(1, sum(v[1] for v in row_nll.values()))
+    gen_wall = max(r["generate_seconds"] for r in results)
+    metrics = {
+        "label": label,
+        "model": str(model_dir),
+        **_quality(per_example, by_task, loss),
+        "n_params": weights["n_params"],
+        "device": "cpu" if kind == "cpu" else "gpu",
+        "processes": n,
+        "devices": [r["device"] for r in results],
+        "batch_size": ecfg["batch_size"],
+        "max_new_tokens": ecfg["max_new_tokens"],
+        **_timings(results, kind, jobs[0].precision, per_example, clock, t_jobs),
+    }
+    out = Path(out_dir)
+    write_jsonl(out / "predictions.jsonl", per_example)
+    write_json(out / "metrics.json", metrics)
+    log.info(
+        "%s: eval_loss %.4f exact_match %.3f rouge_l %.2f; generate %.2fs (%s new tok/s), wall %.2fs",
+        label,
+        loss,
+        metrics["exact_match"],
+        metrics["rouge_l"],
+        gen_wall,
+        metrics["new_tokens_per_second"],
+        metrics["wall_seconds"],
+    )
+    sys.stdout.flush()
+    return metrics
+
+
+def plan_eval(processes: int, weight_bytes: int, clock: _SetupClock):
+    """The device kind and process count, with the pool of worker processes started (None for one)."""
     import_libraries()
     clock("imports")
     # One process per GPU (the default): the others are forked now, before this process sets up
@@ -679,7 +759,7 @@ def evaluate(
     early = fork_safe_gpu_count() if processes == 0 and sys.platform.startswith("linux") else -1
     pool = worker_pool(early, fork=True) if early > 1 else None
     clock("spawn")
-    kind, n = plan_processes(processes, weights["weight_bytes"])
+    kind, n = plan_processes(processes, weight_bytes)
     clock("devices")  # the accelerator's driver set-up
     if pool is not None and n != early:  # e.g. a model too big to replicate: one process
         pool.shutdown(wait=False, cancel_futures=True)
@@ -688,10 +768,11 @@ def evaluate(
         # Spawned: these start now and import while this process reads and encodes the rows.
         pool = worker_pool(n)
         clock("spawn")
-    rows = read_jsonl(heldout)[: ecfg["max_rows"]]
-    template_name = template_for_config(cfg, model_dir)[0]
-    tokenizer, encoded = encode(rows, model_dir, template_name)
-    clock("encode")  # transformers import, tokenizer, prompts
+    return kind, n, pool
+
+
+def shard_jobs(ecfg: dict, model_dir, tokenizer, encoded, kind: str, n: int, threads: int) -> list[ShardJob]:
+    """One ShardJob per process: loss and generation batches planned over all rows, then shared out."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stops = eos_ids(tokenizer)
     bs = ecfg["batch_size"]
@@ -706,7 +787,7 @@ def evaluate(
     if precision == "auto":
         precision = "fp32" if kind == "cpu" else "bf16"
     cpu_threads = threads or (max(1, (os.cpu_count() or 1) // n) if kind == "cpu" and n > 1 else 0)
-    jobs = [
+    return [
         ShardJob(
             model_dir=str(model_dir),
             device={"cpu": "cpu", "auto": "auto"}.get(kind, f"cuda:{k}"),
@@ -722,17 +803,10 @@ def evaluate(
         )
         for k in range(n)
     ]
-    log.info(
-        "%s: %d rows, %d batches of <=%d, %d process(es), %s, %s decoding",
-        label,
-        len(rows),
-        len(gen_plan),
-        bs,
-        n,
-        kind,
-        decoding,
-    )
-    t_jobs = time.perf_counter()
+
+
+def run(jobs: list[ShardJob], pool, n_rows: int):
+    """Run every shard; each process's results, and the NLL and generated ids merged by row index."""
     for job in jobs:
         job.submitted = time.time()
     try:
@@ -740,16 +814,19 @@ def evaluate(
     finally:
         if pool is not None:
             pool.shutdown()
-
     row_nll: dict[int, tuple[float, int]] = {}
     generated: dict[int, list[int]] = {}
     for res in results:
         row_nll.update(res["row_nll"])
         generated.update(res["generated"])
-    missing = set(range(len(rows))) - set(generated) | set(range(len(rows))) - set(row_nll)
+    missing = set(range(n_rows)) - set(generated) | set(range(n_rows)) - set(row_nll)
     if missing:
         raise RuntimeError(f"evaluation lost rows {sorted(missing)[:10]}: the shards do not cover the set")
+    return results, row_nll, generated
 
+
+def score(rows: list[dict], tokenizer, template_name: str, stops: list[int], row_nll: dict, generated: dict):
+    """One predictions.jsonl record per row, and exact match per row grouped by task."""
     per_example = []
     by_task: dict[str, list[float]] = defaultdict(list)
     stop_texts = [tokenizer.convert_ids_to_tokens(t) for t in stops]
@@ -772,15 +849,13 @@ def evaluate(
         }
         per_example.append(rec)
         by_task[rec["task"]].append(em)
+    return per_example, by_task
+
+
+def _quality(per_example: list[dict], by_task: dict, loss: float) -> dict:
+    """metrics.json's scores, from rows through exact_match_by_task."""
     n_rows = max(1, len(per_example))
-    nll_sum = sum(v[0] for v in row_nll.values())
-    tok_sum = sum(v[1] for v in row_nll.values())
-    loss = nll_sum / max(1, tok_sum)
-    new_tokens = sum(r["new_tokens"] for r in per_example)
-    gen_wall = max(r["generate_seconds"] for r in results)
-    metrics = {
-        "label": label,
-        "model": str(model_dir),
+    return {
         "rows": len(per_example),
         "eval_loss": round(loss, 4),
         "perplexity": round(math.exp(min(loss, 50)), 3),
@@ -788,12 +863,14 @@ def evaluate(
         **mean_scores(per_example),
         "metrics_source": METRIC_SOURCE,
         "exact_match_by_task": {t: round(sum(v) / len(v), 4) for t, v in sorted(by_task.items())},
-        "n_params": weights["n_params"],
-        "device": "cpu" if kind == "cpu" else "gpu",
-        "processes": n,
-        "devices": [r["device"] for r in results],
-        "batch_size": bs,
-        "max_new_tokens": ecfg["max_new_tokens"],
+    }
+
+
+def _timings(results, kind: str, precision: str, per_example, clock: _SetupClock, t_jobs: float) -> dict:
+    """metrics.json's decoding, precision and timings, from decoding through wall_seconds."""
+    new_tokens = sum(r["new_tokens"] for r in per_example)
+    gen_wall = max(r["generate_seconds"] for r in results)
+    return {
         # What decoding ran: a process whose static path failed fell back to dynamic.
         "decoding": "+".join(sorted({r["decoding"] for r in results})),
         "precision": precision,
@@ -802,8 +879,8 @@ def evaluate(
         # The slowest process sets the wall time of each phase.
         # Until the evaluation processes start (reading and encoding the rows, spawning one process
         # per further device), then their model load (CUDA set-up included).
-        "setup_seconds": round(t_jobs - t_start, 3),
-        "setup_breakdown_seconds": setup,
+        "setup_seconds": round(t_jobs - clock.start, 3),
+        "setup_breakdown_seconds": clock.setup,
         "start_delay_seconds": round(max(r["start_delay_seconds"] for r in results), 3),
         "load_seconds": round(max(r["load_seconds"] for r in results), 3),
         "loss_seconds": round(max(r["loss_seconds"] for r in results), 3),
@@ -812,20 +889,5 @@ def evaluate(
         "new_tokens_per_second": round(new_tokens / gen_wall, 1) if gen_wall else None,
         "peak_memory_gib": round(max(r["peak_memory_gib"] for r in results), 3),
         "peak_memory_kind": "host RSS" if kind == "cpu" else "accelerator allocated",
-        "wall_seconds": round(time.perf_counter() - t_start, 3),
+        "wall_seconds": round(time.perf_counter() - clock.start, 3),
     }
-    out = Path(out_dir)
-    write_jsonl(out / "predictions.jsonl", per_example)
-    write_json(out / "metrics.json", metrics)
-    log.info(
-        "%s: eval_loss %.4f exact_match %.3f rouge_l %.2f; generate %.2fs (%s new tok/s), wall %.2fs",
-        label,
-        loss,
-        metrics["exact_match"],
-        metrics["rouge_l"],
-        gen_wall,
-        metrics["new_tokens_per_second"],
-        metrics["wall_seconds"],
-    )
-    sys.stdout.flush()
-    return metrics

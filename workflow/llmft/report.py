@@ -16,6 +16,7 @@ import json
 import math
 import os
 import subprocess
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -163,12 +164,21 @@ def svg_lines(
         f"<text x='{left + w / 2}' y='{height - 6}' class='a' text-anchor='middle'>"
         f"{esc(xlabel)}{' (log y)' if log_y else ''}</text>"
     )
+    parts += _svg_series(series, sx, sy, log_y, bool(xticks), left + w - 6, top)
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _svg_series(series: dict, sx, sy, log_y: bool, dots: bool, legend_x: float, top: int) -> list[str]:
+    """Each series' points (dots where there is one point, or on the trend page), its line, and its
+    name in the legend; `sx`, `sy` map data to pixels."""
+    parts = []
     for i, (name, s) in enumerate(series.items()):
         color = COLORS[i % len(COLORS)]
         s = [(x, y) for x, y in s if y is not None and (y > 0 or not log_y)]
         if not s:
             continue
-        if len(s) == 1 or xticks:
+        if len(s) == 1 or dots:
             for x, y in s:
                 parts.append(
                     f"<circle cx='{sx(x):.1f}' cy='{sy(y):.1f}' r='3.5' fill='{color}'>"
@@ -178,11 +188,10 @@ def svg_lines(
             path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s)
             parts.append(f"<polyline points='{path}' fill='none' stroke='{color}' stroke-width='2'/>")
         parts.append(
-            f"<text x='{left + w - 6}' y='{top + 16 + 14 * i}' class='a' "
+            f"<text x='{legend_x}' y='{top + 16 + 14 * i}' class='a' "
             f"text-anchor='end' fill='{color}' style='fill:{color}'>{esc(name)}</text>"
         )
-    parts.append("</svg>")
-    return "".join(parts)
+    return parts
 
 
 def svg_bars(edges: list, counts: list[int], title: str, width: int = 520, height: int = 230) -> str:
@@ -519,11 +528,57 @@ def _delta(b, t) -> str:
 METRICS = ["eval_loss", "perplexity", "exact_match", "rouge_1", "rouge_2", "rouge_l", "bleu_4"]
 
 
-def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None = None) -> dict:
-    """Write index.html, summary.json, figures/*.svg, heldout_metrics.tsv, samples.tsv and
-    trend.html into `out_dir`; return the summary."""
+@dataclass
+class LoadedRun:
+    """Every input of one run's report, each file read once, and the measures derived from them."""
+
+    cfg: dict
+    run: Path
+    verify: dict
+    stats: dict
+    train: dict
+    base: dict
+    tuned: dict
+    base_pred: list[dict]
+    tuned_pred: list[dict]
+    sft_yaml: str
+    sft_args: dict
+    benches: dict[str, dict]
+    promotion: object  # promotion.json: written by the nightly gate, then the page is re-rendered
+    n_params: int | None
+    platform: Platform | None
+    shape: object  # plan.ModelShape or None
+    count: flops.FlopCount | None
+    peak: float | None
+    peak_note: str
+    tps: list[tuple[float, float]]
+    tps_gpu: float | None  # steady-state mean
+    mfu_mean: float | None
+
+    @property
+    def history(self) -> list[dict]:
+        return self.train.get("history", [])
+
+    @property
+    def world(self) -> int:
+        return self.train.get("world_size") or 1
+
+    @property
+    def on_gpu(self) -> bool:
+        return bool(self.platform and self.platform.on_gpu)
+
+    @property
+    def unit(self) -> str:
+        return "GPU" if self.on_gpu else "process"
+
+    @property
+    def per_token(self) -> float:
+        return self.count.total if self.count else 0.0
+
+
+def load_run(cfg: dict, run_dir: str | Path) -> LoadedRun:
+    """Read the run's inputs; the optional ones (an older run, a stage that wrote less) as empty."""
     run = Path(run_dir)
-    out = Path(out_dir)
     verify = _read(run / "env/verify.json", {}) or {}
     stats = _read(run / "data/stats.json", {}) or {}
     train = _read(run / "sft/train_summary.json", {}) or {}
@@ -538,9 +593,6 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
     sft_yaml_path = run / "sft/llamafactory.yaml"
     sft_yaml = sft_yaml_path.read_text() if sft_yaml_path.exists() else ""
     sft_args = yaml.safe_load(sft_yaml) if sft_yaml else {}
-    benches = _benchmarks(run)
-    history = train.get("history", [])
-    world = train.get("world_size") or 1
     n_params = tuned.get("n_params") or base.get("n_params")
     if not n_params and (run / "sft/model").is_dir():
         from .modelfiles import safetensors_stats
@@ -548,99 +600,198 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
         n_params = safetensors_stats(run / "sft/model")["n_params"] or None
     ours = sft_args.get("llmft") or {}
     platform = Platform.from_json(ours["platform"]) if ours.get("platform") else None
-    on_gpu = bool(platform and platform.on_gpu)
-
-    # ---- curves
-    loss = [(h["step"], h["loss"]) for h in history if "loss" in h]
-    eval_loss = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h]
-    lr = [(h["step"], h["learning_rate"]) for h in history if "learning_rate" in h]
-    gnorm = [(h["step"], h["grad_norm"]) for h in history if h.get("grad_norm") is not None]
-    tps = throughput_series(history, world)
+    tps = throughput_series(train.get("history", []), train.get("world_size") or 1)
     peak, peak_note = peak_flops(platform)
     shape = run_shape(run / "sft/model")
     count = flop_count(shape, sft_args, stats)
     per_token = count.total if count else 0.0
-    mfu = [(s, flops.mfu(v, per_token, peak)) for s, v in tps] if peak and per_token else []
-    unit = "GPU" if on_gpu else "process"
-    figures = {
-        "loss": svg_lines({"train loss": loss, "held-out loss": eval_loss}, "Loss", "optimizer step"),
-        "learning_rate": svg_lines({"learning rate": lr}, "Learning rate", "optimizer step"),
-        "grad_norm": svg_lines({"grad norm": gnorm}, "Gradient norm (before clipping)", "optimizer step"),
-        "throughput": svg_lines(
-            {f"tokens/s per {unit}": tps}, f"Training tokens/s per {unit}", "optimizer step"
-        ),
-        "mfu": svg_lines(
-            {"MFU": mfu}, "Model FLOPs utilisation", "optimizer step", na="" if mfu else peak_note
-        ),
-        "length_histogram": svg_bars(
-            (stats.get("length_histogram") or {}).get("edges", []),
-            (stats.get("length_histogram") or {}).get("counts", []),
-            "Token length of rows",
-        ),
-    }
-
-    # ---- held-out table
-    metric_rows = [[m, base.get(m), tuned.get(m), _delta(base.get(m), tuned.get(m))] for m in METRICS]
-    base_tasks, tuned_tasks = base.get("exact_match_by_task", {}), tuned.get("exact_match_by_task", {})
-    for task in sorted(set(base_tasks) | set(tuned_tasks)):
-        b, t = base_tasks.get(task), tuned_tasks.get(task)
-        metric_rows.append([f"exact_match[{task or 'all'}]", b, t, _delta(b, t)])
-    eval_speed = [
-        [
-            label,
-            m.get("rows"),
-            m.get("device"),
-            m.get("processes"),
-            m.get("batch_size"),
-            m.get("generate_seconds"),
-            m.get("new_tokens_per_second"),
-            m.get("wall_seconds"),
-            m.get("peak_memory_gib"),
-        ]
-        for label, m in (("base", base), ("tuned", tuned))
-        if m
-    ]
-    samples = pick_samples(base_pred, tuned_pred)
-    sample_classes = ["good" if s[-1] else "bad" for s in samples]
-
-    # ---- throughput and memory
     tps_values = [v for _, v in tps]
     steady = tps_values[len(tps_values) // 4 :] or tps_values  # skip the warm-up intervals
     tps_gpu = round(sum(steady) / len(steady), 1) if steady else None
     mfu_mean = flops.mfu(tps_gpu, per_token, peak) if (tps_gpu and peak and per_token) else None
-    sft_bench = benches.get("sft", {})
-    plain_packs = sft_args.get("packing") and not sft_args.get("neat_packing")
+    return LoadedRun(
+        cfg=cfg,
+        run=run,
+        verify=verify,
+        stats=stats,
+        train=train,
+        base=base,
+        tuned=tuned,
+        base_pred=base_pred,
+        tuned_pred=tuned_pred,
+        sft_yaml=sft_yaml,
+        sft_args=sft_args,
+        benches=_benchmarks(run),
+        promotion=_read(run / "promotion.json"),
+        n_params=n_params,
+        platform=platform,
+        shape=shape,
+        count=count,
+        peak=peak,
+        peak_note=peak_note,
+        tps=tps,
+        tps_gpu=tps_gpu,
+        mfu_mean=mfu_mean,
+    )
+
+
+def report_figures(r: LoadedRun) -> dict[str, str]:
+    """Every figure of FIGURES as SVG: the training curves, throughput, MFU, the length histogram."""
+    history = r.history
+    loss = [(h["step"], h["loss"]) for h in history if "loss" in h]
+    eval_loss = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h]
+    lr = [(h["step"], h["learning_rate"]) for h in history if "learning_rate" in h]
+    gnorm = [(h["step"], h["grad_norm"]) for h in history if h.get("grad_norm") is not None]
+    per_token, peak, unit = r.per_token, r.peak, r.unit
+    mfu = [(s, flops.mfu(v, per_token, peak)) for s, v in r.tps] if peak and per_token else []
+    hist = r.stats.get("length_histogram") or {}
+    return {
+        "loss": svg_lines({"train loss": loss, "held-out loss": eval_loss}, "Loss", "optimizer step"),
+        "learning_rate": svg_lines({"learning rate": lr}, "Learning rate", "optimizer step"),
+        "grad_norm": svg_lines({"grad norm": gnorm}, "Gradient norm (before clipping)", "optimizer step"),
+        "throughput": svg_lines(
+            {f"tokens/s per {unit}": r.tps}, f"Training tokens/s per {unit}", "optimizer step"
+        ),
+        "mfu": svg_lines(
+            {"MFU": mfu}, "Model FLOPs utilisation", "optimizer step", na="" if mfu else r.peak_note
+        ),
+        "length_histogram": svg_bars(hist.get("edges", []), hist.get("counts", []), "Token length of rows"),
+    }
+
+
+def overview_section(r: LoadedRun, results_dir: str | None) -> str:
+    """The page's head: title, navigation, the verdict, and the nightly promotion if there was one."""
+    tuned, base = r.tuned, r.base
+    base_em, tuned_em = base.get("exact_match"), tuned.get("exact_match")
+    verdict = (
+        f"Tuned exact match {fmt(tuned_em, 3)} vs base {fmt(base_em, 3)} ({_delta(base_em, tuned_em)}); "
+        f"held-out loss {fmt(tuned.get('eval_loss'))} vs {fmt(base.get('eval_loss'))} "
+        f"on {tuned.get('rows')} held-out rows. " + data_loss_line(r.stats)
+    )
+    caution = verdict_caution(r.stats, tuned.get("rows"))
+    promotion_html = ""
+    if isinstance(r.promotion, dict):
+        promotion_html = (
+            f"<p class='verdict'>Nightly promotion: <b>{esc(r.promotion.get('status', ''))}</b> "
+            f"({esc(r.promotion.get('reason', ''))})</p>"
+        )
+    trend_link = "<a href='trend.html'>trend across runs</a>" if results_dir else ""
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{CSP}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>llmft report: {esc(r.cfg["run"])}</title>
+<style>{STYLE}</style></head><body>
+<h1>llmft run <code>{esc(r.cfg["run"])}</code></h1>
+<nav><a href="#heldout">held-out</a><a href="#training">training</a><a href="#throughput">throughput</a>
+<a href="#samples">samples</a><a href="#data">data</a><a href="#environment">environment</a>
+<a href="#provenance">provenance</a>{trend_link}</nav>
+<p class="verdict{" warn" if caution else ""}">{esc(verdict)}{esc(caution)}</p>
+{promotion_html}
+"""
+
+
+def metric_rows(r: LoadedRun) -> list[list]:
+    """Base vs tuned per metric, then exact match per task (heldout_metrics.tsv and the page)."""
+    base, tuned = r.base, r.tuned
+    rows = [[m, base.get(m), tuned.get(m), _delta(base.get(m), tuned.get(m))] for m in METRICS]
+    base_tasks, tuned_tasks = base.get("exact_match_by_task", {}), tuned.get("exact_match_by_task", {})
+    for task in sorted(set(base_tasks) | set(tuned_tasks)):
+        b, t = base_tasks.get(task), tuned_tasks.get(task)
+        rows.append([f"exact_match[{task or 'all'}]", b, t, _delta(b, t)])
+    return rows
+
+
+def heldout_section(r: LoadedRun, metrics: list[list]) -> str:
+    """The held-out metrics table and the evaluation's own speed and memory."""
+    tuned = r.tuned
+    speed_header = [
+        "model",
+        "rows",
+        "device",
+        "processes",
+        "batch",
+        "generate s",
+        "new tokens/s",
+        "wall s",
+        f"peak memory GiB ({tuned.get('peak_memory_kind', '')})",
+    ]
+    speed_keys = ["rows", "device", "processes", "batch_size", "generate_seconds"]
+    speed_keys += ["new_tokens_per_second", "wall_seconds", "peak_memory_gib"]
+    eval_speed = [
+        [label, *(m.get(k) for k in speed_keys)] for label, m in (("base", r.base), ("tuned", tuned)) if m
+    ]
+    return f"""<h2 id="heldout">Held-out metrics: base vs tuned</h2>
+{table(["metric", "base", "tuned", "change"], metrics)}
+<p class="muted">Greedy decoding, at most {esc(tuned.get("max_new_tokens"))} new tokens; exact match after
+whitespace and case normalisation; {esc(tuned.get("metrics_source") or METRIC_SOURCE)}.</p>
+{table(speed_header, eval_speed)}
+"""
+
+
+def curves_section(figures: dict[str, str]) -> str:
+    fig = figures
+    return f"""<h2 id="training">Training curves</h2>
+<div class="charts">{fig["loss"]}{fig["learning_rate"]}{fig["grad_norm"]}</div>
+"""
+
+
+def throughput_rows(r: LoadedRun) -> list[list]:
+    """What trained, how fast, the FLOPs count behind MFU, and memory: accelerator, plan, host."""
+    train, count = r.train, r.count
+    plain_packs = r.sft_args.get("packing") and not r.sft_args.get("neat_packing")
     span_kind = "the whole pack" if plain_packs else "the row's own length, token-weighted mean"
-    throughput_rows = (
+    mfu_text = f"{r.mfu_mean:.2%}" if r.mfu_mean is not None else r.peak_note
+    return (
         finetuning_rows(train)
         + [
-            ["world size (processes)", world],
+            ["world size (processes)", r.world],
             ["optimizer steps", train.get("steps")],
             ["train runtime (s)", train.get("train_runtime_s")],
             ["train tokens (all processes, incl. padding)", train.get("train_tokens")],
-            [f"tokens/s per {unit} (steady state, mean)", tps_gpu],
-            ["parameters (the tuned model's files)", n_params],
+            [f"tokens/s per {r.unit} (steady state, mean)", r.tps_gpu],
+            ["parameters (the tuned model's files)", r.n_params],
             [
                 "matrix weights M (output head once, embedding lookup not counted)",
                 round(count.matmul_params) if count else "n/a",
             ],
             ["attention span S (tokens)", f"{fmt(count.span)} ({span_kind})" if count else "n/a"],
             ["training FLOPs per token F (forward + backward)", f"{count.total:.4g}" if count else "n/a"],
-            [flops.FORMULA, f"{mfu_mean:.2%}" if mfu_mean is not None else peak_note],
+            [flops.FORMULA, mfu_text],
             [
                 "peak accelerator memory (GiB)",
                 train.get("peak_vram_gib") if train.get("peak_vram_gib") else "n/a (CPU run)",
             ],
             ["memory planner's predicted peak per GPU (GiB)", train.get("predicted_peak_gib") or "n/a"],
-            ["peak host memory of sft (MB RSS)", sft_bench.get("max_rss_mb")],
+            ["peak host memory of sft (MB RSS)", r.benches.get("sft", {}).get("max_rss_mb")],
         ]
         + [
             [f"stage {name}: wall s / peak RSS MB", f"{fmt(b['seconds'])} / {fmt(b['max_rss_mb'])}"]
-            for name, b in benches.items()
+            for name, b in r.benches.items()
         ]
     )
 
-    # ---- data
+
+def throughput_section(r: LoadedRun, figures: dict[str, str]) -> str:
+    fig = figures
+    return f"""<h2 id="throughput">Throughput and memory</h2>
+<div class="charts">{fig["throughput"]}{fig["mfu"]}</div>
+{table(["what", "value"], throughput_rows(r))}
+<p class="muted">Tokens counted by the Trainer include padding. MFU peak: {esc(r.peak_note)}.</p>
+"""
+
+
+def samples_section(samples: list[list]) -> str:
+    classes = ["good" if s[-1] else "bad" for s in samples]
+    header = ["task", "prompt", "reference", "base", "tuned", "tuned exact"]
+    return f"""<h2 id="samples">Sample generations (held-out, side by side)</h2>
+{table(header, samples, classes, "samples")}
+"""
+
+
+def data_section(r: LoadedRun, figures: dict[str, str]) -> str:
+    """The length histogram, stats.json's figures, the sources and the invalid rows."""
+    stats = r.stats
     hist = stats.get("length_histogram") or {}
     # Sources and invalid rows: whatever fields prepare_data records, as columns, in its order.
     sources = [src for src in stats.get("sources", []) if isinstance(src, dict)]
@@ -649,39 +800,57 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
     invalid = [e if isinstance(e, dict) else {"message": e} for e in stats.get("invalid_examples", [])]
     invalid_header = list(dict.fromkeys(k for e in invalid for k in e))
     invalid_examples = [[i + 1] + [_cell(e.get(k)) for k in invalid_header] for i, e in enumerate(invalid)]
+    return f"""<h2 id="data">Data</h2>
+<div class="charts">{figures["length_histogram"]}</div>
+{table(["what", "value"], data_rows(stats))}
+{table(source_header, source_rows) if source_rows else ""}
+<h3>Invalid rows ({esc(stats.get("invalid", 0))})</h3>
+{table(["#", *invalid_header], invalid_examples) if invalid_examples else "<p class='muted'>none</p>"}
+<p class="muted">Length histogram bin width: {esc(hist.get("bin_width", ""))} tokens; cutoff
+{esc(stats.get("cutoff_len", ""))}.</p>
+"""
 
-    # ---- environment
+
+def environment_section(r: LoadedRun) -> str:
+    """verify_env's first node, its findings, the measured collectives and the canary figure."""
+    verify, platform = r.verify, r.platform
     node = (verify.get("nodes") or [{}])[0]
-    canary_svg = canary_figure(verify.get("nodes") or [])
     findings = [
         [("ok" if f.get("ok") else "FAIL"), f.get("check"), f.get("message"), f.get("fix", "")]
         for f in verify.get("findings", [])
     ]
+    devices = ", ".join(f"{d.get('name')} ({d.get('arch')})" for d in node.get("devices", []))
     env_rows = [
         ["nodes checked", len(verify.get("nodes") or [])],
         ["host", node.get("host")],
         ["build", node.get("build")],
         ["torch", node.get("torch_version")],
         ["HIP / CUDA", node.get("hip_version") or node.get("cuda_version") or "none (CPU build)"],
-        [
-            "devices",
-            ", ".join(f"{d.get('name')} ({d.get('arch')})" for d in node.get("devices", [])) or "none (CPU)",
-        ],
+        ["devices", devices or "none (CPU)"],
         ["python", node.get("python")],
         ["platform", node.get("platform")],
         ["planned for", f"{platform.describe()} ({platform.source})" if platform else "n/a"],
     ] + [[f"measured {k}", v] for k, v in _numeric_leaves(verify.get("collectives") or {})]
+    finding_classes = ["" if f[0] == "ok" else "bad" for f in findings]
+    verdict = "passed" if verify.get("ok") else "FAILED or missing"
+    return f"""<h2 id="environment">Environment (verify_env: {verdict})</h2>
+{table(["what", "value"], env_rows)}
+{table(["", "check", "finding", "fix"], findings, finding_classes)}
+{canary_figure(verify.get("nodes") or [])}
+"""
 
-    # ---- provenance
-    git = git_state()
-    generated = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    packages = node.get("packages", {}) or {}
+
+def provenance_section(r: LoadedRun, generated: str, git: dict) -> str:
+    """What made the report: run, time, commit, data, model, packages, the config and the rendered
+    LLaMA-Factory arguments; the page's end."""
+    shape = r.shape
+    packages = (r.verify.get("nodes") or [{}])[0].get("packages", {}) or {}
     provenance = [
-        ["run", cfg["run"]],
+        ["run", r.cfg["run"]],
         ["generated", generated],
         ["git commit", git["commit"] + (" (with local changes)" if git["dirty"] else "")],
-        ["data fingerprint", stats.get("fingerprint")],
-        ["model (tuned)", str(run / "sft/model")],
+        ["data fingerprint", r.stats.get("fingerprint")],
+        ["model (tuned)", str(r.run / "sft/model")],
         [
             "model shape",
             f"{shape.layers} layers, hidden {shape.hidden}, {shape.heads} heads, vocab {shape.vocab}"
@@ -690,82 +859,19 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
             else "n/a",
         ],
     ] + [[f"package {pkg}", ver or "not installed"] for pkg, ver in packages.items()]
-
-    base_em, tuned_em = base.get("exact_match"), tuned.get("exact_match")
-    verdict = (
-        f"Tuned exact match {fmt(tuned_em, 3)} vs base {fmt(base_em, 3)} ({_delta(base_em, tuned_em)}); "
-        f"held-out loss {fmt(tuned.get('eval_loss'))} vs {fmt(base.get('eval_loss'))} "
-        f"on {tuned.get('rows')} held-out rows. " + data_loss_line(stats)
-    )
-    caution = verdict_caution(stats, tuned.get("rows"))
-    promotion = _read(run / "promotion.json")  # written by the nightly gate, then the page is re-rendered
-    promotion_html = ""
-    if isinstance(promotion, dict):
-        promotion_html = (
-            f"<p class='verdict'>Nightly promotion: <b>{esc(promotion.get('status', ''))}</b> "
-            f"({esc(promotion.get('reason', ''))})</p>"
-        )
-    fig = figures
-    trend_link = "<a href='trend.html'>trend across runs</a>" if results_dir else ""
-    page = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{CSP}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>llmft report: {esc(cfg["run"])}</title>
-<style>{STYLE}</style></head><body>
-<h1>llmft run <code>{esc(cfg["run"])}</code></h1>
-<nav><a href="#heldout">held-out</a><a href="#training">training</a><a href="#throughput">throughput</a>
-<a href="#samples">samples</a><a href="#data">data</a><a href="#environment">environment</a>
-<a href="#provenance">provenance</a>{trend_link}</nav>
-<p class="verdict{" warn" if caution else ""}">{esc(verdict)}{esc(caution)}</p>
-{promotion_html}
-<h2 id="heldout">Held-out metrics: base vs tuned</h2>
-{table(["metric", "base", "tuned", "change"], metric_rows)}
-<p class="muted">Greedy decoding, at most {esc(tuned.get("max_new_tokens"))} new tokens; exact match after
-whitespace and case normalisation; {esc(tuned.get("metrics_source") or METRIC_SOURCE)}.</p>
-{
-        table(
-            [
-                "model",
-                "rows",
-                "device",
-                "processes",
-                "batch",
-                "generate s",
-                "new tokens/s",
-                "wall s",
-                f"peak memory GiB ({tuned.get('peak_memory_kind', '')})",
-            ],
-            eval_speed,
-        )
-    }
-<h2 id="training">Training curves</h2>
-<div class="charts">{fig["loss"]}{fig["learning_rate"]}{fig["grad_norm"]}</div>
-<h2 id="throughput">Throughput and memory</h2>
-<div class="charts">{fig["throughput"]}{fig["mfu"]}</div>
-{table(["what", "value"], throughput_rows)}
-<p class="muted">Tokens counted by the Trainer include padding. MFU peak: {esc(peak_note)}.</p>
-<h2 id="samples">Sample generations (held-out, side by side)</h2>
-{table(["task", "prompt", "reference", "base", "tuned", "tuned exact"], samples, sample_classes, "samples")}
-<h2 id="data">Data</h2>
-<div class="charts">{fig["length_histogram"]}</div>
-{table(["what", "value"], data_rows(stats))}
-{table(source_header, source_rows) if source_rows else ""}
-<h3>Invalid rows ({esc(stats.get("invalid", 0))})</h3>
-{table(["#", *invalid_header], invalid_examples) if invalid_examples else "<p class='muted'>none</p>"}
-<p class="muted">Length histogram bin width: {esc(hist.get("bin_width", ""))} tokens; cutoff
-{esc(stats.get("cutoff_len", ""))}.</p>
-<h2 id="environment">Environment (verify_env: {"passed" if verify.get("ok") else "FAILED or missing"})</h2>
-{table(["what", "value"], env_rows)}
-{table(["", "check", "finding", "fix"], findings, ["" if f[0] == "ok" else "bad" for f in findings])}
-{canary_svg}
-<h2 id="provenance">Provenance</h2>{table(["what", "value"], provenance)}
-<h3>Config</h3><pre>{esc(yaml.safe_dump(cfg, sort_keys=False))}</pre>
-<h3>Rendered LLaMA-Factory arguments</h3><pre>{esc(sft_yaml)}</pre>
+    return f"""<h2 id="provenance">Provenance</h2>{table(["what", "value"], provenance)}
+<h3>Config</h3><pre>{esc(yaml.safe_dump(r.cfg, sort_keys=False))}</pre>
+<h3>Rendered LLaMA-Factory arguments</h3><pre>{esc(r.sft_yaml)}</pre>
 </body></html>
 """
+
+
+def report_summary(r: LoadedRun, generated: str, git: dict) -> dict:
+    """summary.json: the headline figures the trend page and the nightly gate read."""
+    base, tuned, train, count = r.base, r.tuned, r.train, r.count
+    base_em, tuned_em = base.get("exact_match"), tuned.get("exact_match")
     summary = {
-        "run": cfg["run"],
+        "run": r.cfg["run"],
         "generated": generated,
         "git_commit": git["commit"],
         "base": {m: base.get(m) for m in METRICS},
@@ -773,28 +879,54 @@ whitespace and case normalisation; {esc(tuned.get("metrics_source") or METRIC_SO
         "exact_match_gain": round(tuned_em - base_em, 4) if None not in (tuned_em, base_em) else None,
         "heldout_rows": tuned.get("rows"),
         "tokens_per_second": train.get("tokens_per_second"),
-        "tokens_per_second_per_gpu": tps_gpu,
-        "mfu": round(mfu_mean, 4) if mfu_mean is not None else None,
-        "flops_per_token": round(per_token) if per_token else None,
+        "tokens_per_second_per_gpu": r.tps_gpu,
+        "mfu": round(r.mfu_mean, 4) if r.mfu_mean is not None else None,
+        "flops_per_token": round(r.per_token) if r.per_token else None,
         "attention_span_tokens": round(count.span, 2) if count else None,
-        "peak_tflops": peak,
-        "world_size": world,
-        "device": "gpu" if on_gpu else "cpu",
-        "n_params": n_params,
+        "peak_tflops": r.peak,
+        "world_size": r.world,
+        "device": "gpu" if r.on_gpu else "cpu",
+        "n_params": r.n_params,
         "train_runtime_s": train.get("train_runtime_s"),
         "peak_vram_gib": train.get("peak_vram_gib"),
         "eval_generate_seconds": tuned.get("generate_seconds"),
         "eval_new_tokens_per_second": tuned.get("new_tokens_per_second"),
-        "data_fingerprint": stats.get("fingerprint"),
-        "verify_ok": verify.get("ok"),
+        "data_fingerprint": r.stats.get("fingerprint"),
+        "verify_ok": r.verify.get("ok"),
     }
-    if isinstance(promotion, dict):
-        summary["promotion"] = {k: promotion.get(k) for k in ("status", "reason")}
+    if isinstance(r.promotion, dict):
+        summary["promotion"] = {k: r.promotion.get(k) for k in ("status", "reason")}
+    return summary
+
+
+def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None = None) -> dict:
+    """Write index.html, summary.json, figures/*.svg, heldout_metrics.tsv, samples.tsv and
+    trend.html into `out_dir`; return the summary."""
+    r = load_run(cfg, run_dir)
+    out = Path(out_dir)
+    figures = report_figures(r)
+    metrics = metric_rows(r)
+    samples = pick_samples(r.base_pred, r.tuned_pred)
+    git = git_state()
+    generated = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    page = "".join(
+        [
+            overview_section(r, results_dir),
+            heldout_section(r, metrics),
+            curves_section(figures),
+            throughput_section(r, figures),
+            samples_section(samples),
+            data_section(r, figures),
+            environment_section(r),
+            provenance_section(r, generated, git),
+        ]
+    )
+    summary = report_summary(r, generated, git)
     write_text(out / "index.html", page)
     write_json(out / "summary.json", summary)
     for name in FIGURES:
         write_text(out / "figures" / f"{name}.svg", figures[name])
-    write_text(out / "heldout_metrics.tsv", tsv(["metric", "base", "tuned", "change"], metric_rows))
+    write_text(out / "heldout_metrics.tsv", tsv(["metric", "base", "tuned", "change"], metrics))
     write_text(
         out / "samples.tsv", tsv(["task", "prompt", "reference", "base", "tuned", "tuned_exact"], samples)
     )
@@ -842,10 +974,8 @@ def _metric(summary: dict, which: str, name: str):
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def build_trend(results_dir: str | Path, out_html: str | Path) -> list[dict]:
-    """A page of held-out metrics and throughput per run, with links to each run's report."""
-    runs = collect_runs(results_dir)
-    out_html = Path(out_html)
+def _trend_charts(runs: list[dict]) -> str:
+    """Exact match, loss, throughput and MFU per run, as SVG, runs along x."""
     ticks = [(i, str(s["run"])) for i, s in enumerate(runs)]
 
     def series(which: str, name: str) -> list[tuple[float, float]]:
@@ -854,7 +984,7 @@ def build_trend(results_dir: str | Path, out_html: str | Path) -> list[dict]:
     def top(key: str) -> list[tuple[float, float]]:
         return [(i, s[key]) for i, s in enumerate(runs) if isinstance(s.get(key), (int, float))]
 
-    charts = "".join(
+    return "".join(
         [
             svg_lines(
                 {"tuned": series("tuned", "exact_match"), "base": series("base", "exact_match")},
@@ -877,6 +1007,13 @@ def build_trend(results_dir: str | Path, out_html: str | Path) -> list[dict]:
             svg_lines({"MFU": top("mfu")}, "Model FLOPs utilisation", "run", xticks=ticks),
         ]
     )
+
+
+def build_trend(results_dir: str | Path, out_html: str | Path) -> list[dict]:
+    """A page of held-out metrics and throughput per run, with links to each run's report."""
+    runs = collect_runs(results_dir)
+    out_html = Path(out_html)
+    charts = _trend_charts(runs)
     rows, links = [], []
     for s in runs:
         rows.append(
