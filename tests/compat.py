@@ -11,6 +11,7 @@ The tokenizers are fetched by tests/setup-tokenizers.sh; a family not fetched ha
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 import time
@@ -144,6 +145,67 @@ def sharegpt_rows(convs: list[dict]) -> list[dict]:
     return rows
 
 
+# Tool-calling rows: LLaMA-Factory's sharegpt tool turns (function_call, observation) and a tools
+# column, as in llmft.assets.synthetic_tool_rows; every template formats them (its own tool format
+# where it has one, qwen, llama3, ..., LLaMA-Factory's generic "Action:" one otherwise).
+TOOLS = [
+    {
+        "name": "get_weather",
+        "description": "Current weather in a city (°C)",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "city name, e.g. Zürich or 北京"}},
+            "required": ["city"],
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "Local time in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "format": {"type": "string", "enum": ["12h", "24h"]},
+                },
+                "required": ["city"],
+            },
+        },
+    },
+]
+_CITIES = ["Paris", "Zürich", "北京", "São Paulo", "Kyiv", "Reykjavík"]
+
+
+def tool_rows(convs: list[dict]) -> list[dict]:
+    """The conversations as sharegpt tool rows: the last question answered by a function call (the
+    answer), by a call, its observation and an answer, by two calls at once, or, one row in four, by
+    plain text with the tools present but unused; earlier turns and system prompts as they are."""
+    rows = []
+    for k, c in enumerate(convs):
+        msgs = [{"from": "system", "value": c["system"]}] if c["system"] else []
+        (*history, (q, a)) = c["turns"]
+        for hq, ha in history:
+            msgs += [{"from": "human", "value": hq}, {"from": "gpt", "value": ha}]
+        city = _CITIES[k % len(_CITIES)]
+        calls = [{"name": "get_weather", "arguments": {"city": city}}]
+        if k % 4 == 2:
+            calls.append({"name": "get_time", "arguments": {"city": city, "format": "24h"}})
+        value = json.dumps(calls if len(calls) > 1 else calls[0], ensure_ascii=False)
+        if k % 4 == 3:
+            msgs += [{"from": "human", "value": q}, {"from": "gpt", "value": a}]
+        else:
+            msgs += [{"from": "human", "value": f"{q} ({city})"}, {"from": "function_call", "value": value}]
+        if k % 4 in (1, 2):
+            result = {"city": city, "temperature": k % 35 - 5, "sky": "晴れ" if k % 3 else "cloudy"}
+            msgs += [
+                {"from": "observation", "value": json.dumps(result, ensure_ascii=False)},
+                {"from": "gpt", "value": a},
+            ]
+        rows.append({"conversations": msgs, "tools": json.dumps(TOOLS, ensure_ascii=False)})
+    return rows
+
+
 @dataclass(frozen=True)
 class Format:
     """A row format: how the raw rows are written, and the dataset_info.json entry LLaMA-Factory
@@ -170,6 +232,9 @@ FORMATS = [
         },
     ),
     Format("sharegpt multi-turn", sharegpt_rows, "sharegpt"),
+    Format(
+        "sharegpt with tools", tool_rows, "sharegpt", columns={"messages": "conversations", "tools": "tools"}
+    ),
 ]
 
 
