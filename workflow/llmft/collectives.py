@@ -181,6 +181,121 @@ def _iters(nbytes: int, gpu: bool) -> int:
     return max(5, min(50, (8 * 1024 * MIB) // nbytes))
 
 
+def _pick_device(torch, gpu: bool, local_rank: int):
+    """(device, synchronize) for this process."""
+    if not gpu:
+        return torch.device("cpu"), lambda: None
+    ndev = torch.cuda.device_count()
+    if ndev == 0:
+        raise RuntimeError("backend nccl but torch sees no GPU on this node")
+    # More processes than GPUs is a gpu_count finding; share GPUs so the check still runs.
+    device = torch.device("cuda", local_rank % ndev)
+    torch.cuda.set_device(device)
+    return device, torch.cuda.synchronize
+
+
+def _time_op(torch, dist, fn, iters: int, sync, device) -> float:
+    """Seconds per call of `fn` on the slowest rank, after two warm-up calls."""
+    for _ in range(2):
+        fn()
+    sync()
+    dist.barrier()
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    dt = torch.tensor([(time.perf_counter() - t) / iters], dtype=torch.float64, device=device)
+    dist.all_reduce(dt, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+    return float(dt.item())
+
+
+def _measure_bandwidth(
+    torch, dist, step, device, dtype, gpu: bool, world: int, sync
+) -> dict[str, list[dict]]:
+    """All-reduce and all-gather at each message size: bytes, iterations, time, bandwidths."""
+    elem = torch.finfo(dtype).bits // 8
+    # torch 2.13 renames all_gather_into_tensor (and warns); the device image's 2.11 has only the old name.
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    bandwidth: dict[str, list[dict]] = {"all_reduce": [], "all_gather": []}
+    for size in GPU_SIZES if gpu else CPU_SIZES:
+        n = max(world, size // elem // world * world)
+        nbytes = n * elem
+        # Zeros: repeated sums of zeros stay finite (ones would overflow to inf over many iterations).
+        buf = torch.zeros(n, dtype=dtype, device=device)
+        part = torch.zeros(n // world, dtype=dtype, device=device)
+        ops = {
+            "all_reduce": lambda buf=buf: dist.all_reduce(buf),
+            "all_gather": lambda buf=buf, part=part: all_gather(buf, part),
+        }
+        for op, fn in ops.items():
+            step(f"{op} {nbytes / MIB:g} MiB")
+            iters = _iters(nbytes, gpu)
+            seconds = _time_op(torch, dist, fn, iters, sync, device)
+            algbw, busbw = bus_bandwidth(op, nbytes, seconds, world)
+            bandwidth[op].append(
+                {
+                    "bytes": nbytes,
+                    "iters": iters,
+                    "time_ms": round(seconds * 1e3, 4),
+                    "algbw_gbs": round(algbw, 2),
+                    "busbw_gbs": round(busbw, 2),
+                }
+            )
+        del buf, part
+    return bandwidth
+
+
+def _measure_gemm(torch, dist, device, dtype, gpu: bool, sync) -> tuple[int, float]:
+    """(n, TFLOP/s) of an n^3 matmul on this process's device."""
+    n = GEMM_N["gpu" if gpu else "cpu"]
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    dist.barrier()  # all GPUs at once, as in training (shared power and cooling)
+    for _ in range(3):
+        a @ b
+    sync()
+    iters = 20 if gpu else 5
+    t = time.perf_counter()
+    for _ in range(iters):
+        a @ b
+    sync()
+    gemm_tflops = 2 * n**3 * iters / (time.perf_counter() - t) / 1e12
+    del a, b
+    return n, gemm_tflops
+
+
+def _rank_nccl_log(scratch: Path, gpu: bool) -> dict:
+    """This process's parsed NCCL/RCCL INFO log ({} on gloo or when there is none)."""
+    if gpu:
+        logs = glob.glob(str(scratch / f"nccl.*.{os.getpid()}.log"))
+        if logs:
+            return parse_nccl_log(Path(logs[0]).read_text(errors="replace"))
+    return {}
+
+
+def _write_result(
+    torch, scratch: Path, backend: str, gpu: bool, world: int, dtype, ranks, nodes, bandwidth, phases
+):
+    """Rank 0: everything gathered, with one transport verdict, into RESULT_FILE."""
+    library = ("rccl" if getattr(torch.version, "hip", None) else "nccl") if gpu else "gloo"
+    version = ".".join(map(str, torch.cuda.nccl.version())) if gpu else ""
+    transport = summarize_transport([r.pop("nccl_log") for r in ranks], library)
+    transport["version"] = transport.get("version") or version
+    result = {
+        "backend": backend,
+        "world_size": world,
+        "nnodes": len([f for f in nodes if f is not None]),
+        "dtype": str(dtype).replace("torch.", ""),
+        "sum_ok": all(r["sum_ok"] for r in ranks),
+        "bandwidth": bandwidth,
+        "ranks": ranks,
+        "transport": transport,
+        "phases": phases,
+        "nodes": [f for f in nodes if f is not None],
+    }
+    write_json(scratch / RESULT_FILE, result)
+
+
 def run(scratch: Path, backend: str, timeout_s: float) -> None:
     import torch
     import torch.distributed as dist
@@ -189,19 +304,7 @@ def run(scratch: Path, backend: str, timeout_s: float) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     step = Progress(scratch / f"progress.{rank}")
     gpu = backend == "nccl"
-    if gpu:
-        ndev = torch.cuda.device_count()
-        if ndev == 0:
-            raise RuntimeError("backend nccl but torch sees no GPU on this node")
-        # More processes than GPUs is a gpu_count finding; share GPUs so the check still runs.
-        device = torch.device("cuda", local_rank % ndev)
-        torch.cuda.set_device(device)
-        sync = torch.cuda.synchronize
-    else:
-        device = torch.device("cpu")
-
-        def sync():
-            return None
+    device, sync = _pick_device(torch, gpu, local_rank)
 
     step("rendezvous")
     t_start = time.monotonic()
@@ -217,72 +320,16 @@ def run(scratch: Path, backend: str, timeout_s: float) -> None:
     sum_ok = bool(torch.all(probe == want).item())
 
     dtype = torch.bfloat16 if gpu else torch.float32
-    elem = torch.finfo(dtype).bits // 8
-    # torch 2.13 renames all_gather_into_tensor (and warns); the device image's 2.11 has only the old name.
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    bandwidth: dict[str, list[dict]] = {"all_reduce": [], "all_gather": []}
     t0 = time.monotonic()
-    for size in GPU_SIZES if gpu else CPU_SIZES:
-        n = max(world, size // elem // world * world)
-        nbytes = n * elem
-        # Zeros: repeated sums of zeros stay finite (ones would overflow to inf over many iterations).
-        buf = torch.zeros(n, dtype=dtype, device=device)
-        part = torch.zeros(n // world, dtype=dtype, device=device)
-        ops = {
-            "all_reduce": lambda buf=buf: dist.all_reduce(buf),
-            "all_gather": lambda buf=buf, part=part: all_gather(buf, part),
-        }
-        for op, fn in ops.items():
-            step(f"{op} {nbytes / MIB:g} MiB")
-            iters = _iters(nbytes, gpu)
-            for _ in range(2):
-                fn()
-            sync()
-            dist.barrier()
-            t = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            sync()
-            dt = torch.tensor([(time.perf_counter() - t) / iters], dtype=torch.float64, device=device)
-            dist.all_reduce(dt, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-            seconds = float(dt.item())
-            algbw, busbw = bus_bandwidth(op, nbytes, seconds, world)
-            bandwidth[op].append(
-                {
-                    "bytes": nbytes,
-                    "iters": iters,
-                    "time_ms": round(seconds * 1e3, 4),
-                    "algbw_gbs": round(algbw, 2),
-                    "busbw_gbs": round(busbw, 2),
-                }
-            )
-        del buf, part
+    bandwidth = _measure_bandwidth(torch, dist, step, device, dtype, gpu, world, sync)
     phases["bandwidth_s"] = round(time.monotonic() - t0, 2)
 
     step("gemm")
     t0 = time.monotonic()
-    n = GEMM_N["gpu" if gpu else "cpu"]
-    a = torch.randn(n, n, dtype=dtype, device=device)
-    b = torch.randn(n, n, dtype=dtype, device=device)
-    dist.barrier()  # all GPUs at once, as in training (shared power and cooling)
-    for _ in range(3):
-        a @ b
-    sync()
-    iters = 20 if gpu else 5
-    t = time.perf_counter()
-    for _ in range(iters):
-        a @ b
-    sync()
-    gemm_tflops = 2 * n**3 * iters / (time.perf_counter() - t) / 1e12
-    del a, b
+    n, gemm_tflops = _measure_gemm(torch, dist, device, dtype, gpu, sync)
     phases["gemm_s"] = round(time.monotonic() - t0, 2)
 
     step("gather")
-    nccl_log = {}
-    if gpu:
-        logs = glob.glob(str(scratch / f"nccl.*.{os.getpid()}.log"))
-        if logs:
-            nccl_log = parse_nccl_log(Path(logs[0]).read_text(errors="replace"))
     me = {
         "rank": rank,
         "local_rank": local_rank,
@@ -293,7 +340,7 @@ def run(scratch: Path, backend: str, timeout_s: float) -> None:
         "gemm_n": n,
         "gemm_dtype": str(dtype).replace("torch.", ""),
         "sum_ok": sum_ok,
-        "nccl_log": nccl_log,
+        "nccl_log": _rank_nccl_log(scratch, gpu),
     }
     node_facts = None
     if local_rank == 0:
@@ -304,23 +351,7 @@ def run(scratch: Path, backend: str, timeout_s: float) -> None:
     dist.all_gather_object(ranks, me)
     dist.all_gather_object(nodes, node_facts)
     if rank == 0:
-        library = ("rccl" if getattr(torch.version, "hip", None) else "nccl") if gpu else "gloo"
-        version = ".".join(map(str, torch.cuda.nccl.version())) if gpu else ""
-        transport = summarize_transport([r.pop("nccl_log") for r in ranks], library)
-        transport["version"] = transport.get("version") or version
-        result = {
-            "backend": backend,
-            "world_size": world,
-            "nnodes": len([f for f in nodes if f is not None]),
-            "dtype": str(dtype).replace("torch.", ""),
-            "sum_ok": all(r["sum_ok"] for r in ranks),
-            "bandwidth": bandwidth,
-            "ranks": ranks,
-            "transport": transport,
-            "phases": phases,
-            "nodes": [f for f in nodes if f is not None],
-        }
-        write_json(scratch / RESULT_FILE, result)
+        _write_result(torch, scratch, backend, gpu, world, dtype, ranks, nodes, bandwidth, phases)
     step("done")
     dist.barrier()
     dist.destroy_process_group()

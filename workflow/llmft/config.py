@@ -165,13 +165,7 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def _cross_checks(cfg: dict, base_dir: Path) -> None:
-    if cfg["run"] in RESERVED_RUNS:
-        raise ConfigError(
-            f"config key run: {cfg['run']!r} is reserved (results/current is the promoted nightly run, "
-            "results/nightly/ the nightly's state); choose another name"
-        )
-    hw = cfg["hardware"]
+def _check_hardware(hw: dict) -> None:
     if hw["vendor"] in ("cuda", "rocm") and hw["gpus_per_node"] == 0:
         raise ConfigError(
             f"config key hardware.gpus_per_node: 0 but hardware.vendor is {hw['vendor']!r}; "
@@ -182,52 +176,59 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
             "config key hardware.processes_per_node: "
             f"{hw['processes_per_node']} processes but only {hw['gpus_per_node']} GPUs per node"
         )
-    for i, src in enumerate(cfg["data"]["sources"]):
-        if "dataset_info" in src:
-            from .lfdataset import LFDatasetError, resolve
 
-            try:
-                resolve(src, base_dir, where=f"data.sources[{i}]")
-            except LFDatasetError as exc:
-                raise ConfigError(str(exc)) from None
-            continue
-        path = src["path"]
-        if path.startswith("builtin:"):
-            if path != BUILTIN_DATA:
-                raise ConfigError(
-                    f"config key data.sources[{i}].path: unknown builtin {path!r} (only {BUILTIN_DATA})"
-                )
-            continue
-        full = Path(path) if Path(path).is_absolute() else base_dir / path
-        if full.is_dir():
-            # A folder counts only when datasets' save_to_disk wrote it (a Dataset or a DatasetDict).
-            if not ((full / "state.json").is_file() or (full / "dataset_dict.json").is_file()):
-                raise ConfigError(
-                    f"config key data.sources[{i}].path: {full} is a folder but not one written by "
-                    "datasets' save_to_disk (no state.json or dataset_dict.json)"
-                )
-            continue
-        if not full.is_file():
-            raise ConfigError(f"config key data.sources[{i}].path: dataset file not found: {full}")
-        if full.stat().st_size == 0:
-            raise ConfigError(f"config key data.sources[{i}].path: {full} is empty")
-        if full.suffix not in (".json", ".jsonl", ".parquet"):
+
+def _check_source(i: int, src: dict, base_dir: Path) -> None:
+    """data.sources[i]: a LLaMA-Factory dataset, the builtin, a save_to_disk folder or a data file."""
+    if "dataset_info" in src:
+        from .lfdataset import LFDatasetError, resolve
+
+        try:
+            resolve(src, base_dir, where=f"data.sources[{i}]")
+        except LFDatasetError as exc:
+            raise ConfigError(str(exc)) from None
+        return
+    path = src["path"]
+    if path.startswith("builtin:"):
+        if path != BUILTIN_DATA:
             raise ConfigError(
-                f"config key data.sources[{i}].path: {full.name} is not .json, .jsonl or .parquet"
+                f"config key data.sources[{i}].path: unknown builtin {path!r} (only {BUILTIN_DATA})"
             )
-    name = cfg["model"]["name_or_path"]
+        return
+    full = Path(path) if Path(path).is_absolute() else base_dir / path
+    if full.is_dir():
+        # A folder counts only when datasets' save_to_disk wrote it (a Dataset or a DatasetDict).
+        if not ((full / "state.json").is_file() or (full / "dataset_dict.json").is_file()):
+            raise ConfigError(
+                f"config key data.sources[{i}].path: {full} is a folder but not one written by "
+                "datasets' save_to_disk (no state.json or dataset_dict.json)"
+            )
+        return
+    if not full.is_file():
+        raise ConfigError(f"config key data.sources[{i}].path: dataset file not found: {full}")
+    if full.stat().st_size == 0:
+        raise ConfigError(f"config key data.sources[{i}].path: {full} is empty")
+    if full.suffix not in (".json", ".jsonl", ".parquet"):
+        raise ConfigError(f"config key data.sources[{i}].path: {full.name} is not .json, .jsonl or .parquet")
+
+
+def _check_model(name: str, base_dir: Path) -> None:
     if name.startswith("builtin:"):
         if name != BUILTIN_MODEL:
             raise ConfigError(
                 f"config key model.name_or_path: unknown builtin {name!r} (only {BUILTIN_MODEL})"
             )
-    else:
-        full = Path(name) if Path(name).is_absolute() else base_dir / name
-        if not (full / "config.json").is_file():
-            raise ConfigError(
-                f"config key model.name_or_path: {full} is not a local model folder "
-                "(no config.json); this pipeline never downloads from a hub"
-            )
+        return
+    full = Path(name) if Path(name).is_absolute() else base_dir / name
+    if not (full / "config.json").is_file():
+        raise ConfigError(
+            f"config key model.name_or_path: {full} is not a local model folder "
+            "(no config.json); this pipeline never downloads from a hub"
+        )
+
+
+def _check_lf_names(cfg: dict) -> None:
+    """model.template and sft.extra against the installed LLaMA-Factory's names."""
     from .lfnames import closest, names
 
     lf = names()
@@ -257,6 +258,20 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
             + ", ".join(f"sft.{k}" for k in own)
             + " instead"
         )
+
+
+def _cross_checks(cfg: dict, base_dir: Path) -> None:
+    if cfg["run"] in RESERVED_RUNS:
+        raise ConfigError(
+            f"config key run: {cfg['run']!r} is reserved (results/current is the promoted nightly run, "
+            "results/nightly/ the nightly's state); choose another name"
+        )
+    hw = cfg["hardware"]
+    _check_hardware(hw)
+    for i, src in enumerate(cfg["data"]["sources"]):
+        _check_source(i, src, base_dir)
+    _check_model(cfg["model"]["name_or_path"], base_dir)
+    _check_lf_names(cfg)
     if cfg["sft"]["offload"] is True and cfg["sft"]["zero_stage"] not in (3, "auto"):
         raise ConfigError("config key sft.offload: offload needs sft.zero_stage: 3 (or auto)")
     _finetuning_checks(cfg["sft"], on_cpu=hw["vendor"] == "cpu" or hw["gpus_per_node"] == 0)

@@ -193,14 +193,10 @@ def _judge_gpu_model(facts: dict, cfg: dict) -> list[Finding]:
     ]
 
 
-def judge(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
-    """Every per-node rule, applied to recorded facts. Pure: no machine access."""
-    out: list[Finding] = []
-    probe_error = facts.get("probe_error")
-    if probe_error:
-        out.append(_probe_finding(probe_error, vendor))
-    required = cfg["verify"]["required_packages"]
-    for pkg in required:
+def _judge_packages(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
+    """verify.required_packages: each installed and importable."""
+    out = []
+    for pkg in cfg["verify"]["required_packages"]:
         ver = facts.get("packages", {}).get(pkg)
         imp = facts.get("imports", {}).get(pkg, {})
         if ver is None:
@@ -221,71 +217,78 @@ def judge(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
             )
         else:
             out.append(Finding(f"package:{pkg}", True, f"{pkg} {ver}"))
-    out.extend(judge_bitsandbytes(facts, cfg, vendor))
-    if "build" not in facts:
-        return out  # the probe died before torch loaded: the probe finding says why
+    return out
+
+
+def _judge_build(facts: dict, vendor: str) -> Finding:
+    """torch's build (cpu, cuda, rocm) against the vendor the config asks for."""
     build = facts["build"]
-    smi = facts.get("smi") or {}
-    smi_gpus = smi.get("gpus", [])
     if vendor == "cpu":
-        out.append(Finding("build", True, f"torch {facts['torch_version']} ({build} build), CPU run"))
-        out.extend(_judge_attention(facts, cfg, vendor))
-        out.extend(_judge_ds(facts, cfg, vendor))
-        return out
-    if build != vendor:
-        seen = ""
-        if smi_gpus:
-            archs = sorted({g.get("name") or g.get("arch", "") for g in smi_gpus})
-            seen = f"; {smi.get('tool')} lists {len(smi_gpus)} GPU(s) ({', '.join(archs)})"
-        fix = (
-            "install torch's ROCm wheel (envs/rocm.txt) built for gfx942"
-            if vendor == "rocm"
-            else "install torch's CUDA wheel (envs/cuda.txt)"
-        )
-        out.append(
-            Finding(
-                "build",
-                False,
-                f"the config asks for {vendor} but torch {facts['torch_version']} is a {build} build{seen}",
-                fix,
-            )
-        )
-        return out
-    out.append(
-        Finding(
+        return Finding("build", True, f"torch {facts['torch_version']} ({build} build), CPU run")
+    if build == vendor:
+        return Finding(
             "build",
             True,
             f"torch {facts['torch_version']} ({build} {facts['hip_version'] or facts['cuda_version']})",
         )
+    smi = facts.get("smi") or {}
+    smi_gpus = smi.get("gpus", [])
+    seen = ""
+    if smi_gpus:
+        archs = sorted({g.get("name") or g.get("arch", "") for g in smi_gpus})
+        seen = f"; {smi.get('tool')} lists {len(smi_gpus)} GPU(s) ({', '.join(archs)})"
+    fix = (
+        "install torch's ROCm wheel (envs/rocm.txt) built for gfx942"
+        if vendor == "rocm"
+        else "install torch's CUDA wheel (envs/cuda.txt)"
     )
+    return Finding(
+        "build",
+        False,
+        f"the config asks for {vendor} but torch {facts['torch_version']} is a {build} build{seen}",
+        fix,
+    )
+
+
+def _judge_gpu_count(facts: dict, cfg: dict) -> list[Finding]:
+    """torch sees at least hardware.gpus_per_node GPUs."""
     devices = facts.get("devices", [])
+    smi = facts.get("smi") or {}
+    smi_gpus = smi.get("gpus", [])
     want = cfg["hardware"]["gpus_per_node"]
-    if len(devices) < want:
-        extra = ""
-        if len(smi_gpus) > len(devices):
-            extra = (
-                f"; {smi.get('tool')} lists {len(smi_gpus)}: torch cannot open the rest "
-                "(HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES, permissions on /dev/kfd)"
-            )
-        env = {
-            k: v for k, v in facts.get("env", {}).items() if k.endswith("VISIBLE_DEVICES") and v is not None
-        }
-        out.append(
-            Finding(
-                "gpu_count",
-                False,
-                f"{len(devices)} GPU(s) visible to torch, config asks for {want} per node{extra}"
-                + (f" ({env})" if env else ""),
-                "request all GPUs of the node (--gres=gpu:N, the profile's gres) or set "
-                "hardware.gpus_per_node to what the node has",
-            )
+    if len(devices) >= want:
+        return [Finding("gpu_count", True, f"{len(devices)} GPU(s)")]
+    extra = ""
+    if len(smi_gpus) > len(devices):
+        extra = (
+            f"; {smi.get('tool')} lists {len(smi_gpus)}: torch cannot open the rest "
+            "(HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES, permissions on /dev/kfd)"
         )
-    else:
-        out.append(Finding("gpu_count", True, f"{len(devices)} GPU(s)"))
-    out.extend(_judge_gpu_model(facts, cfg))
-    archs = sorted({d["arch"].split(":")[0] for d in devices}) or sorted(
+    env = {k: v for k, v in facts.get("env", {}).items() if k.endswith("VISIBLE_DEVICES") and v is not None}
+    return [
+        Finding(
+            "gpu_count",
+            False,
+            f"{len(devices)} GPU(s) visible to torch, config asks for {want} per node{extra}"
+            + (f" ({env})" if env else ""),
+            "request all GPUs of the node (--gres=gpu:N, the profile's gres) or set "
+            "hardware.gpus_per_node to what the node has",
+        )
+    ]
+
+
+def _gpu_archs(facts: dict) -> list[str]:
+    """The node's GPU architectures: torch's devices, else what the vendor tool lists."""
+    smi_gpus = (facts.get("smi") or {}).get("gpus", [])
+    return sorted({d["arch"].split(":")[0] for d in facts.get("devices", [])}) or sorted(
         {(g.get("name") or g.get("arch", "")).split(":")[0] for g in smi_gpus} - {""}
     )
+
+
+def _judge_arch(facts: dict, vendor: str) -> list[Finding]:
+    """Each GPU arch is in torch's build; on ROCm PYTORCH_ROCM_ARCH names it."""
+    out = []
+    archs = _gpu_archs(facts)
     built = {a.split(":")[0] for a in facts.get("arch_list", [])}
     for arch in archs:
         if vendor == "rocm":
@@ -308,35 +311,64 @@ def judge(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
                 "" if ok else fix,
             )
         )
-    if vendor == "rocm":
-        env_arch = facts.get("env", {}).get("PYTORCH_ROCM_ARCH")
-        if env_arch and not set(env_arch.replace(",", ";").split(";")) & set(archs):
-            out.append(
-                Finding(
-                    "PYTORCH_ROCM_ARCH",
-                    False,
-                    f"PYTORCH_ROCM_ARCH={env_arch} but the GPUs are {archs}: JIT-built ops "
-                    "(DeepSpeed, flash-attn) would target the wrong GPU",
-                    f"export PYTORCH_ROCM_ARCH={archs[0] if archs else 'gfx942'} and rebuild flash-attn and "
-                    "DeepSpeed ops (GPU_ARCHS=gfx942 pip install flash-attn --no-build-isolation "
-                    "--no-cache-dir)",
-                )
+    if vendor != "rocm":
+        return out
+    env_arch = facts.get("env", {}).get("PYTORCH_ROCM_ARCH")
+    if env_arch and not set(env_arch.replace(",", ";").split(";")) & set(archs):
+        out.append(
+            Finding(
+                "PYTORCH_ROCM_ARCH",
+                False,
+                f"PYTORCH_ROCM_ARCH={env_arch} but the GPUs are {archs}: JIT-built ops "
+                "(DeepSpeed, flash-attn) would target the wrong GPU",
+                f"export PYTORCH_ROCM_ARCH={archs[0] if archs else 'gfx942'} and rebuild flash-attn and "
+                "DeepSpeed ops (GPU_ARCHS=gfx942 pip install flash-attn --no-build-isolation "
+                "--no-cache-dir)",
             )
-        elif env_arch:
-            out.append(Finding("PYTORCH_ROCM_ARCH", True, f"PYTORCH_ROCM_ARCH={env_arch}"))
+        )
+    elif env_arch:
+        out.append(Finding("PYTORCH_ROCM_ARCH", True, f"PYTORCH_ROCM_ARCH={env_arch}"))
+    return out
+
+
+def _judge_gpu_memory(facts: dict) -> list[Finding]:
+    """No other process holds a GPU's memory."""
+    devices = facts.get("devices", [])
     busy = [d for d in devices if d.get("total_gib") and d["free_gib"] < 0.8 * d["total_gib"]]
     if busy:
         listed = ", ".join(f"GPU {d['index']}: {d['free_gib']} of {d['total_gib']} GiB free" for d in busy)
-        out.append(
+        return [
             Finding(
                 "gpu_memory",
                 False,
                 f"another process holds GPU memory ({listed})",
                 "find it with rocm-smi --showpids / nvidia-smi and stop it, or ask Slurm for exclusive nodes",
             )
-        )
-    elif devices:
-        out.append(Finding("gpu_memory", True, f"{min(d['free_gib'] for d in devices)} GiB free per GPU"))
+        ]
+    if devices:
+        return [Finding("gpu_memory", True, f"{min(d['free_gib'] for d in devices)} GiB free per GPU")]
+    return []
+
+
+def judge(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
+    """Every per-node rule, applied to recorded facts. Pure: no machine access."""
+    out: list[Finding] = []
+    probe_error = facts.get("probe_error")
+    if probe_error:
+        out.append(_probe_finding(probe_error, vendor))
+    out.extend(_judge_packages(facts, cfg, vendor))
+    out.extend(judge_bitsandbytes(facts, cfg, vendor))
+    if "build" not in facts:
+        return out  # the probe died before torch loaded: the probe finding says why
+    build = _judge_build(facts, vendor)
+    out.append(build)
+    if not build.ok:
+        return out  # the GPU rules would only repeat the wrong build
+    if vendor != "cpu":
+        out.extend(_judge_gpu_count(facts, cfg))
+        out.extend(_judge_gpu_model(facts, cfg))
+        out.extend(_judge_arch(facts, vendor))
+        out.extend(_judge_gpu_memory(facts))
     out.extend(_judge_attention(facts, cfg, vendor))
     out.extend(_judge_ds(facts, cfg, vendor))
     return out
@@ -483,22 +515,9 @@ def _largest(rows: list[dict]) -> dict | None:
     return max(rows, key=lambda r: r["bytes"]) if rows else None
 
 
-def judge_collectives(
-    coll: dict,
-    cfg: dict,
-    vendor: str,
-    thresholds: hardware.Thresholds,
-    spec: hardware.GpuSpec | None,
-    env: dict | None = None,
-) -> list[Finding]:
-    """Rules for the collective check: it ran, it summed right, bandwidth, transport, GEMM. Pure.
-
-    `env`: the collective variables the nodes' launchers saw (facts["env"]), to name a cause.
-    """
-    if coll.get("failure"):
-        f = coll["failure"]
-        return [Finding(f["check"], False, f["message"], f["fix"])]
-    out: list[Finding] = []
+def _judge_collective_result(coll: dict, cfg: dict) -> list[Finding]:
+    """The collective ran over every process the config expects, and summed right."""
+    out = []
     lay = layout(cfg)
     if coll["world_size"] != lay.world_size:
         out.append(
@@ -519,12 +538,29 @@ def judge_collectives(
                 "check the GPU fabric (rocm-smi / nvidia-smi for link errors) and the NCCL/RCCL version",
             )
         )
+    return out
+
+
+def _transport_where(coll: dict) -> str:
+    """The transport in words: within a node, and between nodes on several."""
     tr = coll.get("transport", {})
-    multi = coll.get("nnodes", 1) > 1
-    gpus = cfg["hardware"]["gpus_per_node"]
     where = tr.get("intra", "")
-    if multi and tr.get("inter"):
+    if coll.get("nnodes", 1) > 1 and tr.get("inter"):
         where += f"; between nodes {tr['inter']}"
+    return where
+
+
+def _judge_bandwidth(
+    coll: dict,
+    vendor: str,
+    thresholds: hardware.Thresholds,
+    spec: hardware.GpuSpec | None,
+    env: dict | None,
+) -> list[Finding]:
+    """Bus bandwidth of the largest all-reduce and all-gather against hardware.py's floors."""
+    out = []
+    multi = coll.get("nnodes", 1) > 1
+    where = _transport_where(coll)
     for op, floor in (
         ("all_reduce", thresholds.allreduce_busbw_gbs),
         ("all_gather", thresholds.allgather_busbw_gbs),
@@ -547,64 +583,103 @@ def judge_collectives(
             )
         else:
             out.append(Finding(f"bandwidth:{op}", True, f"{got} >= {floor:g} GB/s (transport: {where})"))
-    if vendor != "cpu" and tr.get("reported"):
-        pcie = [t for t in tr.get("intra_path_types", []) if t in hardware.PCIE_PATHS]
-        if gpus >= 2 and spec is not None and pcie:
-            out.append(
-                Finding(
-                    "transport",
-                    False,
-                    f"GPU-to-GPU traffic takes {', '.join(hardware.PCIE_PATHS[t] for t in pcie)} "
-                    f"(library path type {'/'.join(pcie)}), not {spec.fabric}",
-                    _bandwidth_fix(vendor, spec, False, env),
-                )
-            )
-        elif gpus >= 2 and any(k.startswith("SHM") for k in tr.get("via", {})):
-            out.append(
-                Finding(
-                    "transport",
-                    False,
-                    "GPUs exchange data through host memory (SHM): peer-to-peer is off",
-                    "unset NCCL_P2P_DISABLE / NCCL_P2P_LEVEL; on ROCm check that the GPUs share an "
-                    "xGMI hive (rocm-smi --showtopotype); on NVIDIA check nvidia-smi topo -m",
-                )
-            )
-        elif multi and "Socket" in tr.get("inter", ""):
-            out.append(
-                Finding(
-                    "transport",
-                    False,
-                    "nodes talk over TCP sockets (NET/Socket), not RDMA (InfiniBand/RoCE)",
-                    "set hardware.ib_hca (NCCL_IB_HCA) to the nodes' RDMA devices and check "
-                    "the RDMA driver (ibv_devinfo); hardware.socket_ifname for the bootstrap",
-                )
-            )
-        else:
-            out.append(Finding("transport", True, f"{tr.get('library')} {tr.get('version', '')}: {where}"))
-    elif vendor != "cpu":
-        out.append(Finding("transport", True, f"{tr.get('library')}: transport not reported by the library"))
-    ranks = coll.get("ranks", [])
-    if ranks:
-        slow = min(ranks, key=lambda r: r["gemm_tflops"])
-        got = (
-            f"GEMM {slow['gemm_n']}^3 {slow['gemm_dtype']}: slowest {slow['gemm_tflops']:g} TFLOP/s "
-            f"(rank {slow['rank']}, {slow['host']} {slow['device']})"
-        )
-        floor = thresholds.gemm_tflops
-        if floor and slow["gemm_tflops"] < floor:
-            tool = "rocm-smi" if vendor == "rocm" else "nvidia-smi -q -d PERFORMANCE"
-            out.append(
-                Finding(
-                    "gemm",
-                    False,
-                    f"{got}, below {floor:g} ({spec.name if spec else 'the table'})",
-                    f"the GPU is throttled or shared: check clocks, power and temperature ({tool}), "
-                    "other processes, and that torch uses the vendor BLAS (hipBLASLt / cuBLAS)",
-                )
-            )
-        else:
-            out.append(Finding("gemm", True, got + (f" >= {floor:g}" if floor else " (not judged on CPU)")))
     return out
+
+
+def _judge_transport(
+    coll: dict, cfg: dict, vendor: str, spec: hardware.GpuSpec | None, env: dict | None
+) -> list[Finding]:
+    """The links the library picked: the GPU fabric within a node, RDMA between nodes."""
+    if vendor == "cpu":
+        return []
+    tr = coll.get("transport", {})
+    if not tr.get("reported"):
+        return [Finding("transport", True, f"{tr.get('library')}: transport not reported by the library")]
+    multi = coll.get("nnodes", 1) > 1
+    gpus = cfg["hardware"]["gpus_per_node"]
+    pcie = [t for t in tr.get("intra_path_types", []) if t in hardware.PCIE_PATHS]
+    if gpus >= 2 and spec is not None and pcie:
+        return [
+            Finding(
+                "transport",
+                False,
+                f"GPU-to-GPU traffic takes {', '.join(hardware.PCIE_PATHS[t] for t in pcie)} "
+                f"(library path type {'/'.join(pcie)}), not {spec.fabric}",
+                _bandwidth_fix(vendor, spec, False, env),
+            )
+        ]
+    if gpus >= 2 and any(k.startswith("SHM") for k in tr.get("via", {})):
+        return [
+            Finding(
+                "transport",
+                False,
+                "GPUs exchange data through host memory (SHM): peer-to-peer is off",
+                "unset NCCL_P2P_DISABLE / NCCL_P2P_LEVEL; on ROCm check that the GPUs share an "
+                "xGMI hive (rocm-smi --showtopotype); on NVIDIA check nvidia-smi topo -m",
+            )
+        ]
+    if multi and "Socket" in tr.get("inter", ""):
+        return [
+            Finding(
+                "transport",
+                False,
+                "nodes talk over TCP sockets (NET/Socket), not RDMA (InfiniBand/RoCE)",
+                "set hardware.ib_hca (NCCL_IB_HCA) to the nodes' RDMA devices and check "
+                "the RDMA driver (ibv_devinfo); hardware.socket_ifname for the bootstrap",
+            )
+        ]
+    where = _transport_where(coll)
+    return [Finding("transport", True, f"{tr.get('library')} {tr.get('version', '')}: {where}")]
+
+
+def _judge_gemm(
+    coll: dict, vendor: str, thresholds: hardware.Thresholds, spec: hardware.GpuSpec | None
+) -> list[Finding]:
+    """The slowest rank's GEMM against the GPU's floor: a throttled or shared GPU shows here."""
+    ranks = coll.get("ranks", [])
+    if not ranks:
+        return []
+    slow = min(ranks, key=lambda r: r["gemm_tflops"])
+    got = (
+        f"GEMM {slow['gemm_n']}^3 {slow['gemm_dtype']}: slowest {slow['gemm_tflops']:g} TFLOP/s "
+        f"(rank {slow['rank']}, {slow['host']} {slow['device']})"
+    )
+    floor = thresholds.gemm_tflops
+    if floor and slow["gemm_tflops"] < floor:
+        tool = "rocm-smi" if vendor == "rocm" else "nvidia-smi -q -d PERFORMANCE"
+        return [
+            Finding(
+                "gemm",
+                False,
+                f"{got}, below {floor:g} ({spec.name if spec else 'the table'})",
+                f"the GPU is throttled or shared: check clocks, power and temperature ({tool}), "
+                "other processes, and that torch uses the vendor BLAS (hipBLASLt / cuBLAS)",
+            )
+        ]
+    return [Finding("gemm", True, got + (f" >= {floor:g}" if floor else " (not judged on CPU)"))]
+
+
+def judge_collectives(
+    coll: dict,
+    cfg: dict,
+    vendor: str,
+    thresholds: hardware.Thresholds,
+    spec: hardware.GpuSpec | None,
+    env: dict | None = None,
+) -> list[Finding]:
+    """Rules for the collective check: it ran, it summed right, bandwidth, transport, GEMM. Pure.
+
+    `env`: the collective variables the nodes' launchers saw (facts["env"]), to name a cause.
+    """
+    if coll.get("failure"):
+        f = coll["failure"]
+        return [Finding(f["check"], False, f["message"], f["fix"])]
+    return (
+        _judge_collective_result(coll, cfg)
+        + _judge_bandwidth(coll, vendor, thresholds, spec, env)
+        + _judge_transport(coll, cfg, vendor, spec, env)
+        + _judge_gemm(coll, vendor, thresholds, spec)
+    )
 
 
 def _bandwidth_fix(vendor: str, spec: hardware.GpuSpec | None, multi: bool, env: dict | None = None) -> str:

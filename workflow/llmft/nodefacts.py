@@ -259,6 +259,69 @@ def _bitsandbytes(torch, bits: int, gpu: bool) -> dict:
     return out
 
 
+# The environment variables that decide which GPUs, arch and network a node's processes use.
+ENV_KEYS = (
+    "PYTORCH_ROCM_ARCH",
+    "HIP_VISIBLE_DEVICES",
+    "CUDA_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "HSA_OVERRIDE_GFX_VERSION",
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_IB_HCA",
+    "NCCL_P2P_DISABLE",
+)
+
+
+def _host_facts() -> dict:
+    """What is known before torch loads: host, environment, package versions, host resources."""
+    return {
+        "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "env": {k: os.environ.get(k) for k in ENV_KEYS},
+        "packages": {p: _version(p) for p in PACKAGES},
+        # What the planner may choose on this node: Liger needs its package and Triton (a
+        # separate distribution on ROCm, pytorch-triton-rocm), found without importing them.
+        "modules": {m: importlib.util.find_spec(m) is not None for m in ("liger_kernel", "triton")},
+        "host_memory_gib": host_memory_gib(),
+        "host_cpus": len(os.sched_getaffinity(0)),
+        "imports": {},
+        "devices": [],
+        "arch_list": [],
+    }
+
+
+def _torch_devices(torch, hip: bool) -> list[dict]:
+    """Each GPU torch sees: name, arch, memory, multiprocessors."""
+    devices = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        free, total = torch.cuda.mem_get_info(i)
+        # gcnArchName only on ROCm: CUDA builds have the field too and put the device name in it.
+        arch = p.gcnArchName if hip else hardware.cuda_arch_name(p.major, p.minor)
+        devices.append(
+            {
+                "index": i,
+                "name": p.name,
+                "arch": arch,
+                "total_gib": round(total / 2**30, 1),
+                "free_gib": round(free / 2**30, 1),
+                "multiprocessors": p.multi_processor_count,
+            }
+        )
+    return devices
+
+
+def _import_packages(facts: dict, imports: list[str] | None, step) -> None:
+    """Import each installed package (but torch and flash-attn, checked on their own), timed."""
+    for pkg in PACKAGES if imports is None else [p for p in PACKAGES if p in imports]:
+        if pkg not in ("torch", "flash_attn") and facts["packages"][pkg] is not None:
+            step(f"import {IMPORT_MODULE.get(pkg, pkg)}")
+            t = time.monotonic()
+            ok, err = _importable(pkg)
+            facts["imports"][pkg] = {"ok": ok, "error": err, "seconds": round(time.monotonic() - t, 2)}
+
+
 def gather_facts(
     load_cpu_adam: bool = False, save=None, imports: list[str] | None = None, bnb_bits: int = 0
 ) -> dict:
@@ -272,33 +335,7 @@ def gather_facts(
         if save:
             save(facts, name)
 
-    facts: dict = {
-        "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "env": {
-            k: os.environ.get(k)
-            for k in (
-                "PYTORCH_ROCM_ARCH",
-                "HIP_VISIBLE_DEVICES",
-                "CUDA_VISIBLE_DEVICES",
-                "ROCR_VISIBLE_DEVICES",
-                "HSA_OVERRIDE_GFX_VERSION",
-                "NCCL_SOCKET_IFNAME",
-                "NCCL_IB_HCA",
-                "NCCL_P2P_DISABLE",
-            )
-        },
-        "packages": {p: _version(p) for p in PACKAGES},
-        # What the planner may choose on this node: Liger needs its package and Triton (a
-        # separate distribution on ROCm, pytorch-triton-rocm), found without importing them.
-        "modules": {m: importlib.util.find_spec(m) is not None for m in ("liger_kernel", "triton")},
-        "host_memory_gib": host_memory_gib(),
-        "host_cpus": len(os.sched_getaffinity(0)),
-        "imports": {},
-        "devices": [],
-        "arch_list": [],
-    }
+    facts: dict = _host_facts()
     step("import torch")
     import torch
 
@@ -312,27 +349,8 @@ def gather_facts(
     step("torch devices")
     if torch.cuda.is_available():
         facts["arch_list"] = list(torch.cuda.get_arch_list())
-        for i in range(torch.cuda.device_count()):
-            p = torch.cuda.get_device_properties(i)
-            free, total = torch.cuda.mem_get_info(i)
-            # gcnArchName only on ROCm: CUDA builds have the field too and put the device name in it.
-            arch = p.gcnArchName if facts["hip_version"] else hardware.cuda_arch_name(p.major, p.minor)
-            facts["devices"].append(
-                {
-                    "index": i,
-                    "name": p.name,
-                    "arch": arch,
-                    "total_gib": round(total / 2**30, 1),
-                    "free_gib": round(free / 2**30, 1),
-                    "multiprocessors": p.multi_processor_count,
-                }
-            )
-    for pkg in PACKAGES if imports is None else [p for p in PACKAGES if p in imports]:
-        if pkg not in ("torch", "flash_attn") and facts["packages"][pkg] is not None:
-            step(f"import {IMPORT_MODULE.get(pkg, pkg)}")
-            t = time.monotonic()
-            ok, err = _importable(pkg)
-            facts["imports"][pkg] = {"ok": ok, "error": err, "seconds": round(time.monotonic() - t, 2)}
+        facts["devices"].extend(_torch_devices(torch, bool(facts["hip_version"])))
+    _import_packages(facts, imports, step)
     if "deepspeed" in facts["imports"]:
         step("deepspeed ops")
         facts["deepspeed_ops"] = _deepspeed_ops(load_cpu_adam)

@@ -178,6 +178,94 @@ def sft_trainable_params(shape: ModelShape, sft: dict) -> float:
     )
 
 
+def _precision_mode(precision: str, stage: int) -> str:
+    """How the model computes: fp32 throughout, autocast (plain DDP) or 16 bit (DeepSpeed)."""
+    if precision == "fp32":
+        return "fp32"
+    if stage == 0:
+        return "autocast"
+    return "half"
+
+
+def _autocast_states(p: float, t: float, w: int, finetuning_type: str) -> tuple[float, ...]:
+    """(weights, grads, optimizer, buckets, step transient) bytes of plain DDP under autocast."""
+    # fp32 trainable weights (frozen ones stay 16 bit) + the bf16 copies autocast keeps for
+    # backward; fp32 grads, DDP's fp32 bucket copy of them, AdamW's two fp32 moments.
+    # Measured on one H200 with LoRA (bench/results/sft_lora_h200x1_1b.json): 26.0 GiB at batch
+    # 8 x 2048 with plain packing, 4.7 at batch 1 with checkpointing.
+    # LoRA / freeze: the frozen weights are loaded in 16 bit and autocast needs no copy of them.
+    weights = 4 * t + 2 * (p - t) + (2 * p if finetuning_type == "full" else 2 * t)
+    grads = 4 * t
+    optim = 8 * t
+    bucket = 4 * t if w > 1 else 0.0
+    transient = 0.0  # fused AdamW updates in place
+    return weights, grads, optim, bucket, transient
+
+
+def _deepspeed_states(
+    shape: ModelShape,
+    mode: str,
+    stage: int,
+    p: float,
+    t: float,
+    w: int,
+    offload: bool,
+    buckets: tuple[float, float],
+) -> tuple[float, ...]:
+    """(weights, grads, optimizer, buckets, step transient) bytes under DeepSpeed (or fp32 DDP)."""
+    reduce_b, gather_b = buckets
+    unit = 4 if mode == "fp32" else 2
+    weights = unit * p / (w if stage == 3 else 1)
+    grads = unit * t / (w if stage >= 2 else 1)
+    # fp32 master copy (only for 16-bit weights) + AdamW's two fp32 moments, sharded by ZeRO.
+    optim = ((4 if unit == 2 else 0) + 8) * t / (w if stage >= 1 else 1)
+    if offload:
+        optim = 0.0
+        weights = 0.0 if stage == 3 else weights
+    if stage == 3:
+        # gathered working set: the prefetch bucket plus the largest module being computed
+        largest = max(shape.layer_params, shape.vocab * shape.hidden)
+        bucket = unit * (reduce_b + gather_b + 2 * largest)
+        # ZeRO-3 steps the optimizer one sub-group at a time: an fp32 gradient copy of at most
+        # sub_group_size elements (8 B recipe on 2 x H200: 65.7 GiB measured, 65.6 predicted).
+        transient = 0.0 if offload else 4 * min(t / w, ZERO3_SUB_GROUP)
+    elif stage in (1, 2):
+        # overlap_comm double-buffers the reduce bucket. The step converts the 16-bit gradient
+        # partition to fp32 (4 bytes per sharded parameter). Measured on 2 x H200 (torch's max
+        # allocated; bench/results/sft_h200x2_session_end.json): the 8 B ZeRO-2 step at batch 1
+        # stays under its backward peak (89.8 GiB), so the step adds at most ~5 bytes.
+        bucket = unit * (2 * reduce_b + gather_b)
+        transient = 0.0 if offload else 4 * t / w
+    else:
+        bucket = unit * t if w > 1 else 0.0
+        transient = 0.0
+    return weights, grads, optim, bucket, transient
+
+
+def _activation_bytes(
+    shape: ModelShape,
+    mode: str,
+    t: float,
+    tokens: int,
+    gradient_checkpointing: bool,
+    liger: bool,
+    finetuning_type: str,
+) -> float:
+    """Activations one micro-batch of `tokens` saves for backward."""
+    per_d, per_f, per_kv = ACTIVATION_BYTES[(mode, liger)]
+    layer = per_d * shape.hidden + per_f * shape.intermediate + per_kv * shape.kv_dim
+    # LoRA on every linear layer keeps every layer's activations: each adapter's input is the frozen
+    # weight's input. Freeze (the last layers trainable) runs no backward below them, so the frozen
+    # layers keep nothing for it.
+    saving = shape.layers
+    if finetuning_type == "freeze" and not gradient_checkpointing:
+        saving = max(1, min(shape.layers, round(t / max(shape.layer_params, 1))))
+    if gradient_checkpointing:
+        residual = (2 if mode == "half" else 4) * shape.hidden
+        return tokens * (shape.layers * residual + layer)
+    return tokens * saving * layer
+
+
 def estimate(
     shape: ModelShape,
     *,
@@ -199,64 +287,15 @@ def estimate(
     p = float(shape.params)
     t = float(trainable_params(shape, finetuning_type) if trainable is None else trainable)
     w = max(1, world)
-    if precision == "fp32":
-        mode = "fp32"
-    elif stage == 0:
-        mode = "autocast"
-    else:
-        mode = "half"
-    reduce_b, gather_b = buckets
+    mode = _precision_mode(precision, stage)
     if mode == "autocast":
-        # fp32 trainable weights (frozen ones stay 16 bit) + the bf16 copies autocast keeps for
-        # backward; fp32 grads, DDP's fp32 bucket copy of them, AdamW's two fp32 moments.
-        # Measured on one H200 with LoRA (bench/results/sft_lora_h200x1_1b.json): 26.0 GiB at batch
-        # 8 x 2048 with plain packing, 4.7 at batch 1 with checkpointing.
-        # LoRA / freeze: the frozen weights are loaded in 16 bit and autocast needs no copy of them.
-        weights = 4 * t + 2 * (p - t) + (2 * p if finetuning_type == "full" else 2 * t)
-        grads = 4 * t
-        optim = 8 * t
-        bucket = 4 * t if w > 1 else 0.0
-        transient = 0.0  # fused AdamW updates in place
+        weights, grads, optim, bucket, transient = _autocast_states(p, t, w, finetuning_type)
     else:
-        unit = 4 if mode == "fp32" else 2
-        weights = unit * p / (w if stage == 3 else 1)
-        grads = unit * t / (w if stage >= 2 else 1)
-        # fp32 master copy (only for 16-bit weights) + AdamW's two fp32 moments, sharded by ZeRO.
-        optim = ((4 if unit == 2 else 0) + 8) * t / (w if stage >= 1 else 1)
-        if offload:
-            optim = 0.0
-            weights = 0.0 if stage == 3 else weights
-        if stage == 3:
-            # gathered working set: the prefetch bucket plus the largest module being computed
-            largest = max(shape.layer_params, shape.vocab * shape.hidden)
-            bucket = unit * (reduce_b + gather_b + 2 * largest)
-            # ZeRO-3 steps the optimizer one sub-group at a time: an fp32 gradient copy of at most
-            # sub_group_size elements (8 B recipe on 2 x H200: 65.7 GiB measured, 65.6 predicted).
-            transient = 0.0 if offload else 4 * min(t / w, ZERO3_SUB_GROUP)
-        elif stage in (1, 2):
-            # overlap_comm double-buffers the reduce bucket. The step converts the 16-bit gradient
-            # partition to fp32 (4 bytes per sharded parameter). Measured on 2 x H200 (torch's max
-            # allocated; bench/results/sft_h200x2_session_end.json): the 8 B ZeRO-2 step at batch 1
-            # stays under its backward peak (89.8 GiB), so the step adds at most ~5 bytes.
-            bucket = unit * (2 * reduce_b + gather_b)
-            transient = 0.0 if offload else 4 * t / w
-        else:
-            bucket = unit * t if w > 1 else 0.0
-            transient = 0.0
+        weights, grads, optim, bucket, transient = _deepspeed_states(
+            shape, mode, stage, p, t, w, offload, buckets
+        )
     tokens = micro_batch * seq_len
-    per_d, per_f, per_kv = ACTIVATION_BYTES[(mode, liger)]
-    layer = per_d * shape.hidden + per_f * shape.intermediate + per_kv * shape.kv_dim
-    # LoRA on every linear layer keeps every layer's activations: each adapter's input is the frozen
-    # weight's input. Freeze (the last layers trainable) runs no backward below them, so the frozen
-    # layers keep nothing for it.
-    saving = shape.layers
-    if finetuning_type == "freeze" and not gradient_checkpointing:
-        saving = max(1, min(shape.layers, round(t / max(shape.layer_params, 1))))
-    if gradient_checkpointing:
-        residual = (2 if mode == "half" else 4) * shape.hidden
-        acts = tokens * (shape.layers * residual + layer)
-    else:
-        acts = tokens * saving * layer
+    acts = _activation_bytes(shape, mode, t, tokens, gradient_checkpointing, liger, finetuning_type)
     loss = tokens * (8 * shape.hidden if liger else LOGIT_BYTES[mode] * shape.vocab)
     mask = micro_batch * seq_len * seq_len * 2 if neat_mask else 0.0
     return Memory(
@@ -364,17 +403,14 @@ def _bucket_elems(b: dict) -> tuple[float, float]:
     return num[0], num[1]
 
 
-def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelShape | None = None) -> Plan:
-    """Concrete settings for every `auto` in cfg['sft'], checked against the devices' memory."""
-    sft = cfg["sft"]
-    shape = shape or model_shape(model_dir)
-    world = platform.world_size
-    seq = cfg["data"]["cutoff_len"]
-    gpu, capacity = platform.gpu, platform.device_memory_gib
-    usable = capacity * USABLE_FRACTION - CONTEXT_GIB
+# A candidate setting: (zero stage, offload, micro-batch rows, gradient checkpointing).
+Candidate = tuple[int, bool, int, bool]
+
+
+def _packing_and_attention(sft: dict, platform: Platform) -> tuple[str, str, list[str]]:
+    """sft's packing and attention kernel, with the reasons for what `auto` chose."""
     on_gpu = platform.on_gpu
     reasons: list[str] = []
-
     packing = sft["packing"]
     if packing == "auto":
         packing = "neat" if on_gpu else "off"
@@ -386,20 +422,24 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
     attention, why = choose_attention(sft["flash_attn"], packing, platform.attention, on_gpu, platform.torch)
     if why:
         reasons.append(why)
-    neat_mask = packing == "neat" and attention in ("sdpa", "disabled", "auto")
-    # Overlapped, large buckets need a GPU side stream; on gloo DeepSpeed's own sizes do.
-    bucket_setting = sft["zero_bucket_size"] if on_gpu or sft["zero_bucket_size"] != "auto" else "hf"
+    return packing, attention, reasons
 
+
+def _zero2_first(sft: dict, on_gpu: bool) -> bool:
     # GPUs in 16 bit: ZeRO-2 before plain (DDP) training. DeepSpeed runs the model in 16 bit with
     # fp32 master weights in the optimizer (DDP under autocast keeps fp32 weights and residual
     # stream), each GPU updates only its share of the AdamW states, and reduce-scatter + all-gather
     # of 16-bit tensors move half the bytes of DDP's fp32 all-reduce: 1.14x DDP's tokens/s on 1.24 B
     # over 2 x H200, with 36 % less memory; on one H200, with nothing to shard, 1.11x (median step
     # 1.13x) and 16 % less memory (bench/results).
-    zero2_first = on_gpu and sft["precision"] in ("bf16", "fp16")
+    return on_gpu and sft["precision"] in ("bf16", "fp16")
+
+
+def _stage_options(sft: dict, on_gpu: bool, world: int) -> list[int]:
+    """The ZeRO stages to try, in preference order."""
     if sft["zero_stage"] != "auto":
         stages = [sft["zero_stage"]]
-    elif zero2_first:
+    elif _zero2_first(sft, on_gpu):
         stages = [2, 3]
     else:
         stages = [0, 2, 3] if world > 1 else [0, 3]
@@ -409,122 +449,203 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
     elif sft.get("quantization_bit") == 8:
         # LLaMA-Factory trains only 4-bit bitsandbytes models under ZeRO-3.
         stages = [s for s in stages if s != 3] or [2]
+    return stages
+
+
+def _offload_options(sft: dict, on_gpu: bool) -> list[bool]:
     if sft["offload"] == "auto":
         # On a CPU the "devices" are host memory already: nothing to offload to.
-        offloads = [False, True] if on_gpu else [False]
-    else:
-        offloads = [bool(sft["offload"])]
-    gcs = [sft["gradient_checkpointing"]] if sft["gradient_checkpointing"] != "auto" else [False, True]
+        return [False, True] if on_gpu else [False]
+    return [bool(sft["offload"])]
+
+
+def _rows_options(sft: dict, seq: int, world: int) -> list[int]:
+    """Micro-batch sizes (rows of `seq` tokens) to try, largest first."""
     budget_rows = max(1, sft["micro_batch_tokens"] // seq)
     if sft["per_device_train_batch_size"] != "auto":
-        rows_options = [sft["per_device_train_batch_size"]]
-    elif sft["gradient_accumulation_steps"] == "auto":
+        return [sft["per_device_train_batch_size"]]
+    if sft["gradient_accumulation_steps"] == "auto":
         # Divisors of the rows each process needs per optimizer step: micro-batch x accumulation
         # then hits sft.tokens_per_step exactly, whatever the hardware.
         per_proc = max(1, sft["tokens_per_step"] // (seq * world))
-        rows_options = [r for r in range(min(budget_rows, per_proc), 0, -1) if per_proc % r == 0]
-    else:
-        rows_options = list(range(budget_rows, 0, -1))
+        return [r for r in range(min(budget_rows, per_proc), 0, -1) if per_proc % r == 0]
+    return list(range(budget_rows, 0, -1))
 
-    def use_liger(stage: int) -> bool:
-        if sft["liger_kernel"] != "auto":
-            return bool(sft["liger_kernel"])
-        # ZeRO-3 gathers weights in module hooks, which Liger's fused loss bypasses.
-        return on_gpu and stage < 3 and shape.model_type in LIGER_MODEL_TYPES and platform.liger
 
-    def mem(stage, offload, rows, gc) -> Memory:
-        return estimate(
-            shape,
-            stage=stage,
-            world=world,
-            micro_batch=rows,
-            seq_len=seq,
-            gradient_checkpointing=gc,
-            precision=sft["precision"],
-            offload=offload,
-            liger=use_liger(stage),
-            finetuning_type=sft["finetuning_type"],
-            neat_mask=neat_mask,
-            buckets=_bucket_elems(_buckets(bucket_setting, shape, stage)),
-            trainable=t,
-        )
+@dataclass(frozen=True)
+class _Space:
+    """The settings one config allows on one platform, and how each is costed."""
 
-    t = float(sft_trainable_params(shape, sft))
-    tuning = flops.tuning_of(sft, shape)  # the config's keys are LLaMA-Factory's names
+    sft: dict
+    shape: ModelShape
+    platform: Platform
+    seq: int
+    neat_mask: bool
+    bucket_setting: object
+    trainable: float
+    tuning: flops.Tuning
 
-    def accumulation(rows: int) -> int:
-        if sft["gradient_accumulation_steps"] != "auto":
-            return sft["gradient_accumulation_steps"]
-        return max(1, math.ceil(sft["tokens_per_step"] / (rows * seq * world)))
+    @property
+    def world(self) -> int:
+        return self.platform.world_size
 
-    def candidates():
+    def candidates(self):
         """Every setting allowed by the config, in the order that breaks ties (less first)."""
+        on_gpu = self.platform.on_gpu
+        gcs = [self.sft["gradient_checkpointing"]]
+        if self.sft["gradient_checkpointing"] == "auto":
+            gcs = [False, True]
         for gc in gcs:
-            for stage in stages:
-                for offload in offloads:
+            for stage in _stage_options(self.sft, on_gpu, self.world):
+                for offload in _offload_options(self.sft, on_gpu):
                     if offload and stage != 3:
                         continue
-                    for rows in rows_options:
+                    for rows in _rows_options(self.sft, self.seq, self.world):
                         yield stage, offload, rows, gc
 
-    smallest: tuple[float, tuple] | None = None
+    def liger(self, stage: int) -> bool:
+        if self.sft["liger_kernel"] != "auto":
+            return bool(self.sft["liger_kernel"])
+        # ZeRO-3 gathers weights in module hooks, which Liger's fused loss bypasses.
+        return (
+            self.platform.on_gpu
+            and stage < 3
+            and self.shape.model_type in LIGER_MODEL_TYPES
+            and self.platform.liger
+        )
+
+    def buckets(self, stage: int) -> dict:
+        return _buckets(self.bucket_setting, self.shape, stage)
+
+    def accumulation(self, rows: int) -> int:
+        if self.sft["gradient_accumulation_steps"] != "auto":
+            return self.sft["gradient_accumulation_steps"]
+        return max(1, math.ceil(self.sft["tokens_per_step"] / (rows * self.seq * self.world)))
+
+    def memory(self, cand: Candidate) -> Memory:
+        stage, offload, rows, gc = cand
+        return estimate(
+            self.shape,
+            stage=stage,
+            world=self.world,
+            micro_batch=rows,
+            seq_len=self.seq,
+            gradient_checkpointing=gc,
+            precision=self.sft["precision"],
+            offload=offload,
+            liger=self.liger(stage),
+            finetuning_type=self.sft["finetuning_type"],
+            neat_mask=self.neat_mask,
+            buckets=_bucket_elems(self.buckets(stage)),
+            trainable=self.trainable,
+        )
+
+    def step(self, cand: Candidate) -> StepTime:
+        stage, offload, rows, gc = cand
+        return step_time(
+            self.shape,
+            self.platform,
+            stage=stage,
+            offload=offload,
+            micro_batch=rows,
+            seq_len=self.seq,
+            accumulation=self.accumulation(rows),
+            gradient_checkpointing=gc,
+            trainable=self.trainable,
+            precision=self.sft["precision"],
+            tuning=self.tuning,
+        )
+
+    def host_need(self, cand: Candidate) -> float | None:
+        """Host memory per node the candidate's CPU offload holds, when it exceeds the usable share."""
+        if cand[1] and self.platform.host_memory_gib:
+            need = offload_host_gib(self.shape.params, self.trainable, self.platform.nodes)
+            if need > HOST_USABLE_FRACTION * self.platform.host_memory_gib:
+                return need
+        return None
+
+
+def _evaluate(space: _Space, usable: float) -> tuple[list, list[float], tuple[float, Candidate] | None]:
+    """(fitting as (step time, candidate, memory) in candidate order, host memory of candidates
+    refused for offload, the smallest peak of any candidate)."""
+    smallest: tuple[float, Candidate] | None = None
     fitting, host_refused = [], []
-    for cand in candidates():
-        m = mem(*cand)
+    for cand in space.candidates():
+        m = space.memory(cand)
         if smallest is None or m.peak < smallest[0]:
             smallest = (m.peak, cand)
         if m.peak > usable:
             continue
-        stage, offload, rows, gc = cand
-        if offload and platform.host_memory_gib:
-            need = offload_host_gib(shape.params, t, platform.nodes)
-            if need > HOST_USABLE_FRACTION * platform.host_memory_gib:
-                host_refused.append(need)
-                continue
-        est = step_time(
-            shape,
-            platform,
-            stage=stage,
-            offload=offload,
-            micro_batch=rows,
-            seq_len=seq,
-            accumulation=accumulation(rows),
-            gradient_checkpointing=gc,
-            trainable=t,
-            precision=sft["precision"],
-            tuning=tuning,
-        )
-        fitting.append((est, cand, m))
+        need = space.host_need(cand)
+        if need is not None:
+            host_refused.append(need)
+            continue
+        fitting.append((space.step(cand), cand, m))
+    return fitting, host_refused, smallest
+
+
+def _fastest(fitting: list) -> tuple[StepTime, Candidate, Memory]:
+    # Fastest first; among equals (within 1 %) the earlier candidate: less recompute, less sharding.
+    best = max(est.tokens_per_s_per_gpu for est, _, _ in fitting)
+    return next(f for f in fitting if f[0].tokens_per_s_per_gpu >= 0.99 * best)
+
+
+def _stage_reason(stage: int, zero2_first: bool, world: int) -> str:
+    if not zero2_first:
+        why2 = "states need sharding, weights fit whole"
+    elif world > 1:
+        why2 = "16-bit compute with sharded AdamW states, faster than plain DDP on GPUs"
+    else:
+        why2 = "16-bit compute, fp32 master weights: faster than autocast on a GPU"
+    return {
+        0: "zero_stage 0: the whole model and its AdamW states fit on each GPU (plain DDP)",
+        2: f"zero_stage 2: {why2}",
+        3: "zero_stage 3: even the 16-bit weights need sharding",
+    }[stage]
+
+
+def _batch_reasons(sft: dict, rows: int, accum: int, seq: int) -> list[str]:
+    out = []
+    if sft["gradient_accumulation_steps"] == "auto":
+        out.append(f"gradient_accumulation {accum}: >= {sft['tokens_per_step']} tokens per optimizer step")
+    if sft["per_device_train_batch_size"] == "auto":
+        out.append(f"micro-batch {rows} x {seq} tokens: the fastest estimate within the budget that fits")
+    return out
+
+
+def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelShape | None = None) -> Plan:
+    """Concrete settings for every `auto` in cfg['sft'], checked against the devices' memory."""
+    sft = cfg["sft"]
+    shape = shape or model_shape(model_dir)
+    world = platform.world_size
+    seq = cfg["data"]["cutoff_len"]
+    gpu, capacity = platform.gpu, platform.device_memory_gib
+    usable = capacity * USABLE_FRACTION - CONTEXT_GIB
+    on_gpu = platform.on_gpu
+    packing, attention, reasons = _packing_and_attention(sft, platform)
+    space = _Space(
+        sft=sft,
+        shape=shape,
+        platform=platform,
+        seq=seq,
+        neat_mask=packing == "neat" and attention in ("sdpa", "disabled", "auto"),
+        # Overlapped, large buckets need a GPU side stream; on gloo DeepSpeed's own sizes do.
+        bucket_setting=sft["zero_bucket_size"] if on_gpu or sft["zero_bucket_size"] != "auto" else "hf",
+        trainable=float(sft_trainable_params(shape, sft)),
+        tuning=flops.tuning_of(sft, shape),  # the config's keys are LLaMA-Factory's names
+    )
+    fitting, host_refused, smallest = _evaluate(space, usable)
     if not fitting:
         if host_refused:
             raise ConfigError(_host_refusal(shape, platform, min(host_refused)))
         raise ConfigError(_refusal(cfg, shape, gpu, usable, smallest, seq))
-    # Fastest first; among equals (within 1 %) the earlier candidate: less recompute, less sharding.
-    best = max(est.tokens_per_s_per_gpu for est, _, _ in fitting)
-    estimate_, chosen, memory = next(f for f in fitting if f[0].tokens_per_s_per_gpu >= 0.99 * best)
+    estimate_, chosen, memory = _fastest(fitting)
     stage, offload, rows, gc = chosen
     if sft["zero_stage"] == "auto":
-        if not zero2_first:
-            why2 = "states need sharding, weights fit whole"
-        elif world > 1:
-            why2 = "16-bit compute with sharded AdamW states, faster than plain DDP on GPUs"
-        else:
-            why2 = "16-bit compute, fp32 master weights: faster than autocast on a GPU"
-        reasons.append(
-            {
-                0: "zero_stage 0: the whole model and its AdamW states fit on each GPU (plain DDP)",
-                2: f"zero_stage 2: {why2}",
-                3: "zero_stage 3: even the 16-bit weights need sharding",
-            }[stage]
-        )
+        reasons.append(_stage_reason(stage, _zero2_first(sft, on_gpu), world))
     reasons.extend(_tradeoffs(sft, fitting, chosen, estimate_, host_refused, platform))
-    accum = accumulation(rows)
-    if sft["gradient_accumulation_steps"] == "auto":
-        reasons.append(
-            f"gradient_accumulation {accum}: >= {sft['tokens_per_step']} tokens per optimizer step"
-        )
-    if sft["per_device_train_batch_size"] == "auto":
-        reasons.append(f"micro-batch {rows} x {seq} tokens: the fastest estimate within the budget that fits")
+    accum = space.accumulation(rows)
+    reasons.extend(_batch_reasons(sft, rows, accum, seq))
     return Plan(
         zero_stage=stage,
         offload=offload,
@@ -532,9 +653,9 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
         gradient_accumulation=accum,
         gradient_checkpointing=gc,
         packing=packing,
-        liger=use_liger(stage),
+        liger=space.liger(stage),
         attention=attention,
-        buckets=_buckets(bucket_setting, shape, stage),
+        buckets=space.buckets(stage),
         gpu=gpu,
         capacity_gib=round(capacity, 2),
         usable_gib=round(usable, 2),
