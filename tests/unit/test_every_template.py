@@ -42,6 +42,22 @@ LLaMA-Factory itself cannot tokenize them without one ("Processor was not found"
 
 No template is left out: none is reward/ranking-only or raises for text rows in LLaMA-Factory's SFT
 preprocessing (so the "other" count is 0).
+
+Evaluation, the same 87 templates on the same folders and rows: llmft.evaluate.encode's (prompt ids,
+answer ids) per row equal the input_ids and labels LLaMA-Factory feeds the model when predicting (the
+processor its loader picks for an SFT predict set, _get_dataset_processor(..., do_generate=True): the
+UnsupervisedDatasetProcessor; its labels carry the EOS efficient-EOS templates add, as evaluate's
+answers do), with the processor where the template has one. The rows go in three batches: one-turn and
+one-history-turn rows, which evaluate encodes from its template table (prompts.py) wherever
+PromptEncoder.load says the table is exact (asserted to be the path taken; 21 text templates on these
+folders: alpaca breeze cohere deepseek deepseek3 deepseekcoder default empty exaone falcon fewshot
+granite3 index olmo openchat seed_coder solar telechat2 vicuna xuanyuan zephyr; the other plain ones
+would have their tokenizer changed by LLaMA-Factory: EOS replaced, stop words set), else through
+LLaMA-Factory's template; longer conversations and the "{{content}}" look-alikes, always through
+LLaMA-Factory's template; and the tool rows (single calls only for chatglm3, glm4, glmz1), always
+through LLaMA-Factory's template. For the 34 templates without a processor, evaluate.encode stops with
+the same named "needs the model's processor" message as prepare (never LLaMA-Factory's "Processor was
+not found").
 """
 
 from __future__ import annotations
@@ -203,11 +219,14 @@ def lab(tmp_path_factory):
     return Lab(tmp_path_factory.mktemp("every_template"))
 
 
-def llamafactory_rows(folder, name: str, aligned: list[dict]):
+def llamafactory_rows(folder, name: str, aligned: list[dict], predict: bool = False):
     """LLaMA-Factory's own: load_tokenizer (tokenizer and processor) on the folder, the template's
-    fix, its SFT processor. Returns (outputs, processor)."""
+    fix, its SFT processor, or with `predict` the processor its loader picks for an SFT predict
+    set (predict_with_generate: UnsupervisedDatasetProcessor, prompt ids and answer ids apart).
+    Returns (outputs, processor)."""
     from llamafactory.data import get_template_and_fix_tokenizer
-    from llamafactory.data.processor import SupervisedDatasetProcessor
+    from llamafactory.data.loader import _get_dataset_processor
+    from llamafactory.data.processor import SupervisedDatasetProcessor, UnsupervisedDatasetProcessor
     from llamafactory.hparams import DataArguments, ModelArguments
     from llamafactory.model import load_tokenizer
 
@@ -216,9 +235,10 @@ def llamafactory_rows(folder, name: str, aligned: list[dict]):
     module = load_tokenizer(ModelArguments(model_name_or_path=str(folder)))
     data_args = DataArguments(template=name, cutoff_len=1_000_000)
     template = get_template_and_fix_tokenizer(module["tokenizer"], data_args)
-    proc = SupervisedDatasetProcessor(
-        template=template, tokenizer=module["tokenizer"], processor=module["processor"], data_args=data_args
+    proc = _get_dataset_processor(
+        data_args, "sft", template, module["tokenizer"], module["processor"], do_generate=predict
     )
+    assert type(proc) is (UnsupervisedDatasetProcessor if predict else SupervisedDatasetProcessor)
     return proc.preprocess_dataset({k: [ex[k] for ex in aligned] for k in ALIGNED}), module["processor"]
 
 
@@ -279,3 +299,105 @@ def test_template_without_a_processor_is_refused_by_name(lab, name):
     # LLaMA-Factory itself cannot tokenize text rows with it there either.
     with pytest.raises(ValueError, match="(?i)processor was not found"):
         llamafactory_rows(folder, name, lab.aligned[:1])
+
+
+# -- evaluation: llmft.evaluate.encode against LLaMA-Factory's predict inputs ------------------
+
+
+def assert_same_predict(encoded, theirs, rows, name):
+    """(prompt ids, answer ids) per row equal LLaMA-Factory's predict input_ids and labels."""
+    assert len(encoded) == len(rows) and len(theirs["input_ids"]) == len(rows), name
+    for i, row in enumerate(rows):
+        prompt, answer = encoded[i]
+        assert list(prompt) == theirs["input_ids"][i], (name, "prompt", row)
+        assert list(answer) == theirs["labels"][i], (name, "answer", row)
+
+
+def _evaluate_encode(rows, folder, name, caplog):
+    """evaluate.encode on the rows; its ids and the path it logged ("table" or "llamafactory")."""
+    from llmft import evaluate
+
+    caplog.clear()
+    with caplog.at_level("INFO", logger="llmft.evaluate"):
+        _, encoded = evaluate.encode(rows, str(folder), name)
+    said = " ".join(r.getMessage() for r in caplog.records if r.name == "llmft.evaluate")
+    path = (
+        "table"
+        if "from the template table" in said
+        else "llamafactory"
+        if "from LLaMA-Factory" in said
+        else ""
+    )
+    assert path, said
+    return encoded, path
+
+
+def _eval_groups(rows: list[dict]) -> dict[str, list[int]]:
+    """Row indices by what evaluate.encode may do with them: shapes the template table has (one
+    turn or one of history), longer conversations and the "{{content}}" look-alikes (LLaMA-Factory's
+    template for both: the table refuses a whole batch for one such row)."""
+    from llmft import conversation
+
+    groups: dict[str, list[int]] = {"table shapes": [], "longer": [], "look-alike": []}
+    for i, row in enumerate(rows):
+        if "{{" in repr(row):
+            groups["look-alike"].append(i)
+        elif len(conversation.contents(row)) in (2, 4):
+            groups["table shapes"].append(i)
+        else:
+            groups["longer"].append(i)
+    assert all(groups.values()), groups
+    return groups
+
+
+def _table_is_exact(folder, name: str) -> bool:
+    from llmft.prompts import PromptEncoder
+    from transformers import AutoTokenizer
+
+    return PromptEncoder.load(AutoTokenizer.from_pretrained(folder), name)[0] is not None
+
+
+@pytest.mark.parametrize("name", [n for n in TEMPLATES if kind(n) != "refused"])
+def test_evaluation_prompts_equal_llamafactory_predict(lab, name, caplog):
+    """Plain rows (the template table where it is exact, else LLaMA-Factory's template) and tool
+    rows (always LLaMA-Factory's template), against LLaMA-Factory's predict inputs."""
+    folder = lab.folder(name)
+    paths = {}
+    for group, idx in _eval_groups(lab.rows).items():
+        rows = [lab.rows[i] for i in idx]
+        encoded, paths[group] = _evaluate_encode(rows, folder, name, caplog)
+        theirs, _ = llamafactory_rows(folder, name, [lab.aligned[i] for i in idx], predict=True)
+        assert_same_predict(encoded, theirs, rows, name)
+    table = _table_is_exact(folder, name)
+    assert paths == {
+        "table shapes": "table" if table else "llamafactory",
+        "longer": "llamafactory",
+        "look-alike": "llamafactory",
+    }
+    assert not (table and SPECS[name]["multimodal"])
+    rows, aligned = (lab.tool_rows, lab.tool_aligned) if name not in NO_PARALLEL_CALLS else lab.single_call
+    encoded, path = _evaluate_encode(rows, folder, name, caplog)
+    assert path == "llamafactory"
+    theirs, _ = llamafactory_rows(folder, name, aligned, predict=True)
+    assert_same_predict(encoded, theirs, rows, name)
+
+
+def test_evaluation_template_table_is_used(lab):
+    """The table path is exercised: on these folders it is exact for 21 text templates (the others
+    are not plain templates, or LLaMA-Factory would change the tokenizer: replace its EOS, set
+    stop words as its extra special tokens)."""
+    exact = [n for n in TEMPLATES if kind(n) == "text" and _table_is_exact(lab.folder(n), n)]
+    assert len(exact) == 21, exact
+
+
+@pytest.mark.parametrize("name", sorted(NOT_BUILT))
+def test_evaluation_without_a_processor_is_refused_by_name(lab, name):
+    from llmft import evaluate
+
+    folder = lab.folder("default")  # the plain tokenizer, no processor files
+    with pytest.raises(ConfigError) as err:
+        evaluate.encode(lab.rows[:1], str(folder), name)
+    msg = str(err.value)
+    assert f"template {name!r} is multimodal" in msg and "needs the model's processor" in msg
+    assert str(folder) in msg and "preprocessor_config.json" in msg
+    assert "processor was not found" not in msg.lower()

@@ -147,3 +147,63 @@ def build_tiny_model(
         info = {"n_params": n_params, "vocab_size": len(tok), "builtin": "tiny"}
         (Path(tmp) / "llmft_model.json").write_text(json.dumps(info, indent=2))
     return info
+
+
+CITIES = (
+    "Paris Berlin Madrid Rome Vienna Prague Oslo Lisbon Dublin Warsaw Athens Tokyo Seoul Lima Cairo "
+    "Nairobi Austin Denver Boston Chicago Toronto Sydney Perth Delhi"
+).split()
+SKIES = ("sunny", "cloudy", "rainy", "windy", "snowy", "foggy")
+TOOLS = [
+    {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "city name"}},
+            "required": ["city"],
+        },
+    },
+    {
+        "name": "get_time",
+        "description": "Local time in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "city name"}},
+            "required": ["city"],
+        },
+    },
+]
+WEATHER_ASKS = ("What is the weather in {c}?", "How is the weather in {c} today?", "Weather for {c}, please.")
+TIME_ASKS = ("What time is it in {c}?", "Tell me the local time in {c}.", "Current time in {c}?")
+
+
+def synthetic_tool_rows(n: int, seed: int = 0) -> list[dict]:
+    """sharegpt rows with a `tools` column, as LLaMA-Factory reads tool-calling data: half end with
+    the function call (the answer is the call), half go on with the tool's result and an answer
+    built from it. A model learns them by copying the city and the result, so held-out exact match
+    measures learning of the format, not memorised rows."""
+    rng = random.Random(seed)
+    tools = json.dumps(TOOLS)
+    rows = []
+    while len(rows) < n:
+        city = rng.choice(CITIES)
+        weather = len(rows) % 2 == 0
+        name = "get_weather" if weather else "get_time"
+        ask = rng.choice(WEATHER_ASKS if weather else TIME_ASKS).format(c=city)
+        call = json.dumps({"name": name, "arguments": {"city": city}})
+        conv = [{"from": "human", "value": ask}, {"from": "function_call", "value": call}]
+        task = "call"
+        if len(rows) % 4 >= 2:
+            if weather:
+                degrees, sky = rng.randint(-5, 35), rng.choice(SKIES)
+                result = {"city": city, "temperature": degrees, "sky": sky}
+                answer = f"It is {degrees} degrees and {sky} in {city}."
+            else:
+                hour, minute = rng.randint(0, 23), rng.randint(0, 59)
+                result = {"city": city, "time": f"{hour:02d}:{minute:02d}"}
+                answer = f"It is {hour:02d}:{minute:02d} in {city}."
+            conv += [{"from": "observation", "value": json.dumps(result)}, {"from": "gpt", "value": answer}]
+            task = "answer"
+        rows.append({"conversations": conv, "tools": tools, "task": task})
+    return rows
