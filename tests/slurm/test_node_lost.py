@@ -70,6 +70,27 @@ def node_processes(node: str) -> list[int]:
     return [slurmd, *sorted(stepds), *sorted(tasks)]
 
 
+def kill_leftovers(folder: Path) -> list[int]:
+    """Kill what still runs in `folder` once the run is over: the first attempt's job-side
+    Snakemake on the surviving node outlives its batch step here (the test cluster tracks job
+    processes by process group, not cgroup, and that Snakemake has a group of its own)."""
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if cwd == str(folder) or cwd.startswith(f"{folder}/"):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+            except ProcessLookupError:
+                pass
+    return killed
+
+
 def job_state(job: str) -> str:
     out = subprocess.run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], capture_output=True, text=True)
     return out.stdout.strip()
@@ -126,6 +147,9 @@ def test_a_node_lost_mid_training_ends_the_job_and_the_run_resumes(tmp_path):
         if subprocess.run(["pgrep", "-f", "slurmd -f .* -N n2"], capture_output=True).returncode:
             subprocess.run(["slurmd", "-f", SLURM_CONF, "-N", "n2"])
         subprocess.run(["scontrol", "update", "nodename=n2", "state=resume"], capture_output=True)
+        leftovers = kill_leftovers(tmp_path)
+        if leftovers:
+            print(f"node lost: killed {len(leftovers)} leftover process(es) of the lost attempt", flush=True)
     text = (tmp_path / "snakemake.log").read_text()
     assert proc.returncode == 0, text[-5000:]
     print(f"node lost: job {job} ended {ended:.0f} s later", flush=True)
