@@ -32,6 +32,7 @@ from importlib import metadata
 from pathlib import Path
 
 from .config import ConfigError
+from .prompts import Recorder
 
 log = logging.getLogger("llmft.chat_templates")
 
@@ -122,20 +123,6 @@ class TemplateError(ConfigError):
 # -- the table from the installed LLaMA-Factory ------------------------------------------------
 
 
-class _Recorder:
-    """Stands in for the tokenizer inside a template: texts come back as themselves, special tokens
-    as symbols (["bos"], ["eos"], ["token", name]) resolved later against a folder's tokenizer."""
-
-    bos_token_id = ["bos"]
-    eos_token_id = ["eos"]
-
-    def encode(self, text: str, add_special_tokens: bool = False, **_) -> list:
-        return [text]
-
-    def convert_tokens_to_ids(self, token: str) -> list:
-        return [["token", token]]
-
-
 def _flat(elements: list) -> list:
     out = []
     for e in elements:
@@ -170,14 +157,14 @@ def build_table() -> dict:
         renders = {}
         for probe, msgs, generation in PROBES:
             if generation:
-                prompt, _ = tpl.encode_oneturn(_Recorder(), [*msgs[1:], _A1], msgs[0]["content"])
+                prompt, _ = tpl.encode_oneturn(Recorder(), [*msgs[1:], _A1], msgs[0]["content"])
                 renders[probe] = _flat(prompt)
             else:
                 system = msgs[0]["content"] if msgs[0]["role"] == "system" else None
                 turns = [m for m in msgs if m["role"] != "system"]
                 # Without the EOS that the SFT processor appends under efficient_eos: the
                 # template's own jinja (and a model's chat template) ends the turn without it.
-                prompt, answer = tpl.encode_oneturn(_Recorder(), turns, system)
+                prompt, answer = tpl.encode_oneturn(Recorder(), turns, system)
                 renders[probe] = _flat(prompt + answer)
         reasoning = isinstance(tpl, ReasoningTemplate)
         templates[name] = {

@@ -43,7 +43,7 @@ def row_contents(row: dict) -> tuple[list[str], str]:
     return conversation.contents(row), conversation.system(row)
 
 
-class _Recorder:
+class Recorder:
     """Stands in for the tokenizer inside a template: texts come back as themselves, special
     tokens as symbols (["token", name], ["bos"], ["eos"]) resolved later against the real one."""
 
@@ -88,7 +88,7 @@ def build_table() -> dict:
         plans = {}
         for n, has_system in SHAPES:
             msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": _marker(i)} for i in range(n)]
-            prompt, answer = tpl.encode_oneturn(_Recorder(), msgs, _marker(n) if has_system else None)
+            prompt, answer = tpl.encode_oneturn(Recorder(), msgs, _marker(n) if has_system else None)
             plans[f"{n}{'s' if has_system else ''}"] = [_flat(prompt), _flat(answer)]
         templates[name] = {
             "efficient_eos": tpl.efficient_eos,
