@@ -97,3 +97,9 @@ def llamafactory_preprocess(tmp_path, data_dir, tokenizer_dir, cutoff_len, **ext
     module = load_tokenizer(model_args)
     template = get_template_and_fix_tokenizer(module["tokenizer"], data_args)
     return get_dataset(template, model_args, data_args, training_args, stage="sft", **module)
+
+
+def rows_of(enc, i):
+    """Row i of an Encoded as (input_ids, labels) lists, as LLaMA-Factory's outputs hold them."""
+    a, b = enc.offsets[i], enc.offsets[i + 1]
+    return enc.ids[a:b].tolist(), enc.labels[a:b].tolist()

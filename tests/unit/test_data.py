@@ -7,18 +7,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from datasets import Dataset, load_from_disk
-from llmft.assets import build_tokenizer, synthetic_rows
+from llmft.assets import synthetic_rows
 from llmft.data import DataError, content_key, is_heldout, prepare
 from llmft.io import read_jsonl
 
 from tests.reliability import reliability
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tok")
-    build_tokenizer(d, 512)
-    return d
 
 
 def write_rows(path, rows):

@@ -5,7 +5,7 @@ import re
 
 import numpy as np
 import pytest
-from llmft.assets import WORDS, build_tokenizer
+from llmft.assets import WORDS
 from llmft.data import _payload, content_key, is_heldout, prepare
 from llmft.dedup import MinHasher, SeenKeys, jaccard, lsh_shape
 from llmft.io import read_jsonl
@@ -64,13 +64,6 @@ def test_lsh_bands_catch_pairs_at_the_threshold(threshold):
     assert 1 - (1 - threshold**rows) ** bands >= 0.99
     # Unrelated rows (similarity 0.1) rarely become candidates to verify.
     assert 1 - (1 - 0.1**rows) ** bands < (0.03 if threshold >= 0.7 else 0.5)
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tok")
-    build_tokenizer(d, 512)
-    return d
 
 
 def planted(n_base=160, n_variants=70, seed=0):

@@ -6,7 +6,7 @@ from dataclasses import fields
 import pytest
 import yaml
 from datasets import load_from_disk
-from llmft.assets import build_tiny_model, build_tokenizer, synthetic_rows
+from llmft.assets import build_tiny_model, synthetic_rows
 from llmft.config import validate
 from llmft.data import prepare
 from llmft.platform import Platform
@@ -14,7 +14,7 @@ from llmft.pretokenize import PREPROCESSING_DEFAULTS, SFTEncoder, blockers, mess
 from llmft.sft import render
 
 from tests.conftest import REPO
-from tests.lfref import aligned_from_canonical, lf_sft, llamafactory_preprocess
+from tests.lfref import aligned_from_canonical, lf_sft, llamafactory_preprocess, rows_of
 
 ROWS = synthetic_rows(120, seed=4) + [
     {"instruction": "Say </s> and <s> literally", "input": "", "output": "ok </s>"},
@@ -29,13 +29,6 @@ ROWS = synthetic_rows(120, seed=4) + [
 # default/alpaca/chatml: plain; qwen: replaced EOS + default system; falcon: efficient EOS;
 # qwen3: a reasoning template (adds empty thought tokens).
 TEMPLATES = ["default", "alpaca", "chatml", "qwen", "falcon", "qwen3"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tok")
-    build_tokenizer(d, 512)
-    return d
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +49,6 @@ def metaspace_dir(tmp_path_factory):
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
     ).save_pretrained(d)
     return d
-
-
-def rows_of(enc, i):
-    a, b = enc.offsets[i], enc.offsets[i + 1]
-    return enc.ids[a:b].tolist(), enc.labels[a:b].tolist()
 
 
 @pytest.mark.parametrize("template", TEMPLATES)

@@ -10,14 +10,14 @@ from datasets import load_from_disk
 from llmft import conversation
 from llmft import datasources as ds
 from llmft import evaluate as ev
-from llmft.assets import build_tokenizer, synthetic_rows
+from llmft.assets import synthetic_rows
 from llmft.data import DataError, content_key, prepare
 from llmft.datasources import RowError, validate
 from llmft.io import read_jsonl
 from llmft.pretokenize import SFTEncoder
 
+from tests.lfref import llamafactory_preprocess, rows_of
 from tests.reliability import reliability
-from tests.unit.test_pretokenize import llamafactory_preprocess
 
 # Templates of LLaMA-Factory 0.9.5 with their own tool formats (qwen, llama3, glm4, mistral), and
 # `default`, whose tool format is the generic "Action:" one.
@@ -98,18 +98,6 @@ def tool_rows(n: int = 30) -> list[dict]:
         else:
             rows.append(conv(("human", f"Name {city}"), ("gpt", city), tools=""))
     return rows
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tok")
-    build_tokenizer(d, 512)
-    return d
-
-
-def rows_of(enc, i):
-    a, b = enc.offsets[i], enc.offsets[i + 1]
-    return enc.ids[a:b].tolist(), enc.labels[a:b].tolist()
 
 
 def llamafactory_rows(raw_rows, template, tokenizer, data_args=None):
