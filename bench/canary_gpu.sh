@@ -14,11 +14,11 @@ LOG=$OUT/canary_gpu.log
 say() { echo "[t=$(el)s] $*" | tee -a "$LOG"; }
 use_wheels "$R/pip.log" liger_kernel jsonschema >>"$LOG" || { say "pip install failed"; exit 1; }
 say "wheels installed"
-python3 -m llmft.canary --record --precision bf16 --runs 3 --device cuda --out "$OUT/canary_bf16.json" >>"$LOG" 2>&1
+python3 -m llmft.env.canary --record --precision bf16 --runs 3 --device cuda --out "$OUT/canary_bf16.json" >>"$LOG" 2>&1
 say "recorded: $(tail -1 "$LOG" | head -c 600)"
-mkdir -p workflow/llmft/golden && cp "$OUT/canary_bf16.json" workflow/llmft/golden/
-python3 -m llmft.nodefacts --out "$R/facts.json" --imports torch >>"$R/facts.log" 2>&1
+mkdir -p workflow/llmft/env/golden && cp "$OUT/canary_bf16.json" workflow/llmft/env/golden/
+python3 -m llmft.env.nodefacts --out "$R/facts.json" --imports torch >>"$R/facts.log" 2>&1
 T=$(date +%s.%N)
-python3 -m llmft.canary --facts "$R/facts.json" --out "$OUT/canary_check.json" \
+python3 -m llmft.env.canary --facts "$R/facts.json" --out "$OUT/canary_check.json" \
   --config-json '{"hardware": {"gpus_per_node": 1}, "sft": {"precision": "bf16"}}' >>"$LOG" 2>&1
 say "verify_env's canary: $(python3 -c "import json,sys; d=json.load(open('$OUT/canary_check.json')); print(d['ok'], d['message'], d['run']['seconds'])" 2>&1) in $(python3 -c "import time; print(round(time.time()-$T,1))") s with imports"

@@ -3,7 +3,7 @@
     python bench/canary_spread.py [--precision bf16] [--device cpu]
 
 Prints, for each variant of the canary's default path (SDPA, transformers' RMSNorm, AdamW), the
-distances llmft.canary can gate on against the default path's curve: the mean relative distance of
+distances llmft.env.canary can gate on against the default path's curve: the mean relative distance of
 the loss curves (what the gate uses), the worst single step, the last ten steps, and the final
 gradient norm. The honest variants are the plain references (math attention in fp32, a plain
 RMSNorm, a for-loop AdamW, fp32); the wrong ones are the test-only perturbations (a 3 % wrong
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 
-from llmft.canary import CanaryPath, deviation, train  # noqa: E402
+from llmft.env.canary import CanaryPath, deviation, train  # noqa: E402
 
 
 def main() -> None:

@@ -6,7 +6,7 @@
 The 8 B model of `bench/sft_models.py` cut to a few decoder layers (same hidden size, heads, MLP,
 vocabulary and untied head), with the kernels llmft's `auto` chose for the measured ours_8b run
 (Liger RoPE, RMSNorm, SwiGLU and fused linear cross-entropy; torch's varlen FlashAttention through
-`llmft.varlen`), fed the micro-batch that run trained on: 4 neat-packed rows of 2 048 tokens from
+`llmft.core.varlen`), fed the micro-batch that run trained on: 4 neat-packed rows of 2 048 tokens from
 the bench's own row lengths, flattened into one row. Forward + backward is timed at two depths;
 the difference is one layer's cost, the rest embeddings, head and loss, and the two extrapolate to
 the full 32 layers. The fused AdamW step over half the 8 B parameters in fp32 (ZeRO-2's share on 2
@@ -41,8 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 sys.path.insert(0, str(REPO))  # bench.* as a package, as tests import it
 
-from llmft import flops, hardware, varlen  # noqa: E402
-from llmft.plan import shape_from_config  # noqa: E402
+from llmft.core import flops, hardware, varlen  # noqa: E402
+from llmft.core.shape import shape_from_config  # noqa: E402
 
 from bench.sft_models import llama_config  # noqa: E402
 

@@ -24,8 +24,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 sys.path.insert(0, str(REPO))  # bench.* as a package, as tests import it
 
-from llmft import evaluate as ev  # noqa: E402
-from llmft.io import read_jsonl  # noqa: E402
+from llmft.core.io import read_jsonl  # noqa: E402
+from llmft.evaluate import run as ev  # noqa: E402
+from llmft.evaluate import worker  # noqa: E402
 
 from bench.compute_ceiling import gpu_times  # noqa: E402
 
@@ -61,7 +62,8 @@ def main() -> None:
         args.model, dtype=torch.bfloat16, device_map={"": device}
     ).eval()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    job = ev.ShardJob(str(args.model), "cuda:0", encoded, [], [], args.new, ev.eos_ids(tokenizer), pad)
+    eos = worker.eos_ids(tokenizer)
+    job = worker.ShardJob(str(args.model), "cuda:0", encoded, [], [], args.new, eos, pad)
     res: dict = {
         "sdp": args.sdp,
         "rows": len(prompts),
@@ -70,16 +72,16 @@ def main() -> None:
     }
     with torch.inference_mode():
         res["generate_dynamic_s"] = timed(
-            lambda: ev._generate(model, prompts, job, device, "dynamic"), name="dynamic"
+            lambda: worker._generate(model, prompts, job, device, "dynamic"), name="dynamic"
         )
-        res["graphs_s"] = timed(lambda: ev._generate_graphs(model, prompts, job, device), name="graphs")
+        res["graphs_s"] = timed(lambda: worker._generate_graphs(model, prompts, job, device), name="graphs")
         # Other prompt widths (as the sorted batches of an evaluation have): new shapes for every kernel.
         shorter = [p[len(p) // 3 :] for p in prompts]
         res["graphs_new_width_s"] = timed(
-            lambda: ev._generate_graphs(model, shorter, job, device), name="graphs_w"
+            lambda: worker._generate_graphs(model, shorter, job, device), name="graphs_w"
         )
         res["dynamic_new_width_s"] = timed(
-            lambda: ev._generate(model, shorter, job, device, "dynamic"), name="dyn_w"
+            lambda: worker._generate(model, shorter, job, device, "dynamic"), name="dyn_w"
         )
         # The recipe's phases, on the same shapes.
         n, width = len(prompts), res["prompt_width"]

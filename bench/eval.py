@@ -41,9 +41,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
-from llmft.config import validate  # noqa: E402
-from llmft.io import read_json, read_jsonl, write_json, write_jsonl  # noqa: E402
-from llmft.sft import worker_pids  # noqa: E402
+from llmft.core.config import validate  # noqa: E402
+from llmft.core.io import read_json, read_jsonl, write_json, write_jsonl  # noqa: E402
+from llmft.sft.run import worker_pids  # noqa: E402
 
 # Seconds of a --budget kept for reading the outputs and writing the result.
 BUDGET_MARGIN_S = 3

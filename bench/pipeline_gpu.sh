@@ -112,7 +112,7 @@ if [ "${PIPELINE_KEEP:-0}" != 1 ]; then rm -rf "results/$RUN"; fi
 # The planner's choices for this config, before anything runs (the run's own render log has them too).
 python - "${CFGS[@]}" >"$R/plan.txt" 2>&1 <<'PY'
 import subprocess, sys, yaml
-from llmft.config import deep_merge
+from llmft.core.config import deep_merge
 cfg = {}
 for path in ["config/config.yaml", *sys.argv[1:]]:  # Snakemake's merge order
     cfg = deep_merge(cfg, yaml.safe_load(open(path)))
@@ -176,8 +176,8 @@ from pathlib import Path
 import yaml
 sys.path.insert(0, ".")
 from bench.sft_bench import run_flops, token_lengths
-from llmft import flops
-from llmft.modelfiles import safetensors_stats
+from llmft.core import flops
+from llmft.core.modelfiles import safetensors_stats
 run, base = Path(sys.argv[1]), Path(sys.argv[2])
 page = json.loads((run / "report/summary.json").read_text())
 args = yaml.safe_load((run / "sft/llamafactory.yaml").read_text())

@@ -92,7 +92,7 @@ def write_dataset(path: Path, rows: int, seed: int) -> None:
 
 
 def build_tokenizer(out: Path, vocab_size: int = 32000) -> None:
-    from llmft.assets import build_tokenizer as train_bpe
+    from llmft.data.assets import build_tokenizer as train_bpe
 
     maker = RowMaker(seed=12345)
     train_bpe(out, vocab_size, corpus=[" ".join(maker.row().values()) for _ in range(30000)])
@@ -104,7 +104,7 @@ def build_tokenizer(out: Path, vocab_size: int = 32000) -> None:
 def child_ours(data: str, tokenizer: str, out: str, cutoff: int) -> dict:
     import datasets  # noqa: F401  (imported before the clock starts, as on LLaMA-Factory's side)
     import llamafactory.data  # noqa: F401
-    from llmft.data import prepare
+    from llmft.data.prepare import prepare
 
     started = time.perf_counter()
     stats = prepare([{"path": data}], out, tokenizer, "default", cutoff, 0.1, "bench", "drop")

@@ -1,4 +1,4 @@
-"""The MFU of committed SFT bench results, counted again with llmft.flops (the one count the run
+"""The MFU of committed SFT bench results, counted again with llmft.core.flops (the one count the run
 page and summary.json use): the output head once, the embedding lookup not counted. Earlier sessions
 counted 6 x every parameter (the embedding table included) + causal attention; the tokens/s, the
 attention span and the model shape of each run are what the run recorded, so only the FLOPs per
@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 sys.path.insert(0, str(REPO))  # bench.* as a package, as tests import it
 
-from llmft import flops  # noqa: E402
-from llmft.plan import shape_from_config  # noqa: E402
+from llmft.core import flops  # noqa: E402
+from llmft.core.shape import shape_from_config  # noqa: E402
 
 from bench.sft_models import llama_config  # noqa: E402
 

@@ -9,9 +9,9 @@ render path and launcher.
     python bench/sft_bench.py report OUT --json RESULT.json        # table + JSON of all variants
 
 Each run renders an llmft config (`python -m llmft render-sft`), launches `python -m llmft sft
---launch-only` (torchrun over llmft.train on 2 GPUs) and is stopped once its last step is logged,
+--launch-only` (torchrun over llmft.sft.train on 2 GPUs) and is stopped once its last step is logged,
 so the final model save is not timed. Throughput is steady state: tokens seen (without padding)
-between a warm-up step and the last step, over wall time, per GPU. MFU counts llmft.flops's training
+between a warm-up step and the last step, over wall time, per GPU. MFU counts llmft.core.flops's training
 FLOPs per token (6 x matrix weights, the output head once, no embedding lookup, plus causal attention
 over the span each token attends to: its own sample for unpacked rows and neat packing, the whole
 2048-token pack for plain packing), against 989 TFLOP/s (H200 bf16 dense; hardware.py). Peak memory
@@ -38,9 +38,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
-from llmft import flops, hardware  # noqa: E402
-from llmft.plan import model_shape  # noqa: E402
-from llmft.sft import worker_pids  # noqa: E402
+from llmft.core import flops, hardware  # noqa: E402
+from llmft.core.shape import model_shape  # noqa: E402
+from llmft.sft.run import worker_pids  # noqa: E402
 
 WORK = REPO / "bench/work/sft"
 MODELS = Path(os.environ.get("BENCH_MODELS", "/tmp/models"))
@@ -281,14 +281,14 @@ def run_stage(cmd: list[str], rd: Path, stage: str, env: dict) -> dict | None:
 
 
 def node_facts(out: Path) -> Path:
-    """This machine's facts (llmft.nodefacts, what verify_env records on each node), once per call:
+    """This machine's facts (llmft.env.nodefacts, what verify_env records on each node), once per call:
     the plans are made from them, as the workflow makes them from verify.json. BENCH_FACTS names a
     recorded file instead (a render check on another machine)."""
     if os.environ.get("BENCH_FACTS"):
         return Path(os.environ["BENCH_FACTS"])
     path = out / "facts.json"
     if not path.exists():
-        cmd = [sys.executable, "-m", "llmft.nodefacts", "--out", str(path)]  # imports all: Liger too
+        cmd = [sys.executable, "-m", "llmft.env.nodefacts", "--out", str(path)]  # imports all: Liger too
         subprocess.run(cmd, capture_output=True, text=True, env=llmft_env(), cwd=REPO, timeout=300)
         facts = json.loads(path.read_text())
         if facts.get("devices"):
@@ -565,7 +565,7 @@ def report(out: Path, json_path: Path | None, command: str) -> dict:
 def token_lengths(data_dir: Path, tokenizer: str, template: str = "default") -> list[int]:
     """Tokens of each train row as LLaMA-Factory's template encodes it (prompt + answer), row by row:
     not prepare_data's batched encoder, so the two counts check each other."""
-    from llmft.pretokenize import load_tokenizer_and_template, messages_of
+    from llmft.core.pretokenize import load_tokenizer_and_template, messages_of
 
     tok, tmpl = load_tokenizer_and_template(tokenizer, template)
     out = []
@@ -579,7 +579,7 @@ def token_lengths(data_dir: Path, tokenizer: str, template: str = "default") -> 
 def check_varlen(out: Path) -> dict:
     """The GPU kernel against the per-sample SDPA reference in fp32: outputs and gradients."""
     import torch
-    from llmft import varlen
+    from llmft.core import varlen
 
     torch.manual_seed(0)
     b, t, h, kv, d = 2, 1024, 32, 8, 64

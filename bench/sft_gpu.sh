@@ -41,7 +41,7 @@ try:
     import liger_kernel, importlib.metadata as md; liger = md.version("liger-kernel")
 except Exception as exc: liger = f"missing: {exc}"
 sys.path.insert(0, "workflow")
-from llmft import varlen
+from llmft.core import varlen
 smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
                      capture_output=True, text=True).stdout.strip().splitlines()
 open(os.environ["ENV_JSON"], "w").write(json.dumps({"gpus": smi, "cpus": os.cpu_count(), "python": sys.version.split()[0],

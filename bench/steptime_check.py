@@ -1,4 +1,4 @@
-"""The planner's step-time estimate (workflow/llmft/steptime.py) against measured steps, one GPU.
+"""The planner's step-time estimate (workflow/llmft/sft/steptime.py) against measured steps, one GPU.
 
 For one model the planner weighs three ways to train: without recompute at the micro-batch that fits,
 with gradient checkpointing, and with ZeRO-3 + CPU offload. This renders each through llmft
@@ -28,10 +28,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
-from llmft.config import validate  # noqa: E402
-from llmft.io import read_jsonl  # noqa: E402
-from llmft.platform import Platform  # noqa: E402
-from llmft.sft import render  # noqa: E402
+from llmft.core.config import validate  # noqa: E402
+from llmft.core.io import read_jsonl  # noqa: E402
+from llmft.core.platform import Platform  # noqa: E402
+from llmft.sft.render import render  # noqa: E402
 
 # The plans compared: the planner's own choice and the best plan on the other side of each trade-off.
 VARIANTS = {
@@ -105,7 +105,7 @@ def main() -> int:
 
     t = time.time()
     facts = work / "facts.json"
-    run([py, "-m", "llmft.nodefacts", "--out", str(facts), "--imports", "torch"], work / "facts.log", 300)
+    run([py, "-m", "llmft.env.nodefacts", "--out", str(facts), "--imports", "torch"], work / "facts.log", 300)
     node = json.loads(facts.read_text())
     # The machine's memory is a balloon that grows as it is used: MemTotal reads low at first. Its
     # lent size (128 GiB) is what a job can fill.

@@ -3,7 +3,7 @@ formats, each cell our reading + SFTEncoder compared with LLaMA-Factory's conver
 row by row on the same raw rows.
 
 `python -m tests.compat` prints the table; `python -m tests.compat --write` puts it into README.md
-between the markers. tests/unit/test_compat_matrix.py asserts every cell is token-exact and that the
+between the markers. tests/unit/data/test_compat_matrix.py asserts every cell is token-exact and that the
 README's copy matches (all columns but rows/s, which depends on the machine).
 
 The tokenizers are fetched by tests/setup-tokenizers.sh; a family not fetched has no cells.
@@ -146,7 +146,7 @@ def sharegpt_rows(convs: list[dict]) -> list[dict]:
 
 
 # Tool-calling rows: LLaMA-Factory's sharegpt tool turns (function_call, observation) and a tools
-# column, as in llmft.assets.synthetic_tool_rows; every template formats them (its own tool format
+# column, as in llmft.data.assets.synthetic_tool_rows; every template formats them (its own tool format
 # where it has one, qwen, llama3, ..., LLaMA-Factory's generic "Action:" one otherwise).
 TOOLS = [
     {
@@ -255,7 +255,7 @@ class Cell:
 
 def read_ours(fmt: Format, raw: list[dict]) -> list[dict]:
     """Our reading of the raw rows (datasources' validation): the canonical rows SFTEncoder takes."""
-    from llmft import datasources
+    from llmft.data import sources as datasources
 
     rows = []
     for i, r in enumerate(raw, 1):
@@ -296,7 +296,7 @@ def run_cell(enc, family: str, template: str, fmt: Format, rows: list[dict], ali
 def run_all(families: dict | None = None) -> list[Cell]:
     """Every cell whose tokenizer is present, in table order; one encoder per family and template,
     each format's rows read once (ours) and converted once (LLaMA-Factory's)."""
-    from llmft.pretokenize import SFTEncoder
+    from llmft.core.pretokenize import SFTEncoder
 
     from tests.lfref import dataset_attr, lf_convert
 

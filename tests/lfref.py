@@ -9,7 +9,7 @@ ALIGNED = ("_prompt", "_response", "_system", "_tools", "_images", "_videos", "_
 
 def aligned_from_canonical(rows: list[dict]) -> list[dict]:
     """What LLaMA-Factory's converter makes of our canonical rows (conversation.py's reading)."""
-    from llmft import conversation
+    from llmft.core import conversation
 
     out = []
     for row in rows:

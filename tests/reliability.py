@@ -2,7 +2,7 @@
 
 A test declares its row with @reliability(fault=..., seen=..., steps_lost=..., data_lost=...); the
 row names the test. `python -m tests.reliability` prints the table;
-tests/unit/test_reliability_table.py fails when the README's copy differs from it.
+tests/unit/repo/test_reliability_table.py fails when the README's copy differs from it.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ MODULES = [
     "tests.slurm.test_cluster",
     "tests.slurm.test_nightly",
     "tests.workflow.test_hostile_paths",
-    "tests.unit.test_datasources",
-    "tests.unit.test_tools",
-    "tests.unit.test_data",
-    "tests.unit.test_config",
-    "tests.unit.test_chat_templates",
+    "tests.unit.data.test_sources",
+    "tests.unit.data.test_tools",
+    "tests.unit.data.test_prepare",
+    "tests.unit.core.test_config",
+    "tests.unit.core.test_chat_templates",
     "tests.workflow.test_pipeline",
     "tests.workflow.test_profile_check",
 ]

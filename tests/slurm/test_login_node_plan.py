@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from llmft.config import validate
-from llmft.envcheck import TEST_FACTS_ENV
-from llmft.platform import Platform
-from llmft.sft import render
+from llmft.core.config import validate
+from llmft.core.platform import Platform
+from llmft.env.verify import TEST_FACTS_ENV
+from llmft.sft.render import render
 
 from tests.conftest import REPO, make_workdir
 from tests.slurm.test_cluster import cluster, cluster_run  # noqa: F401 (the module fixture)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from llmft.assets import synthetic_rows
+from llmft.data.assets import synthetic_rows
 
 from tests.conftest import BIN, REPO, make_workdir
 from tests.reliability import reliability

@@ -51,7 +51,7 @@ def metrics(run, which):
 
 def heldout(run, n=24):
     """The first n held-out rows as evaluate encodes them: (prompt ids, answer ids) each."""
-    from llmft.evaluate import encode
+    from llmft.evaluate.run import encode
 
     rows = [json.loads(x) for x in (run / "data/heldout.jsonl").read_text().splitlines()[:n]]
     return encode(rows, str(run / "sft/model"), "default")
@@ -126,7 +126,8 @@ def test_merged_model_gives_base_plus_adapter_logits_and_outputs(lora):
 
 
 def test_lora_tuned_beats_base_and_the_summary_says_what_trained(lora):
-    from llmft.plan import model_shape, trainable_params
+    from llmft.core.shape import model_shape
+    from llmft.sft.plan import trainable_params
 
     run = lora / "results/demo"
     base, tuned = metrics(run, "base"), metrics(run, "tuned")
@@ -150,7 +151,7 @@ def test_lora_tuned_beats_base_and_the_summary_says_what_trained(lora):
     assert "LoRA adapter" in page and "rank 64, alpha 128" in page and "merged model size (MB)" in page
     # the page counts LoRA's FLOPs as they run (4 M + attention + 6 x adapter: no weight gradients for
     # frozen weights; at rank 64 the tiny model's adapters outweigh it)
-    from llmft import flops
+    from llmft.core import flops
 
     report = json.loads((run / "report/summary.json").read_text())
     lora_count = flops.per_token(
@@ -160,7 +161,7 @@ def test_lora_tuned_beats_base_and_the_summary_says_what_trained(lora):
 
 
 def test_freeze_reruns_only_training_and_publishes_a_full_model(freeze):
-    from llmft.plan import model_shape
+    from llmft.core.shape import model_shape
     from transformers import AutoModelForCausalLM
 
     work, proc = freeze

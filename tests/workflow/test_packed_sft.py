@@ -27,7 +27,7 @@ SMALL = {
 @pytest.fixture(scope="module")
 def packed_run(tmp_path_factory):
     """Trains an untied model (the demo's is tied) so that both kinds of head are checked."""
-    from llmft.assets import build_tiny_model
+    from llmft.data.assets import build_tiny_model
 
     root = tmp_path_factory.mktemp("packed")
     build_tiny_model(root / "untied-base", tied=False)
@@ -66,7 +66,7 @@ def test_sft_loads_the_packed_rows_without_preprocessing_again(packed_run):
 
 
 def test_tuned_untied_model_keeps_its_own_head_and_the_bases_structure(packed_run):
-    from llmft.modelfiles import HEAD, safetensors_stats, structure_difference, tensor_index
+    from llmft.core.modelfiles import HEAD, safetensors_stats, structure_difference, tensor_index
 
     work, _ = packed_run
     tuned, base = work / f"results/{RUN}/sft/model", work / "untied-base"

@@ -116,7 +116,7 @@ def test_evaluate_logs_progress_per_batch(demo):
 
 
 def test_tuned_model_has_the_structure_of_its_tied_base(demo):
-    from llmft.modelfiles import safetensors_stats, structure_difference
+    from llmft.core.modelfiles import safetensors_stats, structure_difference
 
     run = demo[0] / "results/demo"
     assert structure_difference(run / "sft/model", run / "base_model") == []

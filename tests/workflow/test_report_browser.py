@@ -18,8 +18,8 @@ import sys
 import zipfile
 
 import pytest
-from llmft.assets import synthetic_rows
-from llmft.io import read_jsonl, write_json, write_jsonl
+from llmft.core.io import read_jsonl, write_json, write_jsonl
+from llmft.data.assets import synthetic_rows
 
 from tests.browser import Browser, chromium_path
 from tests.conftest import BIN, REPO, make_workdir, rules_run, snakemake

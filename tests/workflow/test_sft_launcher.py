@@ -45,7 +45,7 @@ def stage(tmp_path_factory):
         proc = llmft(*cmd, cwd=root)
         assert proc.returncode == 0, proc.stderr[-2000:]
     # this machine's facts, as verify_env's probe records them: what render-sft plans from
-    probe = [sys.executable, "-m", "llmft.nodefacts", "--out", "facts.json", "--imports", "torch"]
+    probe = [sys.executable, "-m", "llmft.env.nodefacts", "--out", "facts.json", "--imports", "torch"]
     proc = subprocess.run(probe, cwd=root, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return root
@@ -129,7 +129,7 @@ def steps_done(work: Path) -> list[int]:
 )
 def test_stop_signal_saves_and_the_rerun_resumes_without_losing_steps(stage, sig, zero_stage, kind):
     # The demo's ZeRO-3 (DeepSpeed checkpoints) and plain DDP (torch checkpoints: transformers 5.6
-    # loads them with map_location "cpu:0" on CPU processes, which llmft.train's shim makes "cpu");
+    # loads them with map_location "cpu:0" on CPU processes, which llmft.sft.train's shim makes "cpu");
     # LoRA under ZeRO-3: the checkpoint holds the adapter and its optimizer states, the base stays.
     sft = {"max_steps": 60, "save_steps": 1000, "zero_stage": zero_stage, "finetuning_type": kind}
     if kind == "lora":

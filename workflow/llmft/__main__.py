@@ -10,7 +10,7 @@ import json
 import logging
 import sys
 
-from .config import BUILTIN_DATA, ConfigError, load_file, validate
+from llmft.core.config import BUILTIN_DATA, ConfigError, load_file, validate
 
 
 def _cfg(args) -> dict:
@@ -28,7 +28,7 @@ def cmd_check_config(args) -> int:
 
 
 def cmd_base_model(args) -> int:
-    from .assets import build_tiny_model
+    from llmft.data.assets import build_tiny_model
 
     cfg = _cfg(args)
     tiny = cfg["model"]["tiny"]
@@ -40,7 +40,7 @@ def cmd_base_model(args) -> int:
 
 
 def cmd_synthetic(args) -> int:
-    from .assets import write_synthetic
+    from llmft.data.assets import write_synthetic
 
     cfg = _cfg(args)
     n = write_synthetic(args.out, cfg["data"]["synthetic_rows"])
@@ -49,10 +49,10 @@ def cmd_synthetic(args) -> int:
 
 
 def cmd_prepare_data(args) -> int:
-    from .chat_templates import check as check_template
-    from .chat_templates import for_config as template_for_config
-    from .data import prepare
-    from .lfdataset import resolve as resolve_lf_entry
+    from llmft.core.chat_templates import check as check_template
+    from llmft.core.chat_templates import for_config as template_for_config
+    from llmft.core.lfdataset import resolve as resolve_lf_entry
+    from llmft.data.prepare import prepare
 
     cfg = _cfg(args)
     sources = []
@@ -89,8 +89,7 @@ def cmd_prepare_data(args) -> int:
 def cmd_pack_data(args) -> int:
     """Pack prepare_data's tokenized rows as LLaMA-Factory would for a rendered llamafactory.yaml."""
     import yaml
-
-    from .packing import ensure_packed, pack, prune
+    from llmft.sft.packing import ensure_packed, pack, prune
 
     if bool(args.yaml) == bool(args.args_json):
         print("llmft pack-data: give either --yaml or --args-json", file=sys.stderr)
@@ -120,7 +119,7 @@ def cmd_pack_data(args) -> int:
 
 
 def cmd_verify_env(args) -> int:
-    from .envcheck import run_verify
+    from llmft.env.verify import run_verify
 
     cfg = _cfg(args)
     return run_verify(cfg, args.out)
@@ -128,8 +127,8 @@ def cmd_verify_env(args) -> int:
 
 def cmd_render_sft(args) -> int:
     """Plan from the facts verify_env measured on the nodes, then render the YAML and DeepSpeed JSON."""
-    from .platform import read_platform
-    from .sft import render
+    from llmft.core.platform import read_platform
+    from llmft.sft.render import render
 
     cfg = _cfg(args)
     platform = read_platform(cfg, args.verify)
@@ -143,8 +142,8 @@ def cmd_plan(args) -> int:
     With --facts (a verify.json) the plan is the one render_sft_config makes for those nodes;
     without, it is made from what the config declares (hardware.gpu_model, hardware.vendor).
     """
-    from .plan import describe, resolve
-    from .platform import Platform, read_platform
+    from llmft.core.platform import Platform, read_platform
+    from llmft.sft.plan import describe, resolve
 
     cfg = _cfg(args)
     platform = read_platform(cfg, args.facts) if args.facts else Platform.declared(cfg)
@@ -158,8 +157,10 @@ def cmd_plan(args) -> int:
 
 def cmd_sft(args) -> int:
     """Gate on verify_env, launch this node's torchrun, publish the model: one step or all."""
-    from .envcheck import gate
-    from .sft import check_packed_yaml, finalize, launch
+    from llmft.env.verify import gate
+    from llmft.sft.publish import finalize
+    from llmft.sft.render import check_packed_yaml
+    from llmft.sft.run import launch
 
     cfg = _cfg(args)
     if args.verify:
@@ -178,7 +179,7 @@ def cmd_sft(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from .evaluate import evaluate
+    from llmft.evaluate.run import evaluate
 
     cfg = _cfg(args)
     evaluate(
@@ -194,7 +195,7 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .report import build_report
+    from llmft.report.page import build_report
 
     cfg = _cfg(args)
     build_report(cfg, args.run_dir, args.out_dir, args.results_dir)
@@ -202,7 +203,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_trend(args) -> int:
-    from .report import build_trend
+    from llmft.report.trend import build_trend
 
     runs = build_trend(args.results_dir, args.out)
     print(f"trend of {len(runs)} run(s) written to {args.out}")
@@ -212,7 +213,7 @@ def cmd_trend(args) -> int:
 def cmd_nightly(args) -> int:
     from pathlib import Path
 
-    from .nightly import nightly, run_name
+    from llmft.nightly.run import nightly, run_name
 
     cfg = _cfg(args)
     results = Path(args.results)
@@ -224,7 +225,7 @@ def cmd_nightly(args) -> int:
 def cmd_nightly_schedule(args) -> int:
     from pathlib import Path
 
-    from .nightly import schedule_lines
+    from llmft.nightly.run import schedule_lines
 
     lines = schedule_lines(_cfg(args), Path.cwd().resolve(), args.profile)
     print("# Slurm: paste into `scrontab -e` (`scrontab FILE` would replace your whole table)")
@@ -315,14 +316,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llmft: config error: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:
-        from .data import DataError
+        from llmft.data.sources import DataError
 
         if not isinstance(exc, DataError):
             raise
         print(f"llmft: data error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
-        from .modelfiles import StructureError
+        from llmft.core.modelfiles import StructureError
 
         if not isinstance(exc, StructureError):
             raise

@@ -9,13 +9,13 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
 from snakemake.settings.types import DeploymentMethod
 
-from llmft.chat_templates import AUTO as AUTO_TEMPLATE
-from llmft.chat_templates import check as check_template
-from llmft.chat_templates import resolved as resolved_template
-from llmft.config import BUILTIN_DATA, BUILTIN_MODEL, ConfigError, layout, validate
-from llmft.lfdataset import resolve as resolve_lf_entry
-from llmft.sft import precheck
-from llmft.slurm import profile_mismatch
+from llmft.core.chat_templates import AUTO as AUTO_TEMPLATE
+from llmft.core.chat_templates import check as check_template
+from llmft.core.chat_templates import resolved as resolved_template
+from llmft.core.config import BUILTIN_DATA, BUILTIN_MODEL, ConfigError, layout, validate
+from llmft.core.lfdataset import resolve as resolve_lf_entry
+from llmft.sft.render import precheck
+from llmft.core.slurm import profile_mismatch
 
 try:
     CFG = validate(config, base_dir=Path.cwd())

@@ -1,0 +1,108 @@
+"""Bad configs stop before anything runs, and the message names the key or path."""
+
+import copy
+
+import pytest
+import yaml
+from llmft.core.config import ConfigError, layout, validate
+
+from tests.conftest import REPO
+from tests.reliability import reliability
+
+DEMO = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def with_(dotted: str, value):
+    cfg = copy.deepcopy(DEMO)
+    node = cfg
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+    return cfg
+
+
+def test_demo_config_is_valid_and_filled():
+    cfg = validate(DEMO, base_dir=REPO)
+    assert cfg["run"] == "demo"
+    assert cfg["verify"]["timeout_seconds"] == 120  # a default filled in from the schema
+    assert layout(cfg).world_size == 2
+
+
+def test_empty_config_takes_every_default():
+    cfg = validate({})
+    assert cfg["sft"]["zero_stage"] == "auto" and cfg["sft"]["precision"] == "bf16"
+
+
+BAD = [
+    ("unknown top-level key", {**DEMO, "trainig": {}}, "trainig"),
+    ("unknown nested key", with_("sft.learning_rat", 0.1), "learning_rat"),
+    ("wrong type", with_("sft.learning_rate", "fast"), "sft.learning_rate"),
+    ("bad enum", with_("sft.precision", "fp8"), "sft.precision"),
+    ("bad run name", with_("run", "my run/1"), "config key run"),
+    ("run name ..", with_("run", ".."), "not starting with '.'"),
+    ("run name .", with_("run", "."), "not starting with '.'"),
+    ("hidden run name", with_("run", ".x"), "not starting with '.'"),
+    ("run name current", with_("run", "current"), "reserved"),
+    ("run name nightly", with_("run", "nightly"), "reserved"),
+    ("shell in run name", with_("run", "a;touch pwned"), "config key run"),
+    ("substitution in run name", with_("run", "$(id)"), "config key run"),
+    ("heldout fraction out of range", with_("data.heldout_fraction", 1.5), "data.heldout_fraction"),
+    ("negative nodes", with_("hardware.nodes", 0), "hardware.nodes"),
+    (
+        "missing dataset file",
+        with_("data.sources", [{"path": "data/nope.jsonl"}]),
+        "data.sources[0].path: dataset file not found",
+    ),
+    ("dataset not json", with_("data.sources", [{"path": "Makefile"}]), "data.sources[0].path"),
+    ("unknown builtin", with_("data.sources", [{"path": "builtin:alpaca"}]), "data.sources[0].path"),
+    ("model folder missing", with_("model.name_or_path", "models/none"), "model.name_or_path"),
+    ("gpu vendor without gpus", with_("hardware.vendor", "rocm"), "hardware.gpus_per_node"),
+    ("reserved passthrough key", with_("sft.extra", {"output_dir": "/tmp/x"}), "sft.extra"),
+    ("unknown template", with_("model.template", "llama33"), "no template 'llama33' (did you mean llama3"),
+    ("typo in sft.extra", with_("sft.extra", {"lora_rnak": 8}), "not LLaMA-Factory 0.9.5 training arguments"),
+    ("exponent read as text", with_("sft.learning_rate", "1e-4"), "write 0.0001 (e.g. 1.0e-4 for 1e-4)"),
+]
+
+
+@pytest.mark.parametrize("name,cfg,needle", BAD, ids=[b[0] for b in BAD])
+@reliability(
+    fault=(
+        "run names `..`, `.`, `current`, `nightly`, `a;touch pwned`, `$(id)`; an unknown template; "
+        "a typo in `sft.extra`; `1e-4` read by YAML as text"
+    ),
+    seen="refused, naming the key (and the fix: the closest template, `1.0e-4`)",
+    steps_lost="none",
+    data_lost="none",
+)
+def test_bad_config_names_the_key(name, cfg, needle):
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, base_dir=REPO)
+    assert needle in str(err.value)
+
+
+def test_an_empty_dataset_file_is_refused(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(ConfigError, match=r"data.sources\[0\].path: .*empty.jsonl is empty"):
+        validate(with_("data.sources", [{"path": str(tmp_path / "empty.jsonl")}]), base_dir=REPO)
+
+
+def test_offload_needs_zero3():
+    cfg = with_("sft.zero_stage", 2)
+    cfg["sft"]["offload"] = True
+    with pytest.raises(ConfigError, match="sft.offload"):
+        validate(cfg, base_dir=REPO)
+
+
+def test_more_processes_than_gpus():
+    cfg = with_("hardware.gpus_per_node", 1)
+    with pytest.raises(ConfigError, match="hardware.processes_per_node"):
+        validate(cfg, base_dir=REPO)
+
+
+def test_the_names_table_is_the_installed_llamafactorys():
+    """lf_names.json (what config validation checks templates and sft.extra against) is what the
+    LLaMA-Factory installed with llmft accepts; regenerate it with `python -m llmft.core.lfnames`."""
+    from llmft.core.lfnames import from_llamafactory, names
+
+    assert names() == from_llamafactory()

@@ -1,0 +1,145 @@
+"""Neat packing's varlen inputs against LLaMA-Factory's 4-D mask, and the divergence diagnosis."""
+
+import torch
+from llamafactory.data.collator import prepare_4d_attention_mask
+from llmft.core import varlen
+from llmft.sft.callbacks import diagnose
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+
+def test_segments_become_sequences_per_row_and_sample():
+    seg = torch.tensor([[1, 1, 2, 2, 2, 0], [1, 2, 2, 3, 3, 3]])
+    pos, cu, max_len = varlen.segments_to_varlen(seg)
+    assert pos.tolist() == [[0, 1, 0, 1, 2, 0], [0, 0, 1, 0, 1, 2]]
+    assert cu.tolist() == [0, 2, 5, 6, 7, 9, 12] and max_len == 3
+
+
+def test_varlen_attention_equals_llamafactory_block_diagonal_mask():
+    torch.manual_seed(0)
+    seg = torch.tensor([[1] * 5 + [2] * 7 + [3] * 3 + [0] * 1, [1] * 9 + [2] * 7])
+    batch, seq, heads, kv_heads, dim = 2, 16, 4, 2, 8
+    q = torch.randn(batch, heads, seq, dim)
+    k, v = torch.randn(batch, kv_heads, seq, dim), torch.randn(batch, kv_heads, seq, dim)
+    _, cu, max_len = varlen.segments_to_varlen(seg)
+
+    class Module:  # what sdpa_attention_forward reads from the attention layer
+        num_key_value_groups = heads // kv_heads
+        is_causal = True
+        training = False
+
+    out, _ = varlen.attention(
+        Module, q, k, v, None, scaling=dim**-0.5, cu_seq_lens_q=cu, max_length_q=max_len
+    )
+    mask = prepare_4d_attention_mask(seg, torch.float32)
+    ref, _ = sdpa_attention_forward(Module, q, k, v, mask, scaling=dim**-0.5)
+    real = seg != 0  # padding rows: LLaMA-Factory masks them entirely, varlen lets them self-attend
+    assert torch.allclose(out[real], ref[real], atol=1e-5)
+
+
+def test_diagnosis_ranks_fp16_then_learning_rate():
+    history = [{"step": s, "loss": 2.0, "grad_norm": g} for s, g in ((1, 1.0), (2, 30.0))]
+    event = {"step": 3, "what": "loss is nan", "learning_rate": 1e-3}
+    d = diagnose(event, history, precision="fp16", peak_lr=1e-3, finetuning_type="full", cutoff_len=4096,
+                 warmup_steps=0)  # fmt: skip
+    assert d["causes"][0].startswith("precision: fp16") and "sft.precision: bf16" in d["causes"][0]
+    assert d["causes"][1].startswith("learning rate") and "0.0001" in d["causes"][1]
+    assert any("data.cutoff_len=4096" in c for c in d["causes"])
+
+
+def test_diagnosis_of_a_modest_bf16_run_points_at_the_data():
+    history = [{"step": s, "loss": 2.0, "grad_norm": 1.0} for s in range(1, 30)]
+    d = diagnose({"step": 30, "what": "loss is inf"}, history, precision="bf16", peak_lr=1e-5,
+                 finetuning_type="full", cutoff_len=2048, warmup_steps=3)  # fmt: skip
+    assert d["causes"][0].startswith("over-long rows")
+
+
+def test_profile_window_records_only_the_asked_steps(tmp_path):
+    import pytest
+    from llmft.sft.callbacks import ProfileWindow, profile_window
+    from transformers import TrainerState, TrainingArguments
+
+    assert profile_window(None) is None
+    assert profile_window("2:3") == (2, 3)
+    for bad in ("3", "3:2", "0:1", "a:b"):
+        with pytest.raises(ValueError, match="LLMFT_PROFILE_STEPS"):
+            profile_window(bad)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    state = TrainerState()
+    cb = ProfileWindow(2, 3)
+    x = torch.randn(64, 64)
+    for step in range(5):  # global_step counts finished optimizer steps
+        state.global_step = step
+        cb.on_step_begin(args, state, None)
+        (x @ x).sum()
+        state.global_step = step + 1
+        cb.on_step_end(args, state, None)
+        if step == 0:
+            assert cb.prof is None  # step 1 is not profiled
+    text = (tmp_path / "llmft_profile_rank0.txt").read_text()
+    assert text.startswith("optimizer steps 2-3 (2):")
+    assert "aten::mm" in text
+    assert cb.prof is None and cb.done
+
+
+def test_kernel_inputs_follow_autocast_like_sdpa():
+    """fp32 q/k/v under autocast (plain DDP + rotary embedding) reach the kernel in the autocast dtype."""
+    q = torch.randn(4, 2, 8)
+    assert varlen.kernel_dtype(q, q)[0].dtype == torch.float32  # no autocast: left alone
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = varlen.kernel_dtype(q, q, q)
+        assert [t.dtype for t in cast] == [torch.bfloat16] * 3
+        half = q.half()
+        assert varlen.kernel_dtype(half)[0] is half  # already 16 bit: unchanged
+
+
+def test_flattened_batch_has_no_padding_and_the_same_loss_as_llamafactory_neat_packing():
+    """The varlen collator's one-row batch (padding dropped) gives the loss LLaMA-Factory's own neat
+    packing gives on the padded batch (4-D block-diagonal mask), on a tiny random Llama."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    seg = torch.tensor([[1] * 5 + [2] * 7 + [3] * 3 + [0] * 3, [1] * 9 + [2] * 9, [1] * 6 + [0] * 12])
+    ids = torch.randint(3, 100, seg.shape).masked_fill(seg == 0, 0)
+    labels = ids.clone().masked_fill(seg == 0, -100)
+    labels[0, 5:8] = -100  # a prompt inside a row: no target
+    batch = {"input_ids": ids, "labels": labels, "attention_mask": seg}
+    flat = varlen.flatten_packed({k: v.clone() for k, v in batch.items()}, pad_id=0, multiple=1)
+    real = int((seg != 0).sum())
+    assert flat["input_ids"].shape == (1, real) and "attention_mask" not in flat
+    assert flat["cu_seq_lens_q"].tolist() == [0, 5, 12, 15, 24, 33, 39] and flat["max_length_q"] == 9
+    assert flat["position_ids"][0, :14].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 0, 1]
+    # each row's first token is no target once rows are joined
+    assert flat["labels"][0, [0, 15, 33]].tolist() == [-100, -100, -100]
+    # padded to a multiple of 16: 39 real tokens + a 9-token sequence of padding, never a target
+    padded = varlen.flatten_packed({k: v.clone() for k, v in batch.items()}, pad_id=1, multiple=16)
+    assert padded["input_ids"].shape == (1, 48) and padded["cu_seq_lens_q"].tolist()[-2:] == [39, 48]
+    assert padded["input_ids"][0, 39:].tolist() == [1] * 9 and padded["labels"][0, 39:].eq(-100).all()
+    assert padded["position_ids"][0, 39:].tolist() == list(range(9))
+
+    cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    model = LlamaForCausalLM(cfg).eval()
+    varlen.register()
+    with torch.no_grad():
+        model.set_attn_implementation("sdpa")
+        mask = prepare_4d_attention_mask(seg, torch.float32)
+        ref = model(input_ids=ids, labels=labels, attention_mask=mask)
+        model.set_attn_implementation(varlen.NAME)
+        ours = model(**flat)
+        ours_padded = model(**padded)
+    assert torch.allclose(ours.loss, ref.loss, atol=1e-5), (ours.loss, ref.loss)
+    assert torch.allclose(ours_padded.loss, ref.loss, atol=1e-5), (ours_padded.loss, ref.loss)
+
+
+def test_guard_logs_before_every_save():
+    """A checkpoint's steps pass the guard first: a step that saves also logs (logging comes first)."""
+    from llmft.sft.callbacks import DivergenceGuard
+    from transformers import TrainerControl
+
+    guard = DivergenceGuard(factor=100, precision="bf16", finetuning_type="full", cutoff_len=2048)
+    control = TrainerControl()
+    guard.on_step_end(None, None, control)
+    assert control.should_log is False  # no save, logging stays on its own schedule
+    control.should_save = True
+    guard.on_step_end(None, None, control)
+    assert control.should_log is True

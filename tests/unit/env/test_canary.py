@@ -1,0 +1,84 @@
+"""The numerics canary on CPU, for real: a fixed model trained through the planned kernels, compared
+with the committed fp32 golden curve; a kernel made wrong on purpose (test-only LLMFT_CANARY_PERTURB)
+or an absurd learning rate fails it, and the reruns name the suspect."""
+
+import json
+
+import pytest
+import yaml
+from llmft.core.config import validate
+from llmft.env import canary
+from llmft.env.rules import judge_canary
+
+from tests.conftest import REPO
+
+DEMO = validate(yaml.safe_load((REPO / "config/config.yaml").read_text()), base_dir=REPO)
+CPU_NODE = {"host": "n1", "devices": [], "attention": {"sdpa_ok": True}, "torch_version": "2.13.0+cpu"}
+
+
+def test_the_demo_path_matches_the_golden_fp32_curve():
+    path = canary.planned_path(CPU_NODE, DEMO)
+    assert path == canary.CanaryPath("sdpa", False, False, "fp32", "foreach")
+    result = canary.run_canary(CPU_NODE, DEMO)
+    assert result["ok"], result["message"]
+    losses = result["run"]["losses"]
+    assert len(losses) == canary.STEPS and losses[-1] < 0.5 * losses[0]  # it learns
+    found = judge_canary({**CPU_NODE, "canary": result})
+    assert found[0].ok and "match the golden curve" in found[0].message
+
+
+@pytest.mark.parametrize(
+    "perturb,suspect,fix",
+    [
+        ("attention", "attention", "sft.flash_attn"),
+        ("rmsnorm_grad", "fused", "sft.liger_kernel: false"),
+        ("lr", "learning_rate", "sft.learning_rate"),
+    ],
+)
+def test_a_wrong_kernel_or_an_absurd_learning_rate_fails_naming_the_suspect(
+    monkeypatch, perturb, suspect, fix
+):
+    monkeypatch.setenv(canary.PERTURB_ENV, perturb)
+    result = canary.run_canary(CPU_NODE, DEMO)
+    assert result["ok"] is False and result["suspect"] == [suspect], result.get("diagnosis")
+    finding = judge_canary({**CPU_NODE, "canary": result})[0]
+    assert not finding.ok and fix in finding.fix
+    assert (
+        canary.SUSPECTS.get(suspect, "not a kernel").split(" (")[0] in finding.message
+        or suspect == "learning_rate"
+    )
+
+
+def test_the_golden_curves_say_how_they_were_recorded_and_why_their_tolerance():
+    for precision in ("fp32", "bf16"):
+        gold = canary.golden(precision)
+        assert gold["recorded_by"].startswith("python -m llmft.env.canary --record")
+        assert len(gold["losses"]) == canary.STEPS and gold["spread"]["runs"] >= 3
+        spread = gold["spread"]
+        kernels = spread.get("between_kernels_mean_rel", {}).get(
+            "value", spread["between_kernels"]["loss_rel"]
+        )
+        worst = max(spread["run_to_run"]["loss_rel"], kernels)
+        assert gold["tolerance"]["loss_rel"] >= 3 * worst  # the tolerance covers what was measured
+    # bf16 (recorded on an H200): below what a 3 % wrong attention output moves the curve by
+    wrong = json.loads((REPO / "bench/results/canary_spread_cpu2_bf16_20261201.json").read_text())
+    assert (
+        canary.golden("bf16")["tolerance"]["loss_rel"]
+        < wrong["rows"]["wrong: attention output +3 %"]["mean_rel"]
+    )
+
+
+def test_another_platforms_honest_bf16_passes_the_h200_golden_and_its_wrong_kernel_does_not():
+    """This CPU's bf16 (SDPA, transformers' RMSNorm, no Liger) against the curve an H200 recorded
+    (varlen, Liger, fused AdamW): the gate's tolerance covers honest differences between platforms."""
+    path = canary.CanaryPath("sdpa", False, False, "bf16", "foreach")
+    ok, message = canary.compare(canary.train(path), canary.golden("bf16"))
+    assert ok, message
+    ok, message = canary.compare(canary.train(path, perturb="attention"), canary.golden("bf16"))
+    assert not ok, message
+
+
+def test_canary_off_records_nothing():
+    off = validate({**DEMO, "verify": {**DEMO["verify"], "canary": False}})
+    assert off["verify"]["canary"] is False
+    assert judge_canary(CPU_NODE) == []

@@ -1,0 +1,108 @@
+"""Nightly building blocks: fingerprints, the promotion gate, retention, the lock."""
+
+import subprocess
+import sys
+
+import pytest
+from llmft.core.config import validate
+from llmft.nightly.run import (
+    Lock,
+    NightlyLocked,
+    config_fingerprint,
+    data_fingerprint,
+    gate,
+    retain,
+    run_name,
+    schedule_lines,
+)
+
+from tests.conftest import REPO
+
+
+def summary(run, em, loss=1.0):
+    return {"run": run, "tuned": {"exact_match": em, "eval_loss": loss}}
+
+
+def test_gate_promotes_first_and_within_tolerance():
+    assert gate(summary("a", 0.5), None, "exact_match", 0.01)[0]
+    ok, why = gate(summary("b", 0.495), summary("a", 0.5), "exact_match", 0.01)
+    assert ok and "promoted" in why
+
+
+def test_gate_rejects_worse_and_says_why():
+    ok, why = gate(summary("b", 0.40), summary("a", 0.5), "exact_match", 0.01)
+    assert not ok
+    assert "rejected" in why and "0.4000" in why and "0.5000" in why and "run a" in why
+
+
+def test_gate_lower_is_better_for_loss():
+    assert not gate(summary("b", 0, loss=2.0), summary("a", 0, loss=1.0), "eval_loss", 0.1)[0]
+    assert gate(summary("b", 0, loss=0.5), summary("a", 0, loss=1.0), "eval_loss", 0.1)[0]
+
+
+def test_fingerprints_follow_data_and_config_not_run_name(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"instruction": "a", "output": "b"}\n')
+    cfg = validate({"data": {"sources": [{"path": str(data)}]}})
+    fp = data_fingerprint(cfg)
+    assert config_fingerprint(cfg) == config_fingerprint({**cfg, "run": "other"})
+    assert config_fingerprint(cfg) != config_fingerprint(validate({"sft": {"learning_rate": 1.0}}))
+    with open(data, "a") as fh:
+        fh.write('{"instruction": "c", "output": "d"}\n')
+    assert data_fingerprint(cfg) != fp
+
+
+def test_retention_keeps_last_n_and_the_promoted(tmp_path):
+    nights = []
+    for i in range(5):
+        (tmp_path / f"r{i}").mkdir()
+        nights.append({"run": f"r{i}", "status": "promoted" if i == 0 else "rejected"})
+    state = {"nights": nights, "promoted": "r0"}
+    deleted = retain(tmp_path, state, keep=2)
+    assert deleted == ["r1", "r2"]
+    assert (tmp_path / "r0").is_dir() and (tmp_path / "r3").is_dir() and not (tmp_path / "r1").exists()
+
+
+def test_lock_refuses_a_second_process(tmp_path):
+    path = tmp_path / "lock"
+    with Lock(path):
+        code = (
+            "import sys; from pathlib import Path; from llmft.nightly.run import Lock, NightlyLocked\n"
+            "try:\n    Lock(Path(sys.argv[1])).__enter__()\nexcept NightlyLocked as e:\n"
+            "    print(e); sys.exit(3)\n"
+        )
+        proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
+        assert proc.returncode == 3 and "another nightly run holds" in proc.stdout
+        assert "pid" in proc.stdout
+    with Lock(path):  # released on exit
+        pass
+    with pytest.raises(NightlyLocked):
+        with Lock(path), Lock(path):
+            pass
+
+
+def test_run_name_is_the_date_with_a_suffix(tmp_path):
+    assert run_name(tmp_path, "2026-11-30") == "2026-11-30"
+    (tmp_path / "2026-11-30").mkdir()
+    assert run_name(tmp_path, "2026-11-30") == "2026-11-30.2"
+
+
+def test_schedule_lines(tmp_path):
+    lines = schedule_lines(validate({}), tmp_path)
+    assert lines["scrontab"].startswith("#SCRON --partition=cpu")
+    assert "0 2 * * *" in lines["crontab"] and "-m llmft nightly --profile profiles/slurm" in lines["crontab"]
+    # the driver outlives sft's own 24 h limit (the profile's runtimes, one stage after the other)
+    assert "--time=1-06:15:00" in schedule_lines(validate({}), REPO)["scrontab"]
+
+
+def test_the_printed_cron_line_runs_on_a_fresh_checkout_with_spaces_and_percent_in_its_path(tmp_path):
+    """The line as cron runs it (sh -c, with cron's \\% unescaped): it reaches llmft and logs, even
+    where results/nightly/ does not exist yet. No Slurm here: the night itself fails, and says so."""
+    repo = tmp_path / "my checkout 100%"
+    (repo / "config").mkdir(parents=True)
+    (repo / "config/config.yaml").write_text((REPO / "config/config.yaml").read_text())
+    line = schedule_lines(validate({}), repo, profile="no such profile")["crontab"]
+    command = line.split(" ", 5)[5].replace("\\%", "%")
+    subprocess.run(["sh", "-c", command], timeout=300)
+    log = (repo / "results/nightly/cron.log").read_text()
+    assert "llmft" in log or "nightly" in log, log[-2000:]

@@ -1,0 +1,207 @@
+"""Evaluation batching/sharding and the report's pure parts: throughput, MFU, data stats, trend."""
+
+import json
+
+import pytest
+from llmft.core import flops
+from llmft.core.config import validate
+from llmft.core.modelfiles import safetensors_stats
+from llmft.core.platform import Platform
+from llmft.evaluate.worker import plan_batches, shard
+from llmft.report.draw import svg_lines
+from llmft.report.page import data_rows, peak_flops, pick_samples, throughput_series
+from llmft.report.trend import collect_runs
+
+
+@pytest.mark.parametrize("n_rows,batch", [(1, 4), (10, 3), (263, 64), (50, 1)])
+def test_batch_plan_covers_every_row_once_longest_first(n_rows, batch):
+    lengths = [(i * 7919) % 37 + 1 for i in range(n_rows)]
+    plan = plan_batches(lengths, batch)
+    flat = [i for b in plan for i in b]
+    assert sorted(flat) == list(range(n_rows))
+    assert all(len(b) <= batch for b in plan)
+    assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)
+
+
+@pytest.mark.parametrize("processes", [1, 2, 3, 8])
+def test_shards_partition_the_plan_and_keep_batches_whole(processes):
+    plan = plan_batches([5, 1, 9, 3, 3, 7, 2, 8, 6, 4, 1], 2)
+    shards = [shard(plan, processes, k) for k in range(processes)]
+    # Each batch goes to exactly one process unchanged: its greedy output cannot depend on how
+    # many processes (GPUs) the job has.
+    assert sorted(map(tuple, (b for s in shards for b in s))) == sorted(map(tuple, plan))
+
+
+def test_safetensors_stats_counts_without_loading(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    save_file(
+        {"a": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16)}, str(tmp_path / "m.safetensors")
+    )
+    stats = safetensors_stats(tmp_path)
+    assert stats == {"n_params": 17, "weight_bytes": 12 * 4 + 5 * 2, "dtypes": ["BF16", "F32"]}
+
+
+def test_throughput_is_per_interval_and_per_gpu_without_eval_time():
+    history = [
+        {"step": 10, "loss": 3.0, "num_input_tokens_seen": 8000, "train_runtime": 2.0},
+        {"step": 20, "loss": 2.0, "num_input_tokens_seen": 24000, "train_runtime": 4.0},
+        {"step": 20, "eval_loss": 2.1, "eval_runtime": 1.0, "num_input_tokens_seen": 24000},
+        {"step": 30, "loss": 1.5, "num_input_tokens_seen": 28000, "train_runtime": 7.0},
+    ]
+    # Steps 20-30 took 3 s of which 1 s was the held-out evaluation after step 20.
+    assert throughput_series(history, world=2) == [(10, 2000.0), (20, 4000.0), (30, 1000.0)]
+
+
+def test_mfu_is_the_gpu_peak_against_flops_per_token():
+    h200 = validate({"hardware": {"gpus_per_node": 1, "gpu_model": "h200"}})
+    peak, note = peak_flops(Platform.declared(h200))
+    assert peak == 989.0 and "H200" in note
+    # 1.24 B at 5 131 tokens/s/GPU and 6 x 1.24e9 FLOPs per token: 3.86 %
+    assert flops.mfu(5131, 6 * 1.24e9, peak) == pytest.approx(0.0386, abs=5e-4)
+    assert peak_flops(Platform.declared(validate({})))[0] is None  # CPU: n/a
+    assert peak_flops(None)[0] is None  # a run rendered before the platform was recorded
+
+
+def test_data_rows_show_unknown_numeric_keys_generically():
+    stats = {
+        "rows_read": 10,
+        "invalid": 1,
+        "near_duplicates": 3,
+        "decontamination": {"ngram_hits": 2, "benchmarks": ["gsm8k"], "by_set": {"mmlu": 1}},
+        "length_histogram": {"edges": [0, 4], "counts": [1]},
+        "invalid_examples": ["x row 3: field 'output' is missing"],
+        "note": "text is not a count",
+    }
+    rows = dict(map(tuple, data_rows(stats)))
+    assert rows["rows_read"] == 10 and rows["near_duplicates"] == 3
+    assert rows["decontamination.ngram_hits"] == 2 and rows["decontamination.by_set.mmlu"] == 1
+    assert "note" not in rows and "length_histogram" not in rows and "decontamination.benchmarks" not in rows
+
+
+def test_samples_side_by_side_a_few_per_task():
+    tuned = [
+        {
+            "index": i,
+            "task": t,
+            "prompt": f"p{i}",
+            "reference": "r",
+            "prediction": f"t{i}",
+            "exact_match": i % 2,
+        }
+        for i, t in enumerate(["a"] * 8 + ["b"] * 2)
+    ]
+    base = [{"index": i, "prediction": f"b{i}"} for i in range(10)]
+    rows = pick_samples(base, tuned, per_task=3)
+    assert [r[0] for r in rows] == ["a", "a", "a", "b", "b"]
+    assert rows[3][3:5] == ["b8", "t8"]  # base and tuned output of the same row
+
+
+def test_trend_reads_optional_promotion_keys(tmp_path):
+    def put(run, summary, promotion=None):
+        (tmp_path / run / "report").mkdir(parents=True)
+        (tmp_path / run / "report/summary.json").write_text(json.dumps({"run": run, **summary}))
+        if promotion is not None:
+            (tmp_path / run / "promotion.json").write_text(json.dumps(promotion))
+
+    put("a", {"generated": "2026-01-01", "tuned": {"exact_match": 0.5}})
+    put("b", {"generated": "2026-01-02", "promotion": "promoted"})
+    put("c", {"generated": "2026-01-03", "promotion": {"status": "rejected", "reason": "worse"}})
+    put("d", {"generated": "2026-01-04"}, promotion={"status": "promoted", "reason": "first model"})
+    (tmp_path / "nightly").mkdir()  # state folders without a report are not runs
+    (tmp_path / "e" / "report").mkdir(parents=True)
+    (tmp_path / "e" / "report/summary.json").write_text("{truncated")
+    runs = collect_runs(tmp_path)
+    assert [r["run"] for r in runs] == ["a", "b", "c", "d"]
+    assert [r["_promotion"] for r in runs] == ["", "promoted", "rejected: worse", "promoted: first model"]
+
+
+def test_charts_escape_names_and_mark_empty_ones():
+    evil = "<script>alert(1)</script>"
+    chart = svg_lines({evil: [(0, 1.0), (1, 2.0)]}, evil, evil)
+    assert "<script>" not in chart and "&lt;script&gt;" in chart
+    empty = svg_lines({"mfu": []}, "MFU", "step", na="n/a on CPU")
+    assert "class='chart na'" in empty and "n/a on CPU" in empty
+
+
+def test_token_budget_caps_padded_tokens_per_batch():
+    lengths = [100, 90, 80, 10, 10, 10, 10, 10, 500]
+    plan = plan_batches(lengths, batch_size=4, max_tokens=200)
+    assert plan[0] == [8]  # longer than the budget alone: a batch of its own
+    assert all(len(b) * lengths[b[0]] <= 200 for b in plan[1:])
+    assert sorted(i for b in plan for i in b) == list(range(len(lengths)))
+
+
+@pytest.mark.parametrize("keep_logits", [True, False])
+def test_answer_nll_matches_each_row_scored_alone(keep_logits):
+    """Left padding, explicit positions and kept logits change nothing: each row's answer NLL
+    equals that of the row run alone, unpadded, with full logits."""
+    import torch
+    from llmft.evaluate.worker import answer_nll
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    rows = [([5, 6, 7, 8, 9], [10, 11]), ([12], [13, 14, 15, 16]), ([17, 18, 19], [20])]
+    with torch.inference_mode():
+        got = answer_nll(model, rows, pad_id=0, device="cpu", keep_logits=keep_logits)
+        for (p, a), (nll, count) in zip(rows, got, strict=True):
+            logits = model(input_ids=torch.tensor([p + a])).logits[0]
+            ref = torch.nn.functional.cross_entropy(logits[len(p) - 1 : -1], torch.tensor(a), reduction="sum")
+            assert count == len(a)
+            assert nll == pytest.approx(float(ref), rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"instruction": "Add", "input": "1 2", "output": "3"},
+        {"instruction": "", "input": "only input", "output": "x"},
+        {"instruction": "no input", "input": "", "output": "y"},
+        {
+            "instruction": "and now?",
+            "input": "",
+            "output": "z",
+            "system": "You are terse.",
+            "history": [["hi", "hello"], ["how are you", "fine"]],
+        },
+    ],
+)
+def test_conversation_is_the_one_llamafactory_builds(row):
+    """Our messages and system prompt equal LLaMA-Factory's alpaca converter's, turn by turn."""
+    from llamafactory.data.converter import AlpacaDatasetConverter
+    from llamafactory.data.parser import DatasetAttr
+    from llamafactory.hparams import DataArguments
+    from llmft.evaluate.run import messages
+
+    attr = DatasetAttr("file", dataset_name="heldout", system="system", history="history")
+    converted = AlpacaDatasetConverter(attr, DataArguments())({"system": None, "history": None, **row})
+    assert messages(row) == converted["_prompt"] + converted["_response"]
+    assert (row.get("system") or None) == (converted["_system"] or None)
+
+
+def test_loss_batches_spread_by_padded_size():
+    """One long batch and many short ones: the process that draws the long batch gets few others."""
+    lengths = [1000] * 4 + [100] * 40
+    plan = plan_batches(lengths, batch_size=8, max_tokens=4000)
+    shards = [shard(plan, 2, k, cost=lengths) for k in range(2)]
+    assert sorted(map(tuple, (b for s in shards for b in s))) == sorted(map(tuple, plan))
+    work = [sum(len(b) * max(lengths[i] for i in b) for b in s) for s in shards]
+    assert max(work) <= 1.25 * min(work), work
+    # every n-th batch would give one process all the long rows' work and more
+    rr = [sum(len(b) * max(lengths[i] for i in b) for b in plan[k::2]) for k in range(2)]
+    assert max(rr) > max(work)
+
+
+def test_the_verdict_shows_the_data_behind_it_and_warns_when_it_is_thin():
+    from llmft.report.page import data_loss_line, verdict_caution
+
+    stats = {"rows_read": 999, "too_long": 961, "invalid": 0, "duplicates": 2}
+    assert data_loss_line(stats) == "Data: 963 of 999 rows read dropped (96.4%: 961 too long, 2 duplicates)."
+    caution = verdict_caution(stats, 4)
+    assert "only 4 held-out rows" in caution and "96% of the rows were dropped" in caution
+    assert verdict_caution({"rows_read": 3000, "duplicates": 416}, 263) == ""

@@ -1,0 +1,192 @@
+"""Rendering the LLaMA-Factory YAML / DeepSpeed JSON, metrics, report escaping."""
+
+import json
+
+import pytest
+import yaml
+from llmft.core.config import validate
+from llmft.core.launch import launch_env
+from llmft.core.platform import Platform
+from llmft.core.slurm import Allocation
+from llmft.evaluate.metrics import exact_match
+from llmft.report.draw import esc, svg_lines, table
+from llmft.sft.plan import ZERO3_SUB_GROUP, resolve
+from llmft.sft.render import deepspeed_config, render
+
+from tests.conftest import REPO, tiny_config
+
+DEMO = validate(yaml.safe_load((REPO / "config/config.yaml").read_text()), base_dir=REPO)
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    return tiny_config(tmp_path / "tiny")
+
+
+def plan_of(cfg, model_dir):
+    """The plan for what the config declares (its hardware.gpu_model), as `llmft plan` makes it."""
+    return resolve(cfg, model_dir, Platform.declared(cfg))
+
+
+def test_render_writes_yaml_and_zero3(tmp_path, tiny):
+    args = render(
+        DEMO, tiny, "d", str(tmp_path / "lf.yaml"), str(tmp_path / "ds.json"), "w", Platform.declared(DEMO)
+    )
+    on_disk = yaml.safe_load((tmp_path / "lf.yaml").read_text())
+    assert on_disk == args
+    assert args["overwrite_output_dir"] is False
+    assert args["logging_nan_inf_filter"] is False  # NaN must reach the divergence guard
+    assert args["ddp_timeout"] == round(DEMO["sft"]["collective_timeout_minutes"] * 60)
+    assert args["deepspeed"] == str(tmp_path / "ds.json")
+    # the demo's explicit settings pass through the planner unchanged
+    assert (args["per_device_train_batch_size"], args["gradient_accumulation_steps"]) == (16, 1)
+    assert args["disable_gradient_checkpointing"] is True and "neat_packing" not in args
+    assert args["llmft"]["plan"]["zero_stage"] == 3
+    ds = json.loads((tmp_path / "ds.json").read_text())
+    assert ds["zero_optimization"]["stage"] == 3
+    assert ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    # no per-step overflow pass in bf16: the divergence guard stops a NaN/inf run instead
+    assert ds["bf16"] == {"enabled": "auto", "check_grad_overflow": False}
+
+
+def test_extra_passes_through_and_changes_work_dir(tmp_path, tiny):
+    cfg = validate({**DEMO, "sft": {**DEMO["sft"], "extra": {"packing": True}}}, base_dir=REPO)
+    a = render(
+        DEMO, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", Platform.declared(DEMO)
+    )
+    b = render(
+        cfg, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w", Platform.declared(cfg)
+    )
+    assert b["packing"] is True and "packing" not in a
+    assert a["output_dir"] != b["output_dir"]  # a new config never resumes an old checkpoint
+
+
+def test_zero0_has_no_deepspeed_and_no_unused_param_search(tmp_path, tiny):
+    cfg = validate({**DEMO, "sft": {**DEMO["sft"], "zero_stage": 0}}, base_dir=REPO)
+    args = render(
+        cfg, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", Platform.declared(cfg)
+    )
+    assert "deepspeed" not in args and args["ddp_find_unused_parameters"] is False
+
+
+def test_gpu_auto_render_uses_the_plan(tmp_path, tiny):
+    cfg = validate({"hardware": {"vendor": "cuda", "gpus_per_node": 8, "gpu_model": "h100"}})
+    args = render(
+        cfg, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", Platform.declared(cfg)
+    )
+    assert args["neat_packing"] is True and args["flash_attn"] == "sdpa"  # sdpa loads, varlen runs
+    assert args["llmft"]["attention"] == "varlen"
+    assert args["include_num_input_tokens_seen"] == "all"  # varlen batches carry no padding
+    assert args["disable_gradient_checkpointing"] is True
+    plan = args["llmft"]["plan"]
+    # several GPUs in bf16: ZeRO-2 (16-bit compute, sharded states), not plain DDP under autocast
+    assert plan["zero_stage"] == 2 and plan["tokens_per_step"] == cfg["sft"]["tokens_per_step"]
+    assert json.loads((tmp_path / "a.json").read_text())["zero_optimization"]["stage"] == 2
+    ddp = validate({**cfg, "sft": {"zero_stage": 0}})
+    args = render(
+        ddp, tiny, "d", str(tmp_path / "c.yaml"), str(tmp_path / "c.json"), "w", Platform.declared(ddp)
+    )
+    assert "deepspeed" not in args and args["ddp_find_unused_parameters"] is False
+    zero3 = validate({**cfg, "sft": {"zero_stage": 3}})
+    render(
+        zero3, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w", Platform.declared(zero3)
+    )
+    ds = deepspeed_config(plan_of(zero3, tiny), Platform.declared(zero3))
+    assert ds["zero_optimization"]["overlap_comm"] is True
+    assert ds["zero_optimization"]["sub_group_size"] == ZERO3_SUB_GROUP  # what the planner assumes
+    assert ds["zero_optimization"]["stage3_prefetch_bucket_size"] >= 5e7  # not HF's h^2
+
+
+def test_torch_compile_renders_compiled_layers_and_liger_loss_alone(tmp_path, tiny):
+    hw = {"vendor": "cuda", "gpus_per_node": 8, "gpu_model": "h100"}
+    cfg = validate({"hardware": hw, "sft": {"torch_compile": True, "liger_kernel": True}})
+    args = render(
+        cfg, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", Platform.declared(cfg)
+    )
+    # LLaMA-Factory's switch would patch every Liger kernel; the launcher applies the fused loss alone
+    assert "enable_liger_kernel" not in args
+    assert args["llmft"]["compile_layers"] is True and args["llmft"]["liger_loss_only"] is True
+    eager = validate({"hardware": hw, "sft": {"liger_kernel": True}})
+    args = render(
+        eager, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w", Platform.declared(eager)
+    )
+    assert args["enable_liger_kernel"] is True and not args["llmft"]["compile_layers"]
+
+
+def test_compile_layers_compiles_each_decoder_layer_in_place(tiny):
+    from llmft.sft.callbacks import compile_layers
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny))  # random init, no weights
+    keys = list(model.state_dict())
+    n = compile_layers(model)
+    assert n == model.config.num_hidden_layers
+    assert all(layer._compiled_call_impl is not None for layer in model.model.layers)
+    assert list(model.state_dict()) == keys  # checkpoints keep their parameter names
+    with pytest.raises(RuntimeError, match="sft.torch_compile"):
+        compile_layers(model.lm_head)  # names no repeated blocks
+
+
+def test_launch_env_rocm_preset():
+    cfg = validate(
+        {"hardware": {"vendor": "rocm", "gpus_per_node": 8, "nodes": 2, "socket_ifname": "ens50f0"}}
+    )
+    env = launch_env(Platform.declared(cfg), Allocation("9", ["a", "b"], 1, "10.0.0.1", 30000), base_env={})
+    assert env["PYTORCH_ROCM_ARCH"] == "gfx942"
+    assert env["NCCL_SOCKET_IFNAME"] == "ens50f0"
+    assert (env["NNODES"], env["NODE_RANK"], env["NPROC_PER_NODE"]) == ("2", "1", "8")
+    assert env["MASTER_ADDR"] == "10.0.0.1" and env["FORCE_TORCHRUN"] == "1"
+
+
+def test_exact_match_normalises_space_and_case():
+    assert exact_match(" Cat ", "cat") == 1.0 and exact_match("cat", "cats") == 0.0
+
+
+def test_report_text_is_escaped():
+    evil = "<script>alert(1)</script>"
+    html = table(["prompt"], [[evil]]) + svg_lines({evil: [(0, 1), (1, 2)]}, evil, "x")
+    assert "<script>" not in html and esc(evil) in html
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_every_zero_stage_config_leaves_nothing_for_deepspeed_to_guess(tiny, tmp_path, stage):
+    """transformers fills some "auto" values and refuses a config with any other one left."""
+    from transformers import LlamaConfig, TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    cpu = validate({**DEMO, "sft": {**DEMO["sft"], "zero_stage": stage}}, base_dir=REPO)
+    gpu = validate({"hardware": {"vendor": "cuda", "gpus_per_node": 2}, "sft": {"zero_stage": stage}})
+    for cfg in (cpu, gpu):
+        platform = Platform.declared(cfg)
+        ds = deepspeed_config(resolve(cfg, tiny, platform), platform)
+        hf = HfTrainerDeepSpeedConfig(ds)
+        args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+        hf.trainer_config_process(args)
+
+        class Model:
+            config = LlamaConfig(hidden_size=64)
+
+        hf.trainer_config_finalize(args, Model(), num_training_steps=10)
+        assert "auto" not in json.dumps(hf.config), (platform.vendor, hf.config)
+
+
+def test_a_resumed_attempt_reports_its_own_steps_and_what_was_lost():
+    from llmft.sft.publish import attempts_summary
+
+    first = [{"attempt_start": 0, "started": 0.0, "tokens": 0}]
+    first += [{"step": s, "time": 10.0 + s, "tokens": 100 * s} for s in range(1, 13)]  # killed after 12
+    second = [{"attempt_start": 10, "started": 100.0, "tokens": 1000}]  # resumed from checkpoint 10
+    second += [{"step": s, "time": 110.0 + 2 * (s - 10), "tokens": 100 * s} for s in range(11, 21)]
+    got = attempts_summary(first + second)
+    assert (got["attempts"], got["resumed_from_step"], got["steps_trained"], got["steps_lost"]) == (
+        2,
+        10,
+        10,
+        2,
+    )
+    assert got["tokens_per_second"] == 50.0  # 100 tokens a step, 2 s a step, this attempt only
+    again = attempts_summary(
+        first + second + [{"attempt_start": 20, "started": 200.0}, {"republished": 300.0}]
+    )
+    assert again["republished_without_training"] and again["steps_trained"] == 10
+    assert attempts_summary([]) == {"attempts": 0, "republished_without_training": False}

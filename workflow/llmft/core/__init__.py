@@ -1,0 +1,1 @@
+"""What two or more stages share: config, run layout, node facts, launch, chat templates, tokenizing."""

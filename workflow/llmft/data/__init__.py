@@ -1,0 +1,1 @@
+"""Stage 2, prepare_data: read, validate, clean, dedup, length-filter and split the rows."""

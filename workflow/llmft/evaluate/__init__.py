@@ -1,0 +1,1 @@
+"""Stage 4, evaluate: base and tuned model on the held-out split."""

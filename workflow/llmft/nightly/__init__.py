@@ -1,0 +1,1 @@
+"""Nightly retrains: run when the data changed, promote by a gate, keep N runs."""

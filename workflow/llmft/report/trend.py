@@ -1,0 +1,137 @@
+"""The trend page across runs: every results/*/report/summary.json, promoted runs marked."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+from llmft.core.io import read_optional, write_text
+from llmft.report.draw import CSP, STYLE, esc, svg_lines, table
+
+
+def _promotion(results: Path, run: str, summary: dict) -> str:
+    """The nightly promotion decision, if any: summary.json's optional `promotion` key (a string or
+    a dict with status/reason), else results/{run}/promotion.json. Older runs have neither."""
+    promo = summary.get("promotion")
+    if promo is None:
+        promo = read_optional(results / run / "promotion.json")
+    if isinstance(promo, dict):
+        status = promo.get("status") or promo.get("decision") or ""
+        reason = promo.get("reason") or ""
+        return f"{status}: {reason}".strip(": ")
+    return "" if promo is None else str(promo)
+
+
+def collect_runs(results_dir: str | Path) -> list[dict]:
+    """Every results/*/report/summary.json, oldest first (by generation time, then name)."""
+    results = Path(results_dir)
+    runs = []
+    for path in sorted(results.glob("*/report/summary.json")):
+        summary = read_optional(path)
+        if not isinstance(summary, dict):
+            continue
+        run = summary.get("run") or path.parts[-3]
+        summary["_promotion"] = _promotion(results, path.parts[-3], summary)
+        summary["_dir"] = path.parts[-3]
+        summary.setdefault("run", run)
+        runs.append(summary)
+    runs.sort(key=lambda s: (str(s.get("generated") or ""), str(s["run"])))
+    return runs
+
+
+def _metric(summary: dict, which: str, name: str):
+    value = (summary.get(which) or {}).get(name)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _trend_charts(runs: list[dict]) -> str:
+    """Exact match, loss, throughput and MFU per run, as SVG, runs along x."""
+    ticks = [(i, str(s["run"])) for i, s in enumerate(runs)]
+
+    def series(which: str, name: str) -> list[tuple[float, float]]:
+        return [(i, v) for i, s in enumerate(runs) if (v := _metric(s, which, name)) is not None]
+
+    def top(key: str) -> list[tuple[float, float]]:
+        return [(i, s[key]) for i, s in enumerate(runs) if isinstance(s.get(key), (int, float))]
+
+    return "".join(
+        [
+            svg_lines(
+                {"tuned": series("tuned", "exact_match"), "base": series("base", "exact_match")},
+                "Held-out exact match",
+                "run",
+                xticks=ticks,
+            ),
+            svg_lines(
+                {"tuned": series("tuned", "eval_loss"), "base": series("base", "eval_loss")},
+                "Held-out loss",
+                "run",
+                xticks=ticks,
+            ),
+            svg_lines(
+                {"tokens/s per GPU": top("tokens_per_second_per_gpu")},
+                "Training throughput",
+                "run",
+                xticks=ticks,
+            ),
+            svg_lines({"MFU": top("mfu")}, "Model FLOPs utilisation", "run", xticks=ticks),
+        ]
+    )
+
+
+def build_trend(results_dir: str | Path, out_html: str | Path) -> list[dict]:
+    """A page of held-out metrics and throughput per run, with links to each run's report."""
+    runs = collect_runs(results_dir)
+    out_html = Path(out_html)
+    charts = _trend_charts(runs)
+    rows, links = [], []
+    for s in runs:
+        rows.append(
+            [
+                s["run"],
+                s.get("generated"),
+                _metric(s, "base", "exact_match"),
+                _metric(s, "tuned", "exact_match"),
+                _metric(s, "tuned", "rouge_l"),
+                _metric(s, "tuned", "eval_loss"),
+                s.get("tokens_per_second_per_gpu"),
+                f"{s['mfu']:.2%}" if isinstance(s.get("mfu"), (int, float)) else "n/a",
+                s.get("data_fingerprint"),
+                s.get("git_commit", "")[:10] if isinstance(s.get("git_commit"), str) else "",
+                s["_promotion"],
+            ]
+        )
+        href = os.path.relpath(Path(results_dir) / s["_dir"] / "report" / "index.html", out_html.parent)
+        links.append(f"<li><a href='{esc(href)}'>{esc(s['run'])}</a></li>")
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{CSP}">
+<title>llmft: trend across runs</title><style>{STYLE}</style></head><body>
+<h1>llmft: trend across {len(runs)} run(s)</h1>
+<p class="muted">Read from {esc(results_dir)}/*/report/summary.json at
+{esc(datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))}.</p>
+<div class="charts">{charts}</div>
+{
+        table(
+            [
+                "run",
+                "generated",
+                "base EM",
+                "tuned EM",
+                "tuned ROUGE-L",
+                "tuned loss",
+                "tokens/s/GPU",
+                "MFU",
+                "data fingerprint",
+                "commit",
+                "promotion",
+            ],
+            rows,
+        )
+    }
+<h2>Run reports</h2><ul>{"".join(links)}</ul>
+</body></html>
+"""
+    write_text(out_html, page)
+    return runs

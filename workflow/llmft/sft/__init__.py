@@ -1,0 +1,1 @@
+"""Stage 3, sft: plan, render, pack, launch one torchrun per node, train, publish."""

@@ -1,0 +1,190 @@
+"""sft, part three: publish what training made (the model, LoRA's adapter merged or kept, the summary)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+from llmft.core.io import atomic_path, read_json, read_jsonl, write_json
+from llmft.core.modelfiles import keep_base_structure
+from llmft.core.platform import Platform
+
+# LoRA: the published adapter's folder, beside the merged model's (results/{run}/sft/adapter).
+ADAPTER_DIR = "adapter"
+
+
+def attempts_summary(records: list[dict]) -> dict:
+    """What the last attempt that trained did, from llmft_steps.jsonl: the step it resumed from, the
+    steps it trained, the steps an earlier attempt computed past its last checkpoint (lost), and
+    tokens/s over this attempt's own steps (resumed ones are not counted in it)."""
+    attempts, current = [], None
+    for r in records:
+        if "attempt_start" in r:
+            current = {
+                "start": r["attempt_start"],
+                "t0": r["started"],
+                "tok0": r.get("tokens") or 0,
+                "steps": [],
+            }
+            attempts.append(current)
+        elif "time" in r and "step" in r and current is not None:
+            current["steps"].append(r)
+    republished = bool(records) and "republished" in records[-1]
+    trained = [a for a in attempts if a["steps"]]
+    if not trained:
+        return {"attempts": len(attempts), "republished_without_training": republished}
+    last = trained[-1]
+    first, end = last["steps"][0], last["steps"][-1]
+    before = [a for a in attempts[: attempts.index(last)] if a["steps"]]
+    lost = max(0, before[-1]["steps"][-1]["step"] - last["start"]) if before else 0
+    if len(last["steps"]) > 1:
+        rate = (end["tokens"] - first["tokens"]) / (end["time"] - first["time"])
+    else:
+        rate = (end["tokens"] - last["tok0"]) / (end["time"] - last["t0"])
+    return {
+        "attempts": len(attempts),
+        "resumed_from_step": last["start"],
+        "steps_trained": end["step"] - last["start"],
+        "steps_lost": lost,
+        "tokens_per_second": round(rate, 2),
+        "republished_without_training": republished,
+    }
+
+
+def _copy_files(src: Path, dst: Path) -> None:
+    """The files of a work folder (not its checkpoint folders, nor the launchers' lock files)."""
+    for item in src.iterdir():
+        if item.is_file() and not item.name.startswith("."):
+            shutil.copy2(item, dst / item.name)
+
+
+def base_dtype(model_dir: str | Path) -> str:
+    """The dtype a model folder's config.json declares (transformers' name), float32 if none."""
+    cfg = read_json(Path(model_dir) / "config.json")
+    cfg = cfg.get("text_config", cfg) if not (cfg.get("dtype") or cfg.get("torch_dtype")) else cfg
+    dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32").replace("torch.", "")
+    return dtype if dtype in ("float32", "bfloat16", "float16") else "float32"
+
+
+def merge_adapter(args: dict, adapter_dir: Path, out_dir: Path) -> None:
+    """The base model with the LoRA adapter merged in, written to out_dir by LLaMA-Factory's own
+    export (`llamafactory-cli export`: PEFT's merge_and_unload on the unquantized base), in the base
+    model's dtype, so the result loads as a plain model of the base's structure and size."""
+    from llamafactory.train.tuner import export_model
+
+    base = args["model_name_or_path"]
+    export_model(
+        {
+            "model_name_or_path": base,
+            "adapter_name_or_path": str(adapter_dir),
+            "finetuning_type": "lora",
+            "template": args["template"],
+            "trust_remote_code": args.get("trust_remote_code", False),
+            "export_dir": str(out_dir),
+            "export_device": "cpu",
+            "infer_dtype": base_dtype(base),
+        }
+    )
+    # LLaMA-Factory also writes an Ollama Modelfile: not part of an HF model folder.
+    (out_dir / "Modelfile").unlink(missing_ok=True)
+
+
+def _weights_bytes(model_dir: Path) -> int:
+    return sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
+
+
+def finetuning_summary(args: dict, work: Path, model_out: Path, adapter_out: Path) -> dict:
+    """What train_summary.json says about the fine-tuning method: type, parameters that trained,
+    the adapter's settings, the published sizes."""
+    from llmft.sft.callbacks import PARAMS_FILE
+
+    kind = args.get("finetuning_type", "full")
+    counted = read_json(work / PARAMS_FILE) if (work / PARAMS_FILE).exists() else {}
+    out = {
+        "finetuning_type": kind,
+        "trainable_params": counted.get("trainable_params"),
+        "trained_model_params": counted.get("total_params"),
+        "model_bytes": _weights_bytes(model_out),
+        "adapter": None,
+        "freeze_trainable_layers": args.get("freeze_trainable_layers", 2) if kind == "freeze" else None,
+    }
+    if kind == "lora":
+        adapter_cfg = read_json(adapter_out / "adapter_config.json")
+        out["adapter"] = {
+            "lora_rank": args.get("lora_rank"),
+            "lora_alpha": args.get("lora_alpha"),
+            "lora_dropout": args.get("lora_dropout"),
+            "lora_target": args.get("lora_target"),
+            # the modules PEFT adapted (`all` resolved to names)
+            "target_modules": sorted(adapter_cfg.get("target_modules") or []),
+            "quantization_bit": args.get("quantization_bit"),
+            "adapter_bytes": _weights_bytes(adapter_out),
+            "path": str(adapter_out),
+        }
+    return out
+
+
+def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
+    """Publish the trained model atomically and summarise the run from trainer_log.jsonl.
+
+    Full and freeze training publish the work folder's model. LoRA publishes the adapter (the work
+    folder's files) beside the model, in `adapter/`, and in `model/` the base with the adapter merged
+    in. Each folder is written under a temporary name and renamed when complete."""
+    args = yaml.safe_load(Path(yaml_path).read_text())
+    world_size = Platform.from_json(args["llmft"]["platform"]).world_size
+    work = Path(args["output_dir"])
+    kind = args.get("finetuning_type", "full")
+    model_path = Path(model_out)
+    adapter_path = model_path.with_name(ADAPTER_DIR)
+    if kind == "lora" and not (work / "adapter_config.json").is_file():
+        raise RuntimeError(f"training left no LoRA adapter in {work}: see the sft log")
+    if kind != "lora" and not (work / "config.json").is_file():
+        raise RuntimeError(f"training left no model in {work}: see the sft log")
+    entries = read_jsonl(work / "trainer_log.jsonl") if (work / "trainer_log.jsonl").exists() else []
+    if kind == "lora":
+        with atomic_path(adapter_path, directory=True) as tmp:
+            _copy_files(work, tmp)
+        with atomic_path(model_path, directory=True) as tmp:
+            merge_adapter(args, adapter_path, tmp)
+            structure = keep_base_structure(tmp, args["model_name_or_path"])
+    else:
+        with atomic_path(model_path, directory=True) as tmp:
+            _copy_files(work, tmp)
+            # the base's structure: a tied head saved once, the base's dtype; refused if it still differs
+            structure = keep_base_structure(tmp, args["model_name_or_path"])
+        if (adapter_path / "adapter_config.json").is_file():
+            # an earlier LoRA config's adapter: not this model's
+            shutil.rmtree(adapter_path)
+    from llmft.sft.callbacks import STEPS_FILE
+
+    results = read_json(work / "all_results.json") if (work / "all_results.json").exists() else {}
+    steps_file = work / STEPS_FILE
+    attempt = attempts_summary(read_jsonl(steps_file) if steps_file.exists() else [])
+    state = work / "trainer_state.json"
+    history = read_json(state)["log_history"] if state.exists() else []
+    train_logs = [h for h in history if "loss" in h]
+    summary = {
+        "work_dir": str(work),
+        "world_size": world_size,
+        "steps": history[-1].get("step") if history else None,
+        "first_loss": train_logs[0]["loss"] if train_logs else None,
+        "final_loss": train_logs[-1]["loss"] if train_logs else None,
+        "train_runtime_s": results.get("train_runtime"),
+        "train_samples_per_second": results.get("train_samples_per_second"),
+        "train_tokens": results.get("num_input_tokens_seen")
+        or (entries[-1].get("total_tokens") if entries else None),
+        # Over the steps the last attempt that trained computed itself (llmft_steps.jsonl); LLaMA-Factory's
+        # own figure divides every token seen, resumed ones included, by this attempt's time.
+        "tokens_per_second": attempt.get("tokens_per_second"),
+        "llamafactory_throughput": entries[-1].get("throughput") if entries else None,
+        "attempt": attempt,
+        "peak_vram_gib": max((e.get("vram_allocated", 0) for e in entries), default=0) or None,
+        "predicted_peak_gib": (args.get("llmft") or {}).get("plan", {}).get("memory", {}).get("peak"),
+        "eval_loss": results.get("eval_loss"),
+        "model_files": structure,
+        **finetuning_summary(args, work, model_path, adapter_path),
+        "history": history,
+    }
+    write_json(summary_out, summary)
+    return summary

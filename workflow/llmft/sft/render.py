@@ -1,0 +1,313 @@
+"""sft, part one: the plan for the nodes that train, rendered as LLaMA-Factory's YAML and DeepSpeed's JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import shlex
+from pathlib import Path
+
+import yaml
+from llmft.core import pretokenize
+from llmft.core.chat_templates import for_config as template_for_config
+from llmft.core.config import BUILTIN_MODEL, ConfigError, lora_settings
+from llmft.core.io import read_json, write_json, write_text
+from llmft.core.platform import Platform
+from llmft.core.shape import ModelShape, model_shape
+from llmft.sft import tracking
+from llmft.sft.packing import STAMP_FILE, packed_dir_name, packing_args, source_fingerprint
+from llmft.sft.plan import Plan, describe, resolve
+
+log = logging.getLogger("llmft.sft")
+
+
+# Below this learning rate a LoRA run barely moves its adapters: the render log says so.
+LORA_LOW_LR = 5e-5
+
+
+def deepspeed_config(plan: Plan, platform: Platform) -> dict | None:
+    """DeepSpeed JSON; batch size, LR and precision stay "auto" so the LLaMA-Factory YAML owns them."""
+    stage = plan.zero_stage
+    if stage == 0:
+        return None
+    gpu = platform.on_gpu
+    buckets = plan.buckets
+    zero: dict = {
+        "stage": stage,
+        # overlap needs a side stream: only on GPUs.
+        "overlap_comm": gpu,
+        "contiguous_gradients": True,
+        "reduce_scatter": True,
+        "reduce_bucket_size": buckets["reduce"],
+    }
+    if stage in (1, 2):
+        zero["allgather_partitions"] = True
+        if buckets["gather"] != "auto":  # transformers fills no "auto" here: DeepSpeed's default then
+            zero["allgather_bucket_size"] = buckets["gather"]
+    if stage == 3:
+        zero.update(
+            {
+                "sub_group_size": 1e9,
+                "stage3_prefetch_bucket_size": buckets["gather"],
+                "stage3_param_persistence_threshold": buckets["persistence"],
+                "stage3_max_live_parameters": 1e9,
+                "stage3_max_reuse_distance": 1e9,
+                # Save a loadable 16-bit model, not only sharded ZeRO checkpoints.
+                "stage3_gather_16bit_weights_on_model_save": True,
+            }
+        )
+        if plan.offload:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    return {
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "zero_allow_untested_optimizer": True,
+        "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16},
+        # No overflow pass in bf16 (it has fp32's range): DeepSpeed's check reads every gradient
+        # and waits on an all-reduce each step. A NaN/inf loss or grad norm stops the job through
+        # llmft's divergence guard instead, which sees every step a checkpoint holds.
+        "bf16": {"enabled": "auto", "check_grad_overflow": False},
+        "zero_optimization": zero,
+    }
+
+
+def llamafactory_args(
+    cfg: dict,
+    base_model: str,
+    data_dir: str,
+    deepspeed_path: str | None,
+    work_root: str,
+    plan: Plan,
+    platform: Platform,
+) -> dict:
+    """The LLaMA-Factory training arguments; `sft.extra` wins over our defaults."""
+    sft = cfg["sft"]
+    vendor = platform.vendor
+    args: dict = {
+        "model_name_or_path": base_model,
+        "trust_remote_code": False,
+        "stage": "sft",
+        "do_train": True,
+        "finetuning_type": sft["finetuning_type"],
+        "dataset": "llmft_train",
+        "eval_dataset": "llmft_heldout",
+        "dataset_dir": data_dir,
+        # Snakemake passes the name it resolved; `auto` here only in a hand-made config.
+        "template": template_for_config(cfg, base_model)[0],
+        "cutoff_len": cfg["data"]["cutoff_len"],
+        "preprocessing_num_workers": 1 if vendor == "cpu" else 8,
+        "dataloader_num_workers": 0 if vendor == "cpu" else 4,
+        "logging_steps": sft["logging_steps"],
+        # NaN/inf losses must reach the divergence guard, not be averaged away.
+        "logging_nan_inf_filter": False,
+        "save_steps": sft["save_steps"],
+        "save_total_limit": 2,
+        "plot_loss": False,
+        # false: a requeued job resumes from the last checkpoint (true deletes it and the log).
+        "overwrite_output_dir": False,
+        "report_to": tracking.report_to(sft["tracking"]),
+        "run_name": cfg["run"],
+        "per_device_train_batch_size": plan.micro_batch,
+        "gradient_accumulation_steps": plan.gradient_accumulation,
+        "learning_rate": sft["learning_rate"],
+        "num_train_epochs": sft["num_train_epochs"],
+        "max_steps": sft["max_steps"],
+        "lr_scheduler_type": sft["lr_scheduler_type"],
+        "warmup_ratio": sft["warmup_ratio"],
+        "weight_decay": sft["weight_decay"],
+        "max_grad_norm": sft["max_grad_norm"],
+        "seed": sft["seed"],
+        "ddp_timeout": max(1, round(sft["collective_timeout_minutes"] * 60)),
+        # varlen is ours (llmft.sft.train switches the model to it); LLaMA-Factory loads SDPA.
+        "flash_attn": "sdpa" if plan.attention == "varlen" else plan.attention,
+        "disable_gradient_checkpointing": not plan.gradient_checkpointing,
+        "per_device_eval_batch_size": plan.micro_batch,
+        "eval_strategy": "steps",
+        # Neat packing: LLaMA-Factory's mask holds sample indices, not 0/1, and llmft.core.varlen's
+        # batches carry no padding at all: count all tokens.
+        "include_num_input_tokens_seen": "all" if plan.packing == "neat" else "non_padding",
+        "eval_steps": sft["logging_steps"] * 5,
+    }
+    if plan.packing == "neat":
+        args["neat_packing"] = True
+    elif plan.packing == "plain":
+        args["packing"] = True
+    if plan.liger and not plan.compile:
+        # With compiled layers llmft.sft.train applies Liger's fused loss alone (its other kernels do
+        # not compile under dynamo; the compiler fuses those operations itself).
+        args["enable_liger_kernel"] = True
+    if sft["precision"] == "bf16":
+        args["bf16"] = True
+    elif sft["precision"] == "fp16":
+        args["fp16"] = True
+    if vendor == "cpu" and sft["precision"] != "fp32":
+        args["use_cpu"] = True  # transformers refuses half precision on CPU without it
+    args.update(finetuning_args(sft))
+    if deepspeed_path:
+        args["deepspeed"] = deepspeed_path
+    elif platform.world_size > 1:
+        # LLaMA-Factory's DDP default (True) costs an extra pass each step.
+        args["ddp_find_unused_parameters"] = False
+    args.update(sft["extra"])
+    # prepare_data tokenized the rows once, exactly as LLaMA-Factory would: load them instead of
+    # tokenizing on the GPU nodes, unless an argument changes what its preprocessing makes. A run
+    # that packs loads the rows pack_data packed from them on the CPU side, as LLaMA-Factory would.
+    blocking = pretokenize.blockers(args)
+    packs = packing_args(args) is not None
+    if packs and not set(blocking) - {"packing", "neat_packing"}:
+        args["tokenized_path"] = f"{data_dir}/{packed_dir_name(packing_args(args))}"
+    elif blocking:
+        log.info("not using the pre-tokenized data: %s change LLaMA-Factory's preprocessing", blocking)
+    else:
+        args["tokenized_path"] = f"{data_dir}/{pretokenize.TOKENIZED_DIR}"
+    digest = hashlib.sha256(json.dumps(args, sort_keys=True, default=str).encode()).hexdigest()
+    args["output_dir"] = f"{work_root}/sft-{digest[:12]}"
+    return args
+
+
+def finetuning_args(sft: dict) -> dict:
+    """LLaMA-Factory's arguments for sft.finetuning_type's own keys (LoRA / QLoRA, freeze)."""
+    kind = sft["finetuning_type"]
+    if kind == "lora":
+        out = lora_settings(sft)
+        if sft["quantization_bit"] != "none":
+            out["quantization_bit"] = sft["quantization_bit"]
+        return out
+    if kind == "freeze":
+        return {"freeze_trainable_layers": sft["freeze_trainable_layers"]}
+    return {}
+
+
+def check_finetuning(sft: dict, shape: ModelShape) -> None:
+    """What the model's shape decides: freeze cannot train more layers than there are (LLaMA-Factory
+    would silently train them all)."""
+    n = sft["freeze_trainable_layers"]
+    if sft["finetuning_type"] == "freeze" and abs(n) > shape.layers:
+        raise ConfigError(
+            f"config key sft.freeze_trainable_layers: {n} but the model has {shape.layers} decoder layers; "
+            f"choose at most {shape.layers} (or finetuning_type: full to train every layer)"
+        )
+
+
+def tiny_shape(tiny: dict) -> ModelShape:
+    """The shape of builtin:tiny (assets.build_tiny_model) before it is built."""
+    hidden, layers, heads, vocab = (tiny[k] for k in ("hidden_size", "num_layers", "num_heads", "vocab_size"))
+    shape = ModelShape("llama", hidden, layers, heads, heads, hidden // heads, 4 * hidden, vocab, True, 0)
+    return dataclasses.replace(shape, params=layers * shape.layer_params + vocab * hidden + hidden)
+
+
+def precheck(cfg: dict) -> Plan:
+    """The plan for what the config declares (Platform.declared), made when the workflow is parsed:
+    a config that could fit on no node stops before any job. A builtin:tiny model does not exist
+    yet then: its shape comes from model.tiny. The plan sft trains with is made later, from the
+    nodes' facts (render)."""
+    name = cfg["model"]["name_or_path"]
+    shape = tiny_shape(cfg["model"]["tiny"]) if name == BUILTIN_MODEL else model_shape(name)
+    check_finetuning(cfg["sft"], shape)
+    return resolve(cfg, name, Platform.declared(cfg), shape)
+
+
+def check_packed(args: dict, data_dir: str) -> None:
+    """The packed rows at tokenized_path must be pack-data's, for these arguments, from the current
+    tokenized rows: refuse stale ones (the folder is named by the arguments; its stamp says what
+    was packed from what)."""
+    path = Path(args["tokenized_path"])
+    want = packing_args(args)
+    if not (path / STAMP_FILE).is_file():
+        how = shlex.join(
+            ["python", "-m", "llmft", "pack-data", "--args-json", json.dumps(want), "--tokenizer",
+             str(args["model_name_or_path"]), "--data-dir", str(data_dir), "--out", str(path)]
+        )  # fmt: skip
+        if path.exists():
+            log.warning("%s was not made by pack-data (LLaMA-Factory's own save?); to make it: %s", path, how)
+        else:
+            log.warning("%s is not packed yet: LLaMA-Factory would pack on the GPU nodes; run %s", path, how)
+        return
+    stamp = read_json(path / STAMP_FILE)
+    if stamp["args"] != want:
+        raise ConfigError(
+            f"{path} was packed for {stamp['args']}, this config packs for {want}: "
+            "rerun pack_data (python -m llmft pack-data)"
+        )
+    current = source_fingerprint(Path(data_dir) / pretokenize.TOKENIZED_DIR)
+    if current and stamp.get("source") and stamp["source"] != current:
+        raise ConfigError(
+            f"{path} was packed from an earlier prepare_data run ({stamp['source']}, now {current}): "
+            "rerun pack_data (python -m llmft pack-data)"
+        )
+    log.info("sft loads packed rows from %s (%s)", path, want)
+
+
+def check_packed_yaml(yaml_path: str) -> None:
+    """Before training: packed rows the YAML loads must be pack_data's, for these arguments."""
+    args = yaml.safe_load(Path(yaml_path).read_text())
+    data_dir = args.get("dataset_dir", "")
+    if packs_from_pack_data(args, data_dir):
+        check_packed(args, data_dir)
+
+
+def packs_from_pack_data(args: dict, data_dir: str) -> dict | None:
+    """The packing arguments when the YAML loads rows that pack_data packs, else None."""
+    pargs = packing_args(args)
+    if pargs and args.get("tokenized_path") == f"{data_dir}/{packed_dir_name(pargs)}":
+        return pargs
+    return None
+
+
+def render(
+    cfg: dict,
+    base_model: str,
+    data_dir: str,
+    out_yaml: str,
+    out_ds: str,
+    work_root: str,
+    platform: Platform,
+    shape: ModelShape | None = None,
+):
+    """Plan for `platform`; write llamafactory.yaml (+ the launcher's `llmft:` block) and deepspeed.json."""
+    shape = shape or model_shape(base_model)
+    check_finetuning(cfg["sft"], shape)
+    if cfg["sft"]["finetuning_type"] == "lora" and cfg["sft"]["learning_rate"] < LORA_LOW_LR:
+        log.warning(
+            "sft.learning_rate %g is low for LoRA: the default 1e-5 is the full-SFT recipe; LoRA usually "
+            "trains at about 1e-4 (LLaMA-Factory's LoRA examples)",
+            cfg["sft"]["learning_rate"],
+        )
+    plan = resolve(cfg, base_model, platform, shape)
+    log.info("platform: %s (%s)", platform.describe(), platform.source)
+    log.info("%s", describe(plan))
+    ds = deepspeed_config(plan, platform)
+    write_json(out_ds, ds or {"zero_optimization": {"stage": 0}, "disabled": True})
+    args = llamafactory_args(cfg, base_model, data_dir, out_ds if ds else None, work_root, plan, platform)
+    args["llmft"] = {
+        "attention": plan.attention,
+        "divergence_factor": cfg["sft"]["divergence_factor"],
+        "requeue_on_preempt": cfg["sft"]["requeue_on_preempt"],
+        "precision": cfg["sft"]["precision"],
+        "finetuning_type": cfg["sft"]["finetuning_type"],
+        "cutoff_len": cfg["data"]["cutoff_len"],
+        "compile_layers": plan.compile,
+        "liger_loss_only": plan.liger and plan.compile,
+        "plan": plan.to_json(),
+        "platform": platform.to_json(),
+        # the run's folder, not one derived from where this YAML is written: the same config renders
+        # the same YAML wherever it is written (a login node's preview, the workflow's rule)
+        "tracking": tracking.settings(cfg["sft"]["tracking"], f"results/{cfg['run']}/tracking", cfg["run"]),
+    }
+    header = (
+        "# Rendered by llmft from config/config.yaml: edit the config, not this file.\n"
+        f"# planned for the nodes' facts, {platform.source}:\n"
+        f"#   {platform.describe()}\n"
+        f"# world size {platform.world_size} = {platform.nodes} node(s) x "
+        f"{platform.processes_per_node} process(es)\n"
+        + "".join(f"# {line}\n" for line in describe(plan).splitlines())
+        + "# The `llmft:` block is read by llmft's launcher (python -m llmft sft) and removed before\n"
+        "# LLaMA-Factory parses the rest; delete it to run this file with plain llamafactory-cli.\n"
+    )
+    write_text(out_yaml, header + yaml.safe_dump(args, sort_keys=False))
+    return args

@@ -1,0 +1,178 @@
+"""sft, part two: this node's torchrun over llmft.sft.train; stops forwarded, requeued after preemption."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+from llmft.core import slurm
+from llmft.core.launch import launch_env, torchrun_command
+from llmft.core.platform import Platform
+from llmft.sft import faults
+
+# History of earlier attempts in the work folder: one JSON line per stop, preemption or divergence.
+EVENTS_FILE = "llmft_events.jsonl"
+
+
+def worker_pids(parent: int) -> list[int]:
+    """All descendants of a process (torchrun's workers), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [parent]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _archive(work: Path, name: str) -> None:
+    path = work / name
+    if not path.exists():
+        return
+    text = path.read_text()
+    try:
+        content = json.loads(text)
+    except ValueError:
+        content = text
+    with open(work / EVENTS_FILE, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"file": name, "archived": time.time(), "content": content}) + "\n")
+    path.unlink()
+
+
+def _ignore_usr1() -> None:
+    # torchrun has no SIGUSR1 handler and would die of it; ignoring is inherited through exec,
+    # and llmft.sft.train installs its own handler in the workers.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def launch(cfg: dict, yaml_path: str) -> int:
+    """Run this node's torchrun over llmft.sft.train; forward stop signals; requeue after preemption.
+
+    One launcher per node and work folder at a time (faults.WorkLock); a second is refused.
+    """
+    alloc = slurm.current_allocation()
+    if alloc.nnodes != cfg["hardware"]["nodes"]:
+        raise RuntimeError(
+            f"the job has {alloc.nnodes} node(s) {alloc.nodes} but hardware.nodes is "
+            f"{cfg['hardware']['nodes']}: the Slurm resources and the config disagree"
+        )
+    if not alloc.job_id:
+        # Outside Slurm one node rendezvouses with itself: any free port (or MASTER_PORT), so runs
+        # side by side on one machine never collide on a fixed one.
+        port = int(os.environ.get("MASTER_PORT") or slurm.free_port())
+        alloc = dataclasses.replace(alloc, master_port=port)
+    args = yaml.safe_load(Path(yaml_path).read_text())
+    work = Path(args["output_dir"])
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        with faults.WorkLock(work, alloc.node_rank):
+            return _launch_locked(cfg, yaml_path, args, work, alloc)
+    except faults.WorkBusy as exc:
+        print(f"[llmft] {exc}", flush=True)
+        return faults.EXIT_BUSY
+
+
+def _launch_locked(cfg: dict, yaml_path: str, args: dict, work: Path, alloc: slurm.Allocation) -> int:
+    # imported here: callbacks pull in transformers, which rendering and planning do not need
+    from llmft.sft.callbacks import (
+        DIVERGENCE_FILE,
+        EXIT_DIVERGED,
+        EXIT_PREEMPTED,
+        PREEMPTED_FILE,
+        STEPS_FILE,
+        STOP_REQUEST_FILE,
+    )
+
+    ours = args.get("llmft") or {}
+    platform = Platform.from_json(ours["platform"])
+    if finished(work):
+        # The same config trained to the end before (its outputs were deleted, or the job died after
+        # training): LLaMA-Factory would "resume" from the final checkpoint and train 0 steps.
+        print(f"[llmft] training in {work} had finished: publishing it again, not training", flush=True)
+        if alloc.node_rank == 0:
+            with open(work / STEPS_FILE, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"republished": time.time()}) + "\n")
+        return 0
+    if alloc.node_rank == 0:
+        # What ended the previous attempt (stop request, preemption, divergence) moves to the event
+        # history, so this attempt's markers mean this attempt. Node 0 does it before the rendezvous
+        # that every worker waits for.
+        for stale in (STOP_REQUEST_FILE, PREEMPTED_FILE, DIVERGENCE_FILE):
+            _archive(work, stale)
+        # A checkpoint a killed attempt left half-written would be the one LLaMA-Factory resumes
+        # from: set it aside, so training resumes from the newest one written whole.
+        for warning in faults.set_aside_unsealed(work):
+            print(f"[llmft] WARNING: {warning}", flush=True)
+        faults.clear_heartbeats(work)
+    env = launch_env(platform, alloc)
+    host = os.environ.get("SLURMD_NODENAME", alloc.nodes[alloc.node_rank])
+    print(
+        # the first part in LLaMA-Factory's own launcher wording, which its users grep for
+        f"[llmft] Initializing {env['NPROC_PER_NODE']} distributed tasks at: {alloc.master_addr}:"
+        f"{alloc.master_port} (node {host}, rank {alloc.node_rank}/{alloc.nnodes}, work {work})",
+        flush=True,
+    )
+    proc = subprocess.Popen(
+        torchrun_command(alloc, platform.processes_per_node, "llmft.sft.train", yaml_path),
+        env=env,
+        preexec_fn=_ignore_usr1,
+    )
+
+    def on_signal(signum, _frame):
+        name = signal.Signals(signum).name
+        print(f"[llmft] {name}: asking the trainer to save a checkpoint and stop", flush=True)
+        request = work / STOP_REQUEST_FILE
+        if not request.exists():
+            request.write_text(json.dumps({"signal": name, "host": host, "time": time.time()}))
+        for pid in worker_pids(proc.pid):
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except OSError:
+                pass
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGUSR1, signal.SIGTERM)}
+    try:
+        rc = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    # torchrun reports any worker failure as 1: the workers' marker files say what happened.
+    if (work / DIVERGENCE_FILE).exists():
+        print(f"[llmft] {json.loads((work / DIVERGENCE_FILE).read_text())['message']}", flush=True)
+        return EXIT_DIVERGED
+    if (work / PREEMPTED_FILE).exists():
+        info = json.loads((work / PREEMPTED_FILE).read_text())
+        print(
+            f"[llmft] checkpoint saved at step {info['step']} ({info['why']}); exiting to resume", flush=True
+        )
+        if ours.get("requeue_on_preempt") and alloc.job_id and alloc.node_rank == 0:
+            req = subprocess.run(["scontrol", "requeue", alloc.job_id], capture_output=True, text=True)
+            print(
+                f"[llmft] scontrol requeue {alloc.job_id}: rc {req.returncode} {req.stderr.strip()}",
+                flush=True,
+            )
+        return EXIT_PREEMPTED
+    if rc != 0:
+        timeout = cfg["sft"]["collective_timeout_minutes"]
+        for line in faults.failure_report(work, rc, timeout):
+            print(f"[llmft] {line}", flush=True)
+    return rc
+
+
+def finished(work: Path) -> bool:
+    """LLaMA-Factory wrote its end-of-training results and the final model (or, for LoRA, the final
+    adapter) into the work folder."""
+    final = (work / "config.json").is_file() or (work / "adapter_config.json").is_file()
+    return (work / "all_results.json").is_file() and final

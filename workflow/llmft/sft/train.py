@@ -1,0 +1,184 @@
+"""One torchrun worker: LLaMA-Factory's `run_exp` with llmft's callbacks and attention.
+
+`llamafactory-cli train` takes no callbacks, so `llmft sft` launches torchrun on this module
+instead (the same torchrun command LLaMA-Factory's launcher builds from FORCE_TORCHRUN, NNODES,
+NODE_RANK, MASTER_ADDR, MASTER_PORT). The rendered YAML is LLaMA-Factory's, plus one `llmft:`
+block read here and removed before LLaMA-Factory parses the rest:
+
+    llmft:
+      attention: varlen | sdpa | ...    # varlen = llmft.core.varlen for neat packing
+      divergence_factor: 100
+      precision: bf16
+      finetuning_type: full
+      cutoff_len: 2048
+      compile_layers: false             # torch.compile each decoder layer (CompileLayers)
+      liger_loss_only: false            # Liger's fused linear + cross-entropy alone
+      tracking: {backends: [tensorboard], dir: results/<run>/tracking, run: <run>}  # tracking.py
+
+Exit codes: 0 done, EXIT_DIVERGED (with llmft_divergence.json), EXIT_PREEMPTED (after saving a
+checkpoint), anything else is a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import yaml
+from llmft.sft import faults, tracking
+from llmft.sft.callbacks import (
+    EXIT_DIVERGED,
+    EXIT_PREEMPTED,
+    PROFILE_ENV,
+    STOP_REQUEST_FILE,
+    CheckpointSeal,
+    CompileLayers,
+    Diverged,
+    DivergenceGuard,
+    HeartbeatCallback,
+    ParamCount,
+    Preempted,
+    PreemptionSaver,
+    ProfileWindow,
+    StepClock,
+    profile_window,
+)
+
+log = logging.getLogger("llmft.sft.train")
+
+
+def split_args(yaml_path: str) -> tuple[dict, dict]:
+    """(LLaMA-Factory arguments, llmft launcher settings) from a rendered YAML."""
+    args = yaml.safe_load(Path(yaml_path).read_text())
+    ours = args.pop("llmft", None) or {}
+    return args, ours
+
+
+def cpu_resume_fix() -> None:
+    """Let a multi-process CPU run resume: transformers 5.6 loads the optimizer state with
+    map_location=args.device, which is "cpu:0" on CPU processes, and torch.load only knows "cpu" (the
+    same memory). Only a CPU place's name changes (GPU places pass untouched); nothing else does."""
+    import functools
+
+    import torch
+
+    if getattr(torch.load, "_llmft_cpu_fix", False):
+        return
+    original = torch.load
+
+    @functools.wraps(original)
+    def load(*args, map_location=None, **kwargs):
+        if isinstance(map_location, (str, torch.device)) and torch.device(map_location).type == "cpu":
+            map_location = "cpu"
+        return original(*args, map_location=map_location, **kwargs)
+
+    load._llmft_cpu_fix = True
+    torch.load = load
+
+
+def liger_loss_only(model_path: str) -> None:
+    """Patch the model family's causal-LM forward with Liger's fused linear + cross-entropy (no
+    materialised logits) and nothing else: RMSNorm, SwiGLU and RoPE stay transformers' own, for
+    torch.compile to fuse (Liger's Triton kernels fail to compile under dynamo)."""
+    import inspect
+
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    from transformers import AutoConfig
+
+    model_type = AutoConfig.from_pretrained(model_path).model_type
+    apply = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
+    if apply is None:
+        raise RuntimeError(
+            f"liger-kernel has no patch for model type {model_type!r}; set sft.liger_kernel: false"
+        )
+    wanted = {"fused_linear_cross_entropy": True, "cross_entropy": False, "rope": False, "rms_norm": False}
+    wanted.update(swiglu=False, geglu=False, layer_norm=False)
+    params = inspect.signature(apply).parameters
+    apply(**{k: v for k, v in wanted.items() if k in params})
+    log.info("liger: fused linear + cross-entropy only (%s); the decoder layers are compiled", model_type)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m llmft.sft.train <rendered llamafactory.yaml>", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    args, ours = split_args(argv[0])
+    output_dir = Path(args["output_dir"])
+    saver = PreemptionSaver(output_dir / STOP_REQUEST_FILE)
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _frame: saver.request(signal.Signals(signum).name))
+
+    if ours.get("attention") == "varlen":
+        import torch
+        from llmft.core import varlen
+
+        if torch.cuda.is_available() and not varlen.available():
+            # An older torch: LLaMA-Factory's own neat packing (SDPA with a 4-D mask) still works.
+            log.warning("torch has no varlen FlashAttention: neat packing falls back to SDPA + 4-D mask")
+        else:
+            varlen.install()
+    if ours.get("liger_loss_only"):
+        liger_loss_only(args["model_name_or_path"])
+    cpu_resume_fix()
+    try:
+        tracking.set_up(ours.get("tracking") or {}, output_dir, int(os.environ.get("RANK", "0")))
+    except tracking.TrackingError as exc:
+        print(f"[llmft] {exc}", file=sys.stderr, flush=True)
+        return 2
+    rank = int(os.environ.get("RANK", "0"))
+    heartbeat = faults.Heartbeat(output_dir, rank).start()
+    callbacks = [
+        CheckpointSeal(),  # before the saver: a checkpoint saved for a stop is sealed first
+        HeartbeatCallback(heartbeat),
+        DivergenceGuard(
+            factor=float(ours.get("divergence_factor", 100)),
+            precision=ours.get("precision", "bf16"),
+            finetuning_type=ours.get("finetuning_type", "full"),
+            cutoff_len=int(ours.get("cutoff_len", args.get("cutoff_len", 0))),
+        ),
+        saver,
+        StepClock(),
+        ParamCount(),
+    ]
+    if ours.get("compile_layers"):
+        callbacks.append(CompileLayers())
+    window = profile_window(os.environ.get(PROFILE_ENV))
+    if window:
+        callbacks.append(ProfileWindow(*window))
+    from llamafactory.train.tuner import run_exp
+
+    try:
+        run_exp(args=args, callbacks=callbacks)
+    except Diverged as exc:
+        print(f"[llmft] {exc}", file=sys.stderr, flush=True)
+        return _finish(callbacks, EXIT_DIVERGED)
+    except Preempted as exc:
+        print(f"[llmft] {exc}", file=sys.stderr, flush=True)
+        return _finish(callbacks, EXIT_PREEMPTED)
+    return _finish(callbacks, 0)
+
+
+def _finish(callbacks: list, code: int) -> int:
+    """Flush what LLaMA-Factory still writes, then leave without interpreter teardown.
+
+    Everything is on disk by now; tearing down the collective library's threads at interpreter exit
+    occasionally aborts ("terminate called without an active exception") under CPU load, which
+    torchrun would report as a failed run.
+    """
+    tracking.flush(code)
+    for cb in callbacks:
+        close = getattr(cb, "_close_thread_pool", None)  # LLaMA-Factory's trainer_log.jsonl writer
+        if close:
+            close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
