@@ -86,6 +86,25 @@ def resolve(src: dict, base_dir: str | Path = ".", where: str = "data.sources[0]
     info = Path(src["dataset_info"])
     full = info if info.is_absolute() else Path(base_dir) / info
     key = f"config key {where}.dataset_info"
+    table = _read_table(full, key)
+    name = _entry_name(src, table, full, where)
+    entry = table[name]
+    what = f"entry {name!r} of {full}"
+    formatting = _check_entry(entry, key, what, where)
+    data = info.parent / entry["file_name"]
+    data_full = data if data.is_absolute() else Path(base_dir) / data
+    _check_data_file(data_full, entry["file_name"], key, what)
+    return {
+        "path": str(data),
+        "format": formatting,
+        "attr": attributes(entry),
+        "entry": name,
+        "dataset_info": str(info),
+    }
+
+
+def _read_table(full: Path, key: str) -> dict:
+    """The named entries of a dataset_info.json; refused when it is missing or not a JSON object."""
     if not full.is_file():
         raise LFDatasetError(f"{key}: {full} not found")
     try:
@@ -94,6 +113,11 @@ def resolve(src: dict, base_dir: str | Path = ".", where: str = "data.sources[0]
         raise LFDatasetError(f"{key}: {full} is not valid JSON ({exc})") from None
     if not isinstance(table, dict):
         raise LFDatasetError(f"{key}: {full} must hold an object of named entries")
+    return table
+
+
+def _entry_name(src: dict, table: dict, full: Path, where: str) -> str:
+    """The entry the source item names; refused when it names none or one the file lacks."""
     name = src.get("name")
     if not name:
         entries = ", ".join(sorted(table)) or "none"
@@ -103,8 +127,11 @@ def resolve(src: dict, base_dir: str | Path = ".", where: str = "data.sources[0]
             f"config key {where}.name: {full} has no entry {name!r} "
             f"(entries: {', '.join(sorted(table)) or 'none'})"
         )
-    entry = table[name]
-    what = f"entry {name!r} of {full}"
+    return name
+
+
+def _check_entry(entry: object, key: str, what: str, where: str) -> str:
+    """The entry's formatting; refused when LLaMA-Factory would read it in a way this pipeline cannot."""
     if not isinstance(entry, dict):
         raise LFDatasetError(f"{key}: {what} must be an object")
     remote = [k for k in REMOTE_KEYS if k in entry]
@@ -139,28 +166,22 @@ def resolve(src: dict, base_dir: str | Path = ".", where: str = "data.sources[0]
     for section in ("columns", "tags"):
         if section in entry and not isinstance(entry[section], dict):
             raise LFDatasetError(f"{key}: {what} has {section} that is not an object")
-    data = info.parent / entry["file_name"]
-    data_full = data if data.is_absolute() else Path(base_dir) / data
+    return formatting
+
+
+def _check_data_file(data_full: Path, file_name: str, key: str, what: str) -> None:
+    """Whether the entry's file is one file llmft reads: not a folder, nor a missing, odd or empty file."""
     if data_full.is_dir():
         raise LFDatasetError(
             f"{key}: {what} names a folder ({data_full}); llmft reads one file per entry: give each file "
             "its own entry and source"
         )
     if not data_full.is_file():
-        raise LFDatasetError(f"{key}: {what}: file_name {entry['file_name']!r} not found ({data_full})")
+        raise LFDatasetError(f"{key}: {what}: file_name {file_name!r} not found ({data_full})")
     if data_full.suffix not in SUFFIXES:
-        raise LFDatasetError(
-            f"{key}: {what}: file_name {entry['file_name']!r} is not .json, .jsonl or .parquet"
-        )
+        raise LFDatasetError(f"{key}: {what}: file_name {file_name!r} is not .json, .jsonl or .parquet")
     if data_full.stat().st_size == 0:
         raise LFDatasetError(f"{key}: {what}: {data_full} is empty")
-    return {
-        "path": str(data),
-        "format": formatting,
-        "attr": attributes(entry),
-        "entry": name,
-        "dataset_info": str(info),
-    }
 
 
 def view(raw: object, attr: dict) -> object:

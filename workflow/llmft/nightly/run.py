@@ -193,36 +193,10 @@ def nightly(
         with Lock(results / "nightly" / "lock"):
             state = read_json(state_path) if state_path.exists() else {"nights": [], "promoted": None}
             fp = {"data": data_fingerprint(cfg, base_dir), "config": config_fingerprint(cfg)}
-            last_ok = next(
-                (n for n in reversed(state["nights"]) if n["status"] in ("promoted", "rejected")), None
-            )
-            if last_ok and last_ok["fingerprint"] == fp:
-                print(
-                    f"[nightly] nothing changed since run {last_ok['run']} (data {fp['data']}, "
-                    f"config {fp['config']}); skipping"
-                )
-                state["nights"].append(
-                    {
-                        "run": run,
-                        "status": "skipped",
-                        "fingerprint": fp,
-                        "same_as": last_ok["run"],
-                        "at": _now(),
-                    }
-                )
-                write_json(state_path, state)
+            if _skipped(state, state_path, run, fp):
                 return 0
             t0 = time.time()
-            cmd = [
-                sys.executable,
-                "-m",
-                "snakemake",
-                "--profile",
-                profile,
-                "--config",
-                f"run={run}",
-                *(snakemake_args or []),
-            ]
+            cmd = _snakemake_command(profile, run, snakemake_args)
             log_path = results / "nightly" / f"{run}.log"
             print(f"[nightly] training run {run}: {' '.join(cmd)}", flush=True)
             rc = _run_logged(cmd, log_path)
@@ -233,23 +207,7 @@ def nightly(
                 write_json(state_path, state)
                 print(f"[nightly] run {run} FAILED: {night['reason']}", file=sys.stderr)
                 return 1
-            summary = read_json(results / run / "report" / "summary.json")
-            current = read_json(results / "current.json") if (results / "current.json").exists() else None
-            current_summary = None
-            if current:
-                current_summary = {"run": current["run"], "tuned": current["tuned"]}
-            metric, tol = cfg["nightly"]["metric"], cfg["nightly"]["tolerance"]
-            ok, reason = gate(summary, current_summary, metric, tol)
-            night.update(
-                status="promoted" if ok else "rejected",
-                reason=reason,
-                metric={metric: summary["tuned"][metric]},
-            )
-            write_json(results / run / "promotion.json", night)
-            if ok:
-                promote(results, run, summary, reason)
-                state["promoted"] = run
-            print(f"[nightly] run {run} {reason}")
+            _judge(cfg, results, run, night, state)
             state["nights"].append(night)
             deleted = retain(results, state, cfg["nightly"]["keep_runs"])
             if deleted:
@@ -259,6 +217,63 @@ def nightly(
     except NightlyLocked as exc:
         print(f"[nightly] {exc}", file=sys.stderr)
         return 3
+
+
+def _skipped(state: dict, state_path: Path, run: str, fp: dict) -> bool:
+    """Whether nothing changed since the last judged run; if so the night is recorded as skipped."""
+    last_ok = next((n for n in reversed(state["nights"]) if n["status"] in ("promoted", "rejected")), None)
+    if not (last_ok and last_ok["fingerprint"] == fp):
+        return False
+    print(
+        f"[nightly] nothing changed since run {last_ok['run']} (data {fp['data']}, "
+        f"config {fp['config']}); skipping"
+    )
+    state["nights"].append(
+        {
+            "run": run,
+            "status": "skipped",
+            "fingerprint": fp,
+            "same_as": last_ok["run"],
+            "at": _now(),
+        }
+    )
+    write_json(state_path, state)
+    return True
+
+
+def _snakemake_command(profile: str, run: str, snakemake_args: list[str] | None) -> list[str]:
+    """The Snakemake command line that trains the night's run under the profile."""
+    return [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--profile",
+        profile,
+        "--config",
+        f"run={run}",
+        *(snakemake_args or []),
+    ]
+
+
+def _judge(cfg: dict, results: Path, run: str, night: dict, state: dict) -> None:
+    """Whether the trained run replaces the promoted one (the gate); records the verdict in `night`."""
+    summary = read_json(results / run / "report" / "summary.json")
+    current = read_json(results / "current.json") if (results / "current.json").exists() else None
+    current_summary = None
+    if current:
+        current_summary = {"run": current["run"], "tuned": current["tuned"]}
+    metric, tol = cfg["nightly"]["metric"], cfg["nightly"]["tolerance"]
+    ok, reason = gate(summary, current_summary, metric, tol)
+    night.update(
+        status="promoted" if ok else "rejected",
+        reason=reason,
+        metric={metric: summary["tuned"][metric]},
+    )
+    write_json(results / run / "promotion.json", night)
+    if ok:
+        promote(results, run, summary, reason)
+        state["promoted"] = run
+    print(f"[nightly] run {run} {reason}")
 
 
 def _now() -> str:

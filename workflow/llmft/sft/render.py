@@ -87,8 +87,25 @@ def llamafactory_args(
 ) -> dict:
     """The LLaMA-Factory training arguments; `sft.extra` wins over our defaults."""
     sft = cfg["sft"]
+    args = _default_args(cfg, base_model, data_dir, plan, platform)
+    args.update(_packing_and_kernel_args(plan))
+    args.update(_precision_args(sft["precision"], platform.vendor))
+    args.update(finetuning_args(sft))
+    args.update(_distributed_args(deepspeed_path, platform))
+    args.update(sft["extra"])
+    tokenized = _tokenized_path(args, data_dir)
+    if tokenized is not None:
+        args["tokenized_path"] = tokenized
+    digest = hashlib.sha256(json.dumps(args, sort_keys=True, default=str).encode()).hexdigest()
+    args["output_dir"] = f"{work_root}/sft-{digest[:12]}"
+    return args
+
+
+def _default_args(cfg: dict, base_model: str, data_dir: str, plan: Plan, platform: Platform) -> dict:
+    """The arguments every run sets, from the config and the plan (before `sft.extra`)."""
+    sft = cfg["sft"]
     vendor = platform.vendor
-    args: dict = {
+    return {
         "model_name_or_path": base_model,
         "trust_remote_code": False,
         "stage": "sft",
@@ -133,6 +150,11 @@ def llamafactory_args(
         "include_num_input_tokens_seen": "all" if plan.packing == "neat" else "non_padding",
         "eval_steps": sft["logging_steps"] * 5,
     }
+
+
+def _packing_and_kernel_args(plan: Plan) -> dict:
+    """Which packing LLaMA-Factory does and whether it loads Liger's kernels, as the plan decided."""
+    args: dict = {}
     if plan.packing == "neat":
         args["neat_packing"] = True
     elif plan.packing == "plain":
@@ -141,33 +163,44 @@ def llamafactory_args(
         # With compiled layers llmft.sft.train applies Liger's fused loss alone (its other kernels do
         # not compile under dynamo; the compiler fuses those operations itself).
         args["enable_liger_kernel"] = True
-    if sft["precision"] == "bf16":
+    return args
+
+
+def _precision_args(precision: str, vendor: str) -> dict:
+    """LLaMA-Factory's precision flags for sft.precision on this vendor."""
+    args: dict = {}
+    if precision == "bf16":
         args["bf16"] = True
-    elif sft["precision"] == "fp16":
+    elif precision == "fp16":
         args["fp16"] = True
-    if vendor == "cpu" and sft["precision"] != "fp32":
+    if vendor == "cpu" and precision != "fp32":
         args["use_cpu"] = True  # transformers refuses half precision on CPU without it
-    args.update(finetuning_args(sft))
+    return args
+
+
+def _distributed_args(deepspeed_path: str | None, platform: Platform) -> dict:
+    """DeepSpeed's config under ZeRO; else, on several processes, DDP without its unused-parameter search."""
     if deepspeed_path:
-        args["deepspeed"] = deepspeed_path
-    elif platform.world_size > 1:
+        return {"deepspeed": deepspeed_path}
+    if platform.world_size > 1:
         # LLaMA-Factory's DDP default (True) costs an extra pass each step.
-        args["ddp_find_unused_parameters"] = False
-    args.update(sft["extra"])
+        return {"ddp_find_unused_parameters": False}
+    return {}
+
+
+def _tokenized_path(args: dict, data_dir: str) -> str | None:
+    """Where LLaMA-Factory loads prepared rows from, or None when it must tokenize them itself."""
     # prepare_data tokenized the rows once, exactly as LLaMA-Factory would: load them instead of
     # tokenizing on the GPU nodes, unless an argument changes what its preprocessing makes. A run
     # that packs loads the rows pack_data packed from them on the CPU side, as LLaMA-Factory would.
     blocking = pretokenize.blockers(args)
     packs = packing_args(args) is not None
     if packs and not set(blocking) - {"packing", "neat_packing"}:
-        args["tokenized_path"] = f"{data_dir}/{packed_dir_name(packing_args(args))}"
-    elif blocking:
+        return f"{data_dir}/{packed_dir_name(packing_args(args))}"
+    if blocking:
         log.info("not using the pre-tokenized data: %s change LLaMA-Factory's preprocessing", blocking)
-    else:
-        args["tokenized_path"] = f"{data_dir}/{pretokenize.TOKENIZED_DIR}"
-    digest = hashlib.sha256(json.dumps(args, sort_keys=True, default=str).encode()).hexdigest()
-    args["output_dir"] = f"{work_root}/sft-{digest[:12]}"
-    return args
+        return None
+    return f"{data_dir}/{pretokenize.TOKENIZED_DIR}"
 
 
 def finetuning_args(sft: dict) -> dict:

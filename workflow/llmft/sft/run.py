@@ -86,14 +86,7 @@ def launch(cfg: dict, yaml_path: str) -> int:
 
 def _launch_locked(cfg: dict, yaml_path: str, args: dict, work: Path, alloc: slurm.Allocation) -> int:
     # imported here: callbacks pull in transformers, which rendering and planning do not need
-    from llmft.sft.callbacks import (
-        DIVERGENCE_FILE,
-        EXIT_DIVERGED,
-        EXIT_PREEMPTED,
-        PREEMPTED_FILE,
-        STEPS_FILE,
-        STOP_REQUEST_FILE,
-    )
+    from llmft.sft.callbacks import STEPS_FILE
 
     ours = args.get("llmft") or {}
     platform = Platform.from_json(ours["platform"])
@@ -106,16 +99,7 @@ def _launch_locked(cfg: dict, yaml_path: str, args: dict, work: Path, alloc: slu
                 fh.write(json.dumps({"republished": time.time()}) + "\n")
         return 0
     if alloc.node_rank == 0:
-        # What ended the previous attempt (stop request, preemption, divergence) moves to the event
-        # history, so this attempt's markers mean this attempt. Node 0 does it before the rendezvous
-        # that every worker waits for.
-        for stale in (STOP_REQUEST_FILE, PREEMPTED_FILE, DIVERGENCE_FILE):
-            _archive(work, stale)
-        # A checkpoint a killed attempt left half-written would be the one LLaMA-Factory resumes
-        # from: set it aside, so training resumes from the newest one written whole.
-        for warning in faults.set_aside_unsealed(work):
-            print(f"[llmft] WARNING: {warning}", flush=True)
-        faults.clear_heartbeats(work)
+        _clear_previous_attempt(work)
     env = launch_env(platform, alloc)
     host = os.environ.get("SLURMD_NODENAME", alloc.nodes[alloc.node_rank])
     print(
@@ -129,6 +113,29 @@ def _launch_locked(cfg: dict, yaml_path: str, args: dict, work: Path, alloc: slu
         env=env,
         preexec_fn=_ignore_usr1,
     )
+    rc = _wait_forwarding_stops(proc, work, host)
+    return _exit_code(cfg, ours, work, alloc, rc)
+
+
+def _clear_previous_attempt(work: Path) -> None:
+    """Which leftovers of the previous attempt node 0 moves out of the way before this one starts."""
+    from llmft.sft.callbacks import DIVERGENCE_FILE, PREEMPTED_FILE, STOP_REQUEST_FILE
+
+    # What ended the previous attempt (stop request, preemption, divergence) moves to the event
+    # history, so this attempt's markers mean this attempt. Node 0 does it before the rendezvous
+    # that every worker waits for.
+    for stale in (STOP_REQUEST_FILE, PREEMPTED_FILE, DIVERGENCE_FILE):
+        _archive(work, stale)
+    # A checkpoint a killed attempt left half-written would be the one LLaMA-Factory resumes
+    # from: set it aside, so training resumes from the newest one written whole.
+    for warning in faults.set_aside_unsealed(work):
+        print(f"[llmft] WARNING: {warning}", flush=True)
+    faults.clear_heartbeats(work)
+
+
+def _wait_forwarding_stops(proc: subprocess.Popen, work: Path, host: str) -> int:
+    """torchrun's exit status; a SIGUSR1/SIGTERM meanwhile becomes a stop request to its workers."""
+    from llmft.sft.callbacks import STOP_REQUEST_FILE
 
     def on_signal(signum, _frame):
         name = signal.Signals(signum).name
@@ -144,10 +151,16 @@ def _launch_locked(cfg: dict, yaml_path: str, args: dict, work: Path, alloc: slu
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGUSR1, signal.SIGTERM)}
     try:
-        rc = proc.wait()
+        return proc.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _exit_code(cfg: dict, ours: dict, work: Path, alloc: slurm.Allocation, rc: int) -> int:
+    """The launcher's exit status: diverged, preempted (requeued when asked) or torchrun's own."""
+    from llmft.sft.callbacks import DIVERGENCE_FILE, EXIT_DIVERGED, EXIT_PREEMPTED, PREEMPTED_FILE
+
     # torchrun reports any worker failure as 1: the workers' marker files say what happened.
     if (work / DIVERGENCE_FILE).exists():
         print(f"[llmft] {json.loads((work / DIVERGENCE_FILE).read_text())['message']}", flush=True)
@@ -158,17 +171,22 @@ def _launch_locked(cfg: dict, yaml_path: str, args: dict, work: Path, alloc: slu
             f"[llmft] checkpoint saved at step {info['step']} ({info['why']}); exiting to resume", flush=True
         )
         if ours.get("requeue_on_preempt") and alloc.job_id and alloc.node_rank == 0:
-            req = subprocess.run(["scontrol", "requeue", alloc.job_id], capture_output=True, text=True)
-            print(
-                f"[llmft] scontrol requeue {alloc.job_id}: rc {req.returncode} {req.stderr.strip()}",
-                flush=True,
-            )
+            _requeue(alloc.job_id)
         return EXIT_PREEMPTED
     if rc != 0:
         timeout = cfg["sft"]["collective_timeout_minutes"]
         for line in faults.failure_report(work, rc, timeout):
             print(f"[llmft] {line}", flush=True)
     return rc
+
+
+def _requeue(job_id: str) -> None:
+    """Ask Slurm to requeue the preempted job, so it resumes from the checkpoint just saved."""
+    req = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+    print(
+        f"[llmft] scontrol requeue {job_id}: rc {req.returncode} {req.stderr.strip()}",
+        flush=True,
+    )
 
 
 def finished(work: Path) -> bool:
