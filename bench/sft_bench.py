@@ -9,7 +9,7 @@ render path and launcher.
     python bench/sft_bench.py report OUT --json RESULT.json        # table + JSON of all variants
 
 Each run renders an llmft config (`python -m llmft render-sft`), launches `python -m llmft sft
---launch-only` (torchrun over llmft.sft.train on 2 GPUs) and is stopped once its last step is logged,
+launch` (torchrun over llmft.sft.train on 2 GPUs) and is stopped once its last step is logged,
 so the final model save is not timed. Throughput is steady state: tokens seen (without padding)
 between a warm-up step and the last step, over wall time, per GPU. MFU counts llmft.core.flops's training
 FLOPs per token (6 x matrix weights, the output head once, no embedding lookup, plus causal attention
@@ -339,7 +339,7 @@ def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> di
         Path(args["deepspeed"]).write_text(json.dumps(ds, indent=2))
     work = Path(args["output_dir"])
     subprocess.run(["rm", "-rf", str(work)])
-    launch = [py, "-m", "llmft", "sft", *common, "--yaml", str(rd / "llamafactory.yaml"), "--launch-only"]
+    launch = [py, "-m", "llmft", "sft", "launch", *common, "--yaml", str(rd / "llamafactory.yaml")]
     peaks: dict = {}
     stop = threading.Event()
     sampler = threading.Thread(target=_smi_sampler, args=(stop, peaks), daemon=True)

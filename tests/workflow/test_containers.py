@@ -41,9 +41,9 @@ def test_multi_node_stages_enter_the_image_inside_their_srun(tmp_path):
     out = dry_run(tmp_path, nodes=2)
     inside = f"apptainer exec --rocm --bind /scratch {IMAGE} python -m llmft"
     assert re.search(rf"srun --nodes=2 [^\n]* {re.escape(inside)} verify-env", out)
-    assert re.search(rf"srun --nodes=2 [^\n]* {re.escape(inside)} sft [^\n]*--launch-only", out)
+    assert re.search(rf"srun --nodes=2 [^\n]* {re.escape(inside)} sft launch ", out)
     # sft's gate and publish steps run in the image too, on the job's first node
-    assert f"({inside} sft" in out and f"&& {inside} sft" in out
+    assert f"{inside} sft check " in out and f"{inside} sft finalize " in out
 
 
 def test_one_node_stages_use_the_container_directive(tmp_path):

@@ -73,11 +73,11 @@ def launch(root: Path, overrides: str, name: str, tag: str = "") -> subprocess.P
             "-m",
             "llmft",
             "sft",
+            "launch",
             "--overrides",
             overrides,
             "--yaml",
             f"{name}.yaml",
-            "--launch-only",
         ],
         cwd=root,
         stdout=log,
@@ -90,7 +90,7 @@ def launch(root: Path, overrides: str, name: str, tag: str = "") -> subprocess.P
 def publish(root: Path, overrides: str, name: str) -> dict:
     """The sft rule's last step: publish the model, write train_summary.json; return the summary."""
     proc = llmft(
-        "sft", "--overrides", overrides, "--yaml", f"{name}.yaml", "--finalize-only",
+        "sft", "finalize", "--overrides", overrides, "--yaml", f"{name}.yaml",
         "--model-out", f"{name}_model", "--summary-out", f"{name}_summary.json", cwd=root,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -227,7 +227,7 @@ def test_absurd_learning_rate_stops_at_the_first_nan_with_a_diagnosis(stage, kin
     assert not (work / "model.safetensors").exists() and not (work / "adapter_model.safetensors").exists()
     # nothing to publish from a diverged run: finalize refuses
     proc = llmft(
-        "sft", "--overrides", overrides, "--yaml", f"diverge_{kind}.yaml", "--finalize-only",
+        "sft", "finalize", "--overrides", overrides, "--yaml", f"diverge_{kind}.yaml",
         "--model-out", f"diverge_{kind}_model", "--summary-out", f"diverge_{kind}.json", cwd=stage,
     )  # fmt: skip
     assert proc.returncode != 0 and "training left no" in proc.stderr

@@ -127,12 +127,16 @@ def cmd_verify_env(args) -> int:
 
 def cmd_render_sft(args) -> int:
     """Plan from the facts verify_env measured on the nodes, then render the YAML and DeepSpeed JSON."""
+    from llmft.core.io import write_json
     from llmft.core.platform import read_platform
     from llmft.sft.render import render
 
     cfg = _cfg(args)
     platform = read_platform(cfg, args.verify)
     render(cfg, args.base_model, args.data_dir, args.out_yaml, args.out_deepspeed, args.work_root, platform)
+    if args.out_config:
+        # The config sft's three steps read (`--config`): the slice this render was made from.
+        write_json(args.out_config, json.loads(args.config_json) if args.config_json else cfg)
     return 0
 
 
@@ -155,25 +159,30 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def cmd_sft(args) -> int:
-    """Gate on verify_env, launch this node's torchrun, publish the model: one step or all."""
+def cmd_sft_check(args) -> int:
+    """Before any node starts: the verify_env gate, and the packed data the YAML names."""
     from llmft.env.verify import gate
-    from llmft.sft.publish import finalize
     from llmft.sft.render import check_packed_yaml
+
+    gate(_cfg(args), args.verify)
+    check_packed_yaml(args.yaml)
+    return 0
+
+
+def cmd_sft_launch(args) -> int:
+    """This node's torchrun (once per node, under srun on several)."""
     from llmft.sft.run import launch
 
-    cfg = _cfg(args)
-    if args.verify:
-        gate(cfg, args.verify)
-    if args.check_only:
-        check_packed_yaml(args.yaml)
-        return 0
-    if not args.finalize_only:
-        rc = launch(cfg, args.yaml)
-        if rc != 0 or args.launch_only:
-            if rc:
-                print(f"[llmft] training failed with exit code {rc}", file=sys.stderr)
-            return rc
+    rc = launch(_cfg(args), args.yaml)
+    if rc:
+        print(f"[llmft] training failed with exit code {rc}", file=sys.stderr)
+    return rc
+
+
+def cmd_sft_finalize(args) -> int:
+    """After every node's launcher: publish the model (and LoRA's adapter) and the summary."""
+    from llmft.sft.publish import finalize
+
     finalize(args.yaml, args.model_out, args.summary_out)
     return 0
 
@@ -235,12 +244,12 @@ def cmd_nightly_schedule(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="llmft", description=__doc__)
-    sub = parser.add_subparsers(dest="cmd", required=True)
+def _adder(sub):
+    """`add(name, fn, *paths)`: a subcommand taking the config (file, overrides or Snakemake's JSON)
+    and the named paths (`flag` required, `flag:opt` optional)."""
 
-    def add(name, fn, *paths, help=""):
-        p = sub.add_parser(name, help=help)
+    def add(name, fn, *paths, help="", parent=sub):
+        p = parent.add_parser(name, help=help)
         p.add_argument("--config", default="config/config.yaml")
         p.add_argument("--overrides", default="", help="JSON merged over the config file")
         p.add_argument("--config-json", default="", help="a whole config as JSON (from Snakemake)")
@@ -250,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(fn=fn)
         return p
 
+    return add
+
+
+def _data_commands(add) -> None:
+    """Stage 2 and the demo's inputs."""
     add("check-config", cmd_check_config, help="validate and print the config with defaults")
     add("base-model", cmd_base_model, "out", help="build the tiny random-init model offline")
     add("synthetic", cmd_synthetic, "out", help="write the synthetic demo dataset")
@@ -269,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--prune", action="store_true", help="remove packed folders for other arguments beside --out"
     )
+
+
+def _later_commands(sub, add) -> None:
+    """Stages 1, 3-5, the planner and nightly retrains."""
     add("verify-env", cmd_verify_env, "out")
     add(
         "render-sft",
@@ -279,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         "out-yaml",
         "out-deepspeed",
         "work-root",
+        "out-config:opt",
     )
     p = add(
         "plan",
@@ -288,10 +307,12 @@ def main(argv: list[str] | None = None) -> int:
         help="per-GPU memory plan for the sft config; refuse if it cannot fit",
     )
     p.add_argument("--json", action="store_true", help="the whole plan as JSON")
-    p = add("sft", cmd_sft, "yaml", "model-out:opt", "summary-out:opt", "verify:opt")
-    p.add_argument("--check-only", action="store_true", help="only the verify_env gate")
-    p.add_argument("--launch-only", action="store_true", help="one node's launcher (under srun)")
-    p.add_argument("--finalize-only", action="store_true", help="publish after the launchers")
+    steps = sub.add_parser("sft", help="check, launch on every node, finalize").add_subparsers(
+        dest="step", required=True
+    )
+    add("check", cmd_sft_check, "yaml", "verify", help="the verify_env gate", parent=steps)
+    add("launch", cmd_sft_launch, "yaml", help="one node's launcher (under srun)", parent=steps)
+    add("finalize", cmd_sft_finalize, "yaml", "model-out", "summary-out", help="publish", parent=steps)
     p = add("evaluate", cmd_evaluate, "model", "heldout", "out-dir", "label")
     p.add_argument("--processes", type=int, default=0, help="0 = one per GPU (one on CPU)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per process (0 = torch default)")
@@ -307,6 +328,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("snakemake_args", nargs=argparse.REMAINDER, help="after --: extra snakemake arguments")
     p = add("nightly-schedule", cmd_nightly_schedule, help="print the scrontab / crontab entry")
     p.add_argument("--profile", default="profiles/slurm")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="llmft", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    add = _adder(sub)
+    _data_commands(add)
+    _later_commands(sub, add)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")

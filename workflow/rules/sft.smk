@@ -9,18 +9,19 @@ rule render_sft_config:
     output:
         yaml="results/{run}/sft/llamafactory.yaml",
         deepspeed="results/{run}/sft/deepspeed.json",
+        config="results/{run}/sft/config.json",
     log:
         "results/{run}/logs/render_sft_config.log",
     localrule: True
     container:
         stage_container()
     params:
-        cfg=cfg_arg("hardware", "model.template", "data.cutoff_len", "sft"),
+        cfg=cfg_arg("hardware", "verify", "model.template", "data.cutoff_len", "sft"),
     shell:
         "python -m llmft render-sft {params.cfg} --base-model {input.base_model:q}"
         " --verify {input.verify:q} --data-dir results/{wildcards.run}/data"
         " --out-yaml {output.yaml:q} --out-deepspeed {output.deepspeed:q}"
-        " --work-root results/{wildcards.run}/work > {log:q} 2>&1"
+        " --work-root results/{wildcards.run}/work --out-config {output.config:q} > {log:q} 2>&1"
 
 
 # When the rendered YAML packs rows (plain or neat), pack them once on the CPU side, exactly as
@@ -51,8 +52,11 @@ rule pack_data:
 # Checkpoints live in results/{run}/work/sft-<config hash>/, which is not a declared output:
 # Snakemake deletes a failed job's outputs, and a retried or requeued job must resume from them.
 # LoRA also publishes the adapter (sft/adapter); sft/model is then the base with it merged in.
+# Three steps, each reading the config render_sft_config wrote: check (the verify_env gate), launch
+# (once per node), finalize (publish); bash stops at the first that fails.
 rule sft:
     input:
+        config="results/{run}/sft/config.json",
         yaml="results/{run}/sft/llamafactory.yaml",
         deepspeed="results/{run}/sft/deepspeed.json",
         verify="results/{run}/env/verify.json",
@@ -73,12 +77,11 @@ rule sft:
     resources:
         **per_node_resources(),
     params:
-        cfg=cfg_arg("hardware", "verify"),
         launcher=per_node_launcher,
         python=stage_python(),
     shell:
-        "({params.python:q} -m llmft sft {params.cfg} --yaml {input.yaml:q} --verify {input.verify:q}"
-        " --check-only && {params.launcher} {params.python:q} -m llmft sft {params.cfg}"
-        " --yaml {input.yaml:q} --launch-only"
-        " && {params.python:q} -m llmft sft {params.cfg} --yaml {input.yaml:q} --finalize-only"
-        " --model-out {output.model:q} --summary-out {output.summary:q}) > {log:q} 2>&1"
+        """
+        {params.python:q} -m llmft sft check --config {input.config:q} --yaml {input.yaml:q} --verify {input.verify:q} >{log:q} 2>&1
+        {params.launcher} {params.python:q} -m llmft sft launch --config {input.config:q} --yaml {input.yaml:q} >>{log:q} 2>&1
+        {params.python:q} -m llmft sft finalize --config {input.config:q} --yaml {input.yaml:q} --model-out {output.model:q} --summary-out {output.summary:q} >>{log:q} 2>&1
+        """

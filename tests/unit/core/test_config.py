@@ -4,7 +4,8 @@ import copy
 
 import pytest
 import yaml
-from llmft.core.config import ConfigError, layout, validate
+from llmft.core.config import ConfigError, layout, load_file, validate
+from llmft.core.io import write_json
 
 from tests.conftest import REPO
 from tests.reliability import reliability
@@ -106,3 +107,14 @@ def test_the_names_table_is_the_installed_llamafactorys():
     from llmft.core.lfnames import from_llamafactory, names
 
     assert names() == from_llamafactory()
+
+
+def test_the_json_config_sft_steps_read_keeps_small_numbers(tmp_path):
+    """render_sft_config writes the config sft's three steps read as JSON, whose `1e-05` YAML would
+    read as text: the file is read as JSON."""
+    path = tmp_path / "config.json"
+    write_json(path, {"run": "r", "sft": {"learning_rate": 1e-5}})
+    assert "1e-05" in path.read_text()
+    assert load_file(path)["sft"]["learning_rate"] == 1e-5
+    with pytest.raises(ConfigError, match="sft.learning_rate"):
+        load_file(path.rename(tmp_path / "config.yaml"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -357,9 +358,10 @@ def layout(cfg: dict) -> Layout:
 
 
 def load_file(path: str | Path, overrides: dict | None = None) -> dict:
-    """Read a YAML config file (plus overrides, e.g. from --config) and validate it."""
+    """Read a YAML config file, or the JSON one render_sft_config writes for sft (plus overrides, e.g.
+    from --config), and validate it. JSON is read as JSON: YAML would read its `1e-05` as text."""
     with open(path, encoding="utf-8") as fh:
-        raw = yaml.safe_load(fh) or {}
+        raw = (json.load(fh) if Path(path).suffix == ".json" else yaml.safe_load(fh)) or {}
     if overrides:
         raw = deep_merge(raw, overrides)
     return validate(raw, base_dir=Path.cwd())
