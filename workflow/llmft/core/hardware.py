@@ -34,9 +34,9 @@ class GpuSpec:
 
 # Floors sit at about half of healthy values yet above what a PCIe fallback delivers (PCIe Gen5 x16
 # carries at most ~50 GB/s a direction), so the check separates "healthy" from "wrong transport".
-#  - H200: measured on 2 x H200 (bench/results/verify_env_h200x2.md): bf16 GEMM 795 TFLOP/s;
-#    all-gather busbw 270 GB/s, all-reduce ~330 GB/s over NVLink (an all-reduce algorithm bandwidth
-#    of 165 GB/s over two GPUs is the same measurement, not nccl-tests' bus bandwidth).
+#  - H200: from what 2 x H200 measured over NVLink, as nccl-tests' bus bandwidth
+#    (bench/results/verify_env_h200x2.md, which also says why another tool's all-reduce figure of
+#    half that is the same measurement).
 #  - MI300X: xGMI links of 64 GB/s a direction, 48 GB/s after protocol overhead (RCCL's own model,
 #    ROCm/rccl#1210), one per GPU pair; 8 GPUs give 7 links per GPU. GEMM floor well under the
 #    ~600+ TFLOP/s hipBLASLt reaches on 8192^3 (datasheet dense peak 1307).
@@ -107,6 +107,15 @@ def identify_gpu(device_name: str, arch: str = "") -> GpuSpec | None:
         if base_arch and spec.arch == base_arch:
             return spec
     return None
+
+
+def gpu_key(devices: list[dict]) -> str:
+    """The table key of the nodes' GPU ("mi300x", "h200", ...) from the first device torch reported
+    (name, arch); "" when the table does not know it. The platform, verify_env's gpu_model rule and
+    its thresholds all ask this one question."""
+    first = devices[0] if devices else {}
+    spec = identify_gpu(first.get("name", ""), first.get("arch", ""))
+    return next((key for key, known in GPUS.items() if known is spec), "")
 
 
 def cuda_arch_name(major: int, minor: int) -> str:

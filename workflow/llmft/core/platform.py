@@ -170,8 +170,7 @@ class Platform:
         if not devices:
             raise ConfigError(f"{where}: torch sees no GPU on {', '.join(hosts)}; see the gpu_count finding")
         first = devices[0]
-        spec = hardware.identify_gpu(first.get("name", ""), first.get("arch", ""))
-        key = next((k for k, s in hardware.GPUS.items() if s is spec), first.get("name", "gpu"))
+        key = hardware.gpu_key(devices) or first.get("name", "gpu")
         declared = hw["gpu_model"].lower()
         if declared and declared != key:
             raise ConfigError(gpu_mismatch(declared, first.get("name", key), hosts[0]))

@@ -28,7 +28,7 @@ NAME = "llmft_varlen"
 IGNORE_INDEX = -100  # transformers' and LLaMA-Factory's ignored label
 # A flattened row's length is padded to a multiple of this. Triton (Liger's kernels) specialises an
 # integer argument divisible by 16: rows whose length is sometimes a multiple of 16 compiled each
-# kernel again mid-run (0.1-0.3 s pauses at a few steps of the first run on 2 x H200).
+# kernel again mid-run (pauses at a few steps of a job's first run; bench/README.md, SFT).
 PAD_MULTIPLE = 16
 
 

@@ -149,13 +149,11 @@ class _Preparer:
         self.fraction = heldout_fraction
         self.salt = split_salt
         self.policy = invalid_rows
-        self.near_dedup = bool(dedup.get("near"))
-        self.decontaminate = bool(dedup.get("decontaminate", True))
+        self.near_dedup = bool(dedup["near"])
+        self.decontaminate = bool(dedup["decontaminate"])
         self.near = None
         if self.near_dedup or self.decontaminate:
-            self.near = NearDupIndex(
-                self.tmp / "minhash", dedup.get("threshold", 0.8), dedup.get("num_perm", 64)
-            )
+            self.near = NearDupIndex(self.tmp / "minhash", dedup["threshold"], dedup["num_perm"])
         self.seen = SeenKeys()
         self.sides = {
             False: _Side(SplitWriter(self.tmp / TOKENIZED_DIR / "train"), self._open("train.jsonl")),

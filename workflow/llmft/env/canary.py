@@ -94,14 +94,14 @@ def planned_path(facts: dict, cfg: dict) -> CanaryPath:
 
     gpu = bool(facts.get("devices"))
     sft = cfg["sft"]
-    packing = sft.get("packing", "auto")
+    packing = sft["packing"]
     packing = ("neat" if gpu else "off") if packing == "auto" else packing
     kernels = tuple(k for k in KERNELS if kernel_ok(facts, k, gpu))
     attention, _ = choose_attention(sft["flash_attn"], packing, kernels, gpu, facts.get("torch_version", ""))
     if attention in ("auto", "disabled"):
         attention = "fa2" if "fa2" in kernels else "sdpa"
     modules = facts.get("modules") or {}
-    liger_setting = sft.get("liger_kernel", "auto")
+    liger_setting = sft["liger_kernel"]
     liger = gpu and bool(modules.get("liger_kernel") and modules.get("triton")) and liger_setting is not False
     precision = "fp32" if sft["precision"] == "fp32" or not gpu else "bf16"
     return CanaryPath(attention, liger, False, precision, "fused" if gpu else "foreach")

@@ -103,7 +103,7 @@ def _judge_attention(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
     out = []
     # What sft will run on this node: the planner's own choice from the same facts. `auto` takes
     # the fastest kernel that runs here; an explicit varlen must run.
-    packing = cfg["sft"].get("packing", "off")
+    packing = cfg["sft"]["packing"]
     packing = ("neat" if gpu else "off") if packing == "auto" else packing
     kernels = tuple(k for k in KERNELS if kernel_ok(facts, k, gpu))
     chosen, why = choose_attention(want, packing, kernels, gpu, facts.get("torch_version", ""))
@@ -174,12 +174,11 @@ def judge_canary(facts: dict) -> list[Finding]:
 
 def _judge_gpu_model(facts: dict, cfg: dict) -> list[Finding]:
     """A declared hardware.gpu_model must be what the node has: the plan budgets its memory."""
-    declared = cfg["hardware"].get("gpu_model", "").lower()
+    declared = cfg["hardware"]["gpu_model"].lower()
     devices = facts.get("devices", [])
     if not declared or not devices:
         return []
-    seen = hardware.identify_gpu(devices[0].get("name", ""), devices[0].get("arch", ""))
-    if seen is hardware.GPUS.get(declared):
+    if hardware.gpu_key(devices) == declared:
         return [Finding("gpu_model", True, f"{devices[0].get('name')} (hardware.gpu_model: {declared})")]
     return [
         Finding(
@@ -380,7 +379,7 @@ BNB_MIN = {8: "0.37.0", 4: "0.39.0", "zero3": "0.43.0"}
 def judge_bitsandbytes(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
     """sft.quantization_bit (QLoRA): bitsandbytes installed, new enough, and its quantized layer ran
     on the node (nodefacts._bitsandbytes). Nothing to judge without quantization."""
-    bits = cfg["sft"].get("quantization_bit", "none")
+    bits = cfg["sft"]["quantization_bit"]
     if bits == "none":
         return []
     check = "bitsandbytes"
@@ -396,7 +395,7 @@ def judge_bitsandbytes(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
                 f"pip install bitsandbytes (a build for this torch: {vendor}; see envs/{vendor}.txt) {off}",
             )
         ]
-    need = BNB_MIN["zero3"] if bits == 4 and cfg["sft"].get("zero_stage") in (3, "auto") else BNB_MIN[bits]
+    need = BNB_MIN["zero3"] if bits == 4 and cfg["sft"]["zero_stage"] in (3, "auto") else BNB_MIN[bits]
     if _version_tuple(ver) < _version_tuple(need):
         return [
             Finding(
@@ -469,7 +468,7 @@ def _judge_ds(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
             )
         )
     load = ds.get("cpu_adam_load")
-    if sft.get("offload") is True and load is not None and not load.get("ok"):
+    if sft["offload"] is True and load is not None and not load.get("ok"):
         out.append(
             Finding(
                 "deepspeed_ops:cpu_adam",
@@ -709,15 +708,9 @@ def _bandwidth_fix(vendor: str, spec: hardware.GpuSpec | None, multi: bool, env:
 
 
 def gpu_spec(cfg: dict, nodes: list[dict]) -> hardware.GpuSpec | None:
-    model = cfg["hardware"].get("gpu_model", "")
-    if model:
-        return hardware.GPUS.get(model.lower())
-    for facts in nodes:
-        for d in facts.get("devices", []):
-            spec = hardware.identify_gpu(d["name"], d["arch"])
-            if spec:
-                return spec
-    return None
+    """The GPU verify_env's thresholds are for: the declared hardware.gpu_model, else the nodes' own."""
+    devices = [d for facts in nodes for d in facts.get("devices", [])]
+    return hardware.GPUS.get(cfg["hardware"]["gpu_model"].lower() or hardware.gpu_key(devices))
 
 
 def judge_run(

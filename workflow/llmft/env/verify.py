@@ -90,9 +90,9 @@ def probe_node(env: dict, scratch: Path, timeout_s: float, cfg: dict) -> dict:
     if cfg["sft"]["zero_stage"] != 0:
         imports.append("deepspeed")
     cmd = [sys.executable, "-m", "llmft.env.nodefacts", "--out", str(out), "--imports", ",".join(imports)]
-    if cfg["sft"].get("offload") is True:
+    if cfg["sft"]["offload"] is True:
         cmd.append("--cpu-adam")
-    bits = cfg["sft"].get("quantization_bit", "none")
+    bits = cfg["sft"]["quantization_bit"]
     if bits != "none":
         # QLoRA: bitsandbytes must import and run a quantized layer on this node's GPU.
         cmd += ["--bnb", str(bits)]

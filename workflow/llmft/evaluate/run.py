@@ -42,11 +42,9 @@ log = logging.getLogger("llmft.evaluate")
 #            the one-token step is captured once per batch as a CUDA/HIP graph (no compiler, well
 #            under a second) and replayed, so a step costs its kernels, not Python and launches.
 #            On CPU the same loop runs eagerly (what the CPU tests compare with `dynamic`).
-#   auto:    graphs on GPUs (one model per GPU), dynamic on CPU and for a model spread over GPUs.
-#            Measured on one H200 (bench/README.md): graphs decoded 256 rows x 64 tokens in 1.75 s
-#            against 3.4 s dynamic (4.4 s against 16.6 s, 13.4 s static + CUDA graphs and 22.1 s
-#            static + inductor before cuDNN attention was turned off), and in fp32 gave dynamic's
-#            and LLaMA-Factory's tokens on all 83 held-out rows.
+#   auto:    graphs on GPUs (one model per GPU): the fastest there, with dynamic's greedy tokens in
+#            fp32 (bench/README.md, Held-out evaluation); dynamic on CPU and for a model spread over
+#            GPUs.
 # Static decoding pads a shard's short last batch to the full batch size (copies of its last prompt,
 # dropped afterwards) so every batch reuses one compiled graph and one cache; if the model cannot
 # use a static cache, or generation with it fails, the shard falls back to dynamic and says so.
@@ -205,8 +203,8 @@ def evaluate(
     `processes`: 0 = one per GPU (one on CPU); on CPU a larger number splits the rows over that
     many processes (used by the tests to exercise the multi-process path without GPUs).
     `threads`: CPU compute threads per process (0 = torch's default). On a shared CPU, more threads
-    than the cores the scheduler granted make torch's thread pool wait on descheduled threads: the
-    demo's generation measured 20-40x slower with 2 threads than with 1 while other jobs ran.
+    than the cores the scheduler granted make torch's thread pool wait on descheduled threads, which
+    slows generation many times over (bench/README.md, Held-out evaluation).
     """
     from llmft.core.chat_templates import for_config as template_for_config
 
@@ -293,10 +291,10 @@ def shard_jobs(ecfg: dict, model_dir, tokenizer, encoded, kind: str, n: int, thr
     lengths = [len(p) + len(a) for p, a in encoded]
     loss_plan = plan_batches(lengths, bs, max_tokens)
     gen_plan = plan_batches([len(p) for p, _ in encoded], bs)
-    decoding = ecfg.get("decoding", "auto")
+    decoding = ecfg["decoding"]
     if decoding == "auto":
         decoding = "dynamic" if kind in ("cpu", "auto") else "graphs"
-    precision = ecfg.get("precision", "auto")
+    precision = ecfg["precision"]
     if precision == "auto":
         precision = "fp32" if kind == "cpu" else "bf16"
     cpu_threads = threads or (max(1, (os.cpu_count() or 1) // n) if kind == "cpu" and n > 1 else 0)

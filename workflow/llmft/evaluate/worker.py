@@ -23,8 +23,8 @@ LOGIT_BUDGET = 2**31
 
 
 # Padded tokens per loss batch: enough to keep a GPU busy, few enough that rows of very different
-# lengths do not share a batch (83 held-out rows in one batch of 64 were 97 k padded tokens for
-# 30 k real ones) and that the batches spread evenly over the GPUs.
+# lengths do not share a batch (one batch of short and long rows is mostly padding) and that the
+# batches spread evenly over the GPUs.
 LOSS_BATCH_TOKENS = 16384
 
 
@@ -166,9 +166,8 @@ def _load_model(job: ShardJob):
     model.eval()
     if on_gpu and torch.version.cuda and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
         # cuDNN's attention builds an execution plan for every new shape: every batch width and,
-        # with a growing cache, every decoding step. Measured on one H200 (bench/decode_probe.py),
-        # the first generate of a 64-row batch took 3.9 s with it and 1.1 s without; a graphs batch
-        # at a new width 1.0 s and 0.45 s. The other SDPA kernels need no plan.
+        # with a growing cache, every decoding step, so each batch's first calls are slow. The other
+        # SDPA kernels need no plan (bench/decode_probe.py measures it; bench/README.md has figures).
         torch.backends.cuda.enable_cudnn_sdp(False)
     return model, device
 
@@ -448,9 +447,9 @@ def import_libraries() -> None:
     """torch and the transformers classes evaluation uses, imported before any device is touched.
 
     transformers' generation module imports scikit-learn when it is installed, for assisted
-    decoding's confidence threshold, which greedy evaluation never uses: 2.2 of the 5.8 s that
-    importing transformers took on the GPU image (`python -X importtime`). It is hidden from this
-    import, and only from it."""
+    decoding's confidence threshold, which greedy evaluation never uses, and it is a large share of
+    the transformers import (`python -X importtime`). It is hidden from this import, and only from
+    it."""
     hide = "sklearn" not in sys.modules
     if hide:
         sys.modules["sklearn"] = None  # an import of it fails fast; find_spec reports it missing
@@ -480,8 +479,8 @@ def fork_safe_gpu_count() -> int:
 def worker_pool(n: int, fork: bool = False):
     """n - 1 processes for shards 1..n-1, started and warming up at once (None for n = 1).
 
-    fork: the children inherit the imports (on the GPU image ~9 s a spawned process spends before
-    it can start); only allowed before this process has initialised the GPU driver. Otherwise
+    fork: the children inherit the imports (which a spawned process repeats before it can start);
+    only allowed before this process has initialised the GPU driver. Otherwise
     spawn: CUDA cannot be used in a forked child of a process that touched it."""
     if n <= 1:
         return None

@@ -61,8 +61,8 @@ ACTIVATION_BYTES = {
 # Loss over the vocabulary per token: bf16 logits, their fp32 upcast and the fp32 gradient
 # (LLaMA-Factory/transformers upcast before cross-entropy). Liger's fused linear cross-entropy
 # never materialises logits: a chunk of the size of the hidden states instead. Under autocast (plain
-# DDP) the measured peaks fit 6: 1.24 B hand-tuned DDP at batch 8 x 2048 on 2 x H200 peaked at 76.1
-# and 70.1 GiB in two device runs (bench/results/sft_h200x2_{1b,compile}.json); 10 predicted 83.9.
+# DDP) 6 fits the measured peaks of the hand-tuned 1.24 B DDP runs, where 10 over-predicted them
+# (bench/results/sft_h200x2_{1b,compile}.json).
 LOGIT_BYTES = {"half": 10, "autocast": 6, "fp32": 12}
 
 
@@ -117,9 +117,9 @@ def sft_trainable_params(shape: ModelShape, sft: dict) -> float:
     return trainable_params(
         shape,
         sft["finetuning_type"],
-        lora_rank=sft.get("lora_rank", 8),
-        lora_target=sft.get("lora_target", "all"),
-        freeze_trainable_layers=sft.get("freeze_trainable_layers", 2),
+        lora_rank=sft["lora_rank"],
+        lora_target=sft["lora_target"],
+        freeze_trainable_layers=sft["freeze_trainable_layers"],
     )
 
 
@@ -135,9 +135,8 @@ def _precision_mode(precision: str, stage: int) -> str:
 def _autocast_states(p: float, t: float, w: int, finetuning_type: str) -> tuple[float, ...]:
     """(weights, grads, optimizer, buckets, step transient) bytes of plain DDP under autocast."""
     # fp32 trainable weights (frozen ones stay 16 bit) + the bf16 copies autocast keeps for
-    # backward; fp32 grads, DDP's fp32 bucket copy of them, AdamW's two fp32 moments.
-    # Measured on one H200 with LoRA (bench/results/sft_lora_h200x1_1b.json): 26.0 GiB at batch
-    # 8 x 2048 with plain packing, 4.7 at batch 1 with checkpointing.
+    # backward; fp32 grads, DDP's fp32 bucket copy of them, AdamW's two fp32 moments. Checked
+    # against the LoRA runs without DeepSpeed on one H200 (bench/results/sft_lora_h200x1_1b.json).
     # LoRA / freeze: the frozen weights are loaded in 16 bit and autocast needs no copy of them.
     weights = 4 * t + 2 * (p - t) + (2 * p if finetuning_type == "full" else 2 * t)
     grads = 4 * t
@@ -172,13 +171,12 @@ def _deepspeed_states(
         largest = max(shape.layer_params, shape.vocab * shape.hidden)
         bucket = unit * (reduce_b + gather_b + 2 * largest)
         # ZeRO-3 steps the optimizer one sub-group at a time: an fp32 gradient copy of at most
-        # sub_group_size elements (8 B recipe on 2 x H200: 65.7 GiB measured, 65.6 predicted).
+        # sub_group_size elements (checked against the 8 B recipe's ZeRO-3 peak, bench/results).
         transient = 0.0 if offload else 4 * min(t / w, ZERO3_SUB_GROUP)
     elif stage in (1, 2):
         # overlap_comm double-buffers the reduce bucket. The step converts the 16-bit gradient
-        # partition to fp32 (4 bytes per sharded parameter). Measured on 2 x H200 (torch's max
-        # allocated; bench/results/sft_h200x2_session_end.json): the 8 B ZeRO-2 step at batch 1
-        # stays under its backward peak (89.8 GiB), so the step adds at most ~5 bytes.
+        # partition to fp32 (4 bytes per sharded parameter): the measured 8 B ZeRO-2 step stays
+        # under its backward peak (torch's max allocated; bench/results/sft_h200x2_session_end.json).
         bucket = unit * (2 * reduce_b + gather_b)
         transient = 0.0 if offload else 4 * t / w
     else:
@@ -349,9 +347,8 @@ def _zero2_first(sft: dict, on_gpu: bool) -> bool:
     # GPUs in 16 bit: ZeRO-2 before plain (DDP) training. DeepSpeed runs the model in 16 bit with
     # fp32 master weights in the optimizer (DDP under autocast keeps fp32 weights and residual
     # stream), each GPU updates only its share of the AdamW states, and reduce-scatter + all-gather
-    # of 16-bit tensors move half the bytes of DDP's fp32 all-reduce: 1.14x DDP's tokens/s on 1.24 B
-    # over 2 x H200, with 36 % less memory; on one H200, with nothing to shard, 1.11x (median step
-    # 1.13x) and 16 % less memory (bench/results).
+    # of 16-bit tensors move half the bytes of DDP's fp32 all-reduce. It is faster than DDP and
+    # needs less memory, on one GPU too, where it has nothing to shard (bench/README.md, SFT).
     return on_gpu and sft["precision"] in ("bf16", "fp16")
 
 
@@ -363,10 +360,10 @@ def _stage_options(sft: dict, on_gpu: bool, world: int) -> list[int]:
         stages = [2, 3]
     else:
         stages = [0, 2, 3] if world > 1 else [0, 3]
-    if sft.get("quantization_bit", "none") != "none" and not on_gpu:
+    if sft["quantization_bit"] != "none" and not on_gpu:
         # bitsandbytes' CPU backend trains a quantized model only without DeepSpeed.
         stages = [0]
-    elif sft.get("quantization_bit") == 8:
+    elif sft["quantization_bit"] == 8:
         # LLaMA-Factory trains only 4-bit bitsandbytes models under ZeRO-3.
         stages = [s for s in stages if s != 3] or [2]
     return stages
@@ -637,11 +634,11 @@ def _use_compile(sft: dict, stage: int, platform: Platform) -> bool:
     scaling, two low-rank matmuls and an add per layer) fuse into few kernels; full training
     measured no faster compiled (bench/README.md has both). ZeRO-3 gathers weights in module hooks
     that the compiled layers would have to trace: refused. 4-bit and 8-bit layers are left eager."""
-    setting = sft.get("torch_compile", "auto")
+    setting = sft["torch_compile"]
     if setting == "auto":
         return (
             sft["finetuning_type"] == "lora"
-            and sft.get("quantization_bit", "none") == "none"
+            and sft["quantization_bit"] == "none"
             and platform.vendor != "cpu"
             and stage < 3
         )

@@ -26,13 +26,13 @@ from dataclasses import asdict, dataclass
 from llmft.core import flops
 
 # Best model-FLOPs utilisation of a large micro-batch, and the micro-batch size (tokens) at which half
-# of it is reached. Fitted on one H200 (bench/results/steptime_check_h200x1.md): 1.24 B and 4.5 B
-# ZeRO-2 steps of 8 x 2048-token micro-batches measured 0.508 and 1.479 s.
+# of it is reached. Fitted to the 1.24 B and 4.5 B ZeRO-2 steps measured on one H200
+# (bench/results/steptime_check_h200x1.md).
 MFU_MAX = 0.55
 TOKENS_AT_HALF = 1024
 # Host <-> GPU copy rate per GPU that DeepSpeed's offload reaches (pinned buffers, PCIe Gen4/5 x16),
 # and DeepSpeed CPU Adam's rate per core: fitted together to one H200's 1.24 B ZeRO-3 + offload
-# step (1.46 s, 16 cores; same file).
+# step (same file).
 PCIE_GBS = 30.0
 CPU_ADAM_PARAMS_PER_S_PER_CORE = 1.5e8
 HOST_MEMORY_GBS = 200.0
@@ -145,10 +145,9 @@ def step_time(
 
 # Host bytes ZeRO-3 CPU offload needs per trainable parameter and per parameter. Counted: fp32 master
 # weights, two AdamW moments and fp32 gradients (16 B) plus the 16-bit weight shards (2 B); DeepSpeed's
-# pinned staging buffers and the 16-bit copy transformers loads the model into come on top. Measured
-# on one H200 with 125.8 GiB of host memory: a 4.54 B model's offload run was killed for memory in
-# its first step (bench/results/steptime_check_h200x1.md), so 18 B is far too few; 24 + 4 B put that
-# run at 118 GiB, over the 80 % the planner allows.
+# pinned staging buffers and the 16-bit copy transformers loads the model into come on top: an
+# offload run that the 18 B count allowed was killed for host memory in its first step
+# (bench/results/steptime_check_h200x1.md); 24 + 4 B refuses it.
 OFFLOAD_HOST_BYTES_TRAINABLE = 24.0
 OFFLOAD_HOST_BYTES_PARAM = 4.0
 
