@@ -254,7 +254,7 @@ class Cell:
 
 
 def read_ours(fmt: Format, raw: list[dict]) -> list[dict]:
-    """Our reading of the raw rows (datasources' validation): the canonical rows SFTEncoder takes."""
+    """Our reading of the raw rows (data.sources' validation): the canonical rows SFTEncoder takes."""
     from llmft.data import sources as datasources
 
     rows = []

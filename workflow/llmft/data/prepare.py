@@ -475,7 +475,7 @@ def prepare(
 
     `dedup`: {near: bool, decontaminate: bool, threshold: float, num_perm: int} (config data.dedup).
     `workers`: tokenizing processes; 0 = one per core this process may use.
-    `clean_text` (config data.clean_text): clean row texts (datasources.clean_text) or keep them as
+    `clean_text` (config data.clean_text): clean row texts (core.text.clean_text) or keep them as
     LLaMA-Factory reads them.
     `tokenizer_check` (config data.tokenizer_check): fail or warn when the loaded tokenizer encodes
     the probes differently from its tokenizer.json.

@@ -1,6 +1,6 @@
 """verify_env's collective check: one torchrun over every process of every node.
 
-`python -m llmft verify-env` (envcheck.run_verify) starts `torchrun -m llmft.env.collectives` on each
+`python -m llmft verify-env` (env.verify.run_verify) starts `torchrun -m llmft.env.collectives` on each
 node. Here each process measures what training will lean on: all-reduce and all-gather bus bandwidth
 at a few message sizes (NCCL/RCCL on GPUs, gloo on CPU), a GEMM on its own GPU, and which transport
 the library picked (from its NCCL_DEBUG=INFO log). Rank 0 gathers all of it, and every node's facts

@@ -3,7 +3,7 @@
 Run as a child process of verify_env (`python -m llmft.env.nodefacts --out F`), because typical ROCm
 failures kill processes (illegal instruction, hipErrorNoBinaryForGpu): the facts are saved after
 every step, so a crash leaves what was learned plus the step that crashed, and becomes a named
-finding (envrules) instead of a lost report. Steps run from safe to risky.
+finding (env.rules) instead of a lost report. Steps run from safe to risky.
 """
 
 from __future__ import annotations

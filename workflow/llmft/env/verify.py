@@ -10,7 +10,7 @@ plainly on one), through the same launch path as sft (`launch.launch_env`, `slur
 2. `start_collectives`: `torchrun -m llmft.env.collectives` over nodes x processes_per_node (NCCL/RCCL on
    GPUs, gloo on CPU): bus bandwidth, GEMM TFLOP/s, the transport in use, every node's facts.
    Killed after `verify.timeout_seconds`; a hang is reported with the step it hung in.
-3. Node rank 0 judges (envrules: pure functions of recorded facts, so every rule is tested
+3. Node rank 0 judges (env.rules: pure functions of recorded facts, so every rule is tested
    without the hardware) and writes the report atomically, also on failure. Other
    nodes write nothing and exit 0: node 0's exit code carries the verdict, and a non-zero exit on
    another node would make `srun --kill-on-bad-exit` kill node 0 before it writes.
