@@ -21,7 +21,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check workflow tests bench
 	$(BIN)/ruff format --check workflow tests bench
-	$(BIN)/snakefmt --check Snakefile workflow/rules
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakefmt --check Snakefile workflow/rules
 # linted as deployed on a cluster, with an image for every stage (config key container.image)
 	PATH=$(CURDIR)/$(BIN):$$PATH snakemake --lint --config 'container={image: llmft-rocm.sif}'
 
