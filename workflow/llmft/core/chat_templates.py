@@ -32,6 +32,7 @@ from importlib import metadata
 from pathlib import Path
 
 from llmft.core.config import ConfigError
+from llmft.core.io import read_optional
 from llmft.core.prompts import Recorder
 
 log = logging.getLogger("llmft.core.chat_templates")
@@ -205,13 +206,6 @@ def is_multimodal(template: str) -> bool:
 # -- a model folder ------------------------------------------------------------------------
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-
-
 def _token_text(value) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
@@ -224,13 +218,13 @@ class Folder:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        config = _read_json(self.path / "config.json")
+        config = read_optional(self.path / "config.json", {})
         text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
         self.model_type = config.get("model_type")
         self.text_model_type = text.get("model_type")
         self.architectures = list(config.get("architectures") or [])
         self.vocab_size = config.get("vocab_size") or text.get("vocab_size")
-        self.tokenizer_config = tc = _read_json(self.path / "tokenizer_config.json")
+        self.tokenizer_config = tc = read_optional(self.path / "tokenizer_config.json", {})
         self.special = {
             k: _token_text(tc.get(k)) for k in ("bos_token", "eos_token", "unk_token", "pad_token")
         }
@@ -247,7 +241,7 @@ class Folder:
             tpl = next((t.get("template") for t in tpl if t.get("name") == "default"), None)
         if isinstance(tpl, str):
             return tpl
-        proc = _read_json(self.path / "chat_template.json").get("chat_template")
+        proc = read_optional(self.path / "chat_template.json", {}).get("chat_template")
         return proc if isinstance(proc, str) else None
 
     def _vocab(self) -> dict[str, int] | None:
@@ -260,7 +254,7 @@ class Folder:
         if backend is not None:
             out = backend.get_vocab(with_added_tokens=True)
         else:  # a file the installed `tokenizers` cannot read: its JSON
-            data = _read_json(tj)
+            data = read_optional(tj, {})
             vocab = (data.get("model") or {}).get("vocab")
             out = {}
             if isinstance(vocab, dict):

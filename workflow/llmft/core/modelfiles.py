@@ -16,6 +16,8 @@ import math
 import struct
 from pathlib import Path
 
+from llmft.core.io import read_optional
+
 INDEX = "model.safetensors.index.json"
 HEAD = "lm_head.weight"
 
@@ -49,10 +51,7 @@ def safetensors_stats(model_dir: str | Path) -> dict:
 
 
 def _tied(model_dir: Path) -> bool:
-    try:
-        cfg = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
+    cfg = read_optional(model_dir / "config.json", {})
     text = cfg.get("text_config") or {}
     return bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
 

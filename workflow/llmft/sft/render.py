@@ -194,9 +194,9 @@ def _tokenized_path(args: dict, data_dir: str) -> str | None:
     # tokenizing on the GPU nodes, unless an argument changes what its preprocessing makes. A run
     # that packs loads the rows pack_data packed from them on the CPU side, as LLaMA-Factory would.
     blocking = pretokenize.blockers(args)
-    packs = packing_args(args) is not None
-    if packs and not set(blocking) - {"packing", "neat_packing"}:
-        return f"{data_dir}/{packed_dir_name(packing_args(args))}"
+    packed = packing_args(args)
+    if packed is not None and not set(blocking) - {"packing", "neat_packing"}:
+        return f"{data_dir}/{packed_dir_name(packed)}"
     if blocking:
         log.info("not using the pre-tokenized data: %s change LLaMA-Factory's preprocessing", blocking)
         return None
