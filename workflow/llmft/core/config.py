@@ -280,6 +280,16 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
 
 
 @functools.cache
+def _run_pattern() -> re.Pattern:
+    return re.compile(load_schema()["properties"]["run"]["pattern"])
+
+
+def is_run_name(name: str) -> bool:
+    """Whether config key run accepts `name` (the schema's pattern; not current or nightly)."""
+    return bool(_run_pattern().fullmatch(name)) and name not in RESERVED_RUNS
+
+
+@functools.cache
 def _sft_defaults() -> dict:
     return {k: v.get("default") for k, v in load_schema()["properties"]["sft"]["properties"].items()}
 
