@@ -110,6 +110,12 @@ def test_check_config_prints_the_config_snakemake_runs(tmp_path, capsys):
         assert cfg["sft"][key] == base["sft"][key], key
     assert cfg["hardware"]["processes_per_node"] == base["hardware"]["processes_per_node"]
     assert "config/config.yaml, then " in err and "my.yaml, then " in err and "--config run=try2" in err
+    assert cfg["model"]["template"] == "default"  # resolved from auto, as the workflow resolves it
+
+    # the workflow's DAG-time plan check refuses it: so does check-config
+    (tmp_path / "freeze.yaml").write_text("sft: {finetuning_type: freeze, freeze_trainable_layers: 9}\n")
+    assert main(["check-config", "-d", str(tmp_path), "--configfile", str(tmp_path / "freeze.yaml")]) == 2
+    assert "sft.freeze_trainable_layers: 9 but the model has 2 decoder layers" in capsys.readouterr().err
 
     assert main(["check-config", "-d", str(tmp_path), "--config", str(tmp_path / "my.yaml")]) == 2
     assert "a config file goes in --configfile" in capsys.readouterr().err

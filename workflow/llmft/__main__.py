@@ -36,8 +36,14 @@ def _cfg(args) -> dict:
 
 
 def cmd_check_config(args) -> int:
-    """Print the config `snakemake --configfile ... --config ...` would run, merged as Snakemake does."""
+    """Print the config `snakemake --configfile ... --config ...` would run, merged as Snakemake does,
+    after the checks the workflow makes when it builds the DAG, with the template it resolves."""
+    from llmft.core.chat_templates import for_workflow as template_for_workflow
+    from llmft.sft.render import precheck
+
     cfg, sources = effective_config(args.configfile, args.config, args.directory)
+    precheck(cfg)
+    cfg["model"]["template"], _ = template_for_workflow(cfg, args.directory)
     print(f"llmft: {', then '.join(sources)}; the schema's defaults for the rest", file=sys.stderr)
     print(json.dumps(cfg, indent=2))
     return 0
