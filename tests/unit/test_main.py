@@ -84,6 +84,19 @@ def test_a_bad_or_missing_config_is_a_named_error_in_every_stage_cli(fault, tmp_
         assert rc == 2 and "llmft: config error: " in err and want in err, (argv, err)
 
 
+@reliability(
+    fault="`llmft check-config --config my.yaml`: a file where `snakemake --config` takes key=value",
+    seen="exit 2, `llmft: config error:` saying a config file goes in --configfile",
+    steps_lost="none",
+    data_lost="none",
+)
+@reliability(
+    fault="`llmft check-config` on a config the workflow's DAG-time plan check refuses (more trainable "
+    "layers than the model has)",
+    seen="exit 2, the workflow's own message naming the key (`sft.freeze_trainable_layers`)",
+    steps_lost="none",
+    data_lost="none",
+)
 def test_check_config_prints_the_config_snakemake_runs(tmp_path, capsys):
     """config/config.yaml, then each --configfile, then --config key=value, as Snakemake merges them:
     the keys my.yaml leaves out are config/config.yaml's, not the schema's defaults."""
