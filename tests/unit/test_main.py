@@ -144,6 +144,26 @@ def test_config_values_are_read_as_snakemake_reads_them(monkeypatch):
     assert parse_config_args(entries) == parse_config(entries)
 
 
+def test_nightly_gates_with_the_config_its_snakemake_runs(tmp_path, monkeypatch):
+    """`llmft nightly --config my.yaml` trains with my.yaml over config/config.yaml (snakemake's
+    --configfile); its gate, skip and retention must read that config too."""
+    import llmft.nightly.run
+
+    seen = {}
+    monkeypatch.setattr(llmft.nightly.run, "nightly", lambda cfg, *rest: seen.update(cfg=cfg, rest=rest) or 0)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config/config.yaml").write_text((REPO / "config/config.yaml").read_text())
+    (tmp_path / "my.yaml").write_text("nightly: {tolerance: 0.05}\n")
+    assert main(["nightly", "--config", "my.yaml", "--run", "r", "--", "--dry-run"]) == 0
+    assert seen["cfg"]["nightly"]["tolerance"] == 0.05
+    assert (
+        seen["cfg"]["sft"]["precision"]
+        == yaml.safe_load((REPO / "config/config.yaml").read_text())["sft"]["precision"]
+    )
+    assert seen["rest"][-1] == ["--configfile", "my.yaml", "--dry-run"]
+
+
 def test_plan_runs_on_the_demo_config(capsys):
     """builtin:tiny has no folder before its rule builds it: the planner plans model.tiny's shape."""
     config = str(REPO / "config/config.yaml")

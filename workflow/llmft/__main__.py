@@ -10,7 +10,14 @@ import json
 import logging
 import sys
 
-from llmft.core.config import BUILTIN_DATA, ConfigError, effective_config, load_file, validate
+from llmft.core.config import (
+    BUILTIN_DATA,
+    WORKFLOW_CONFIG,
+    ConfigError,
+    effective_config,
+    load_file,
+    validate,
+)
 
 CONFIG_HELP = "the config file: YAML, or the JSON render-sft writes"
 YAML_HELP = "the llamafactory.yaml render-sft wrote"
@@ -249,7 +256,9 @@ def cmd_nightly(args) -> int:
 
     from llmft.nightly.run import nightly, run_name
 
-    cfg = _cfg(args)
+    # What the snakemake it starts runs (--config is passed on as its --configfile): the gate, the
+    # skip's fingerprints and retention read that config, not --config with the schema's defaults.
+    cfg, _ = effective_config([args.config])
     results = Path(args.results)
     run = args.run or run_name(results)
     extra = ["--configfile", args.config, *[a for a in args.snakemake_args if a != "--"]]
@@ -426,6 +435,12 @@ def _later_commands(sub, add) -> None:
         cmd_nightly,
         "run?=the run's name (default: today's date)",
         help="one scheduled retrain (lock, skip, gate, retention)",
+        config=False,
+    )
+    p.add_argument(
+        "--config",
+        default=WORKFLOW_CONFIG,
+        help="a config file merged over config/config.yaml (passed to snakemake as --configfile)",
     )
     p.add_argument("--profile", default="profiles/slurm", help="the Snakemake profile to run with")
     p.add_argument("--results", default="results", help="the folder holding the runs")
