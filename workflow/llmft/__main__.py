@@ -1,6 +1,7 @@
 """`python -m llmft <stage> ...`: every stage can be rerun by hand on a node, outside Snakemake.
 
-Each subcommand takes the config file (validated first) and explicit paths.
+Each stage takes the config file (validated first) and explicit paths; a bad config is one named
+error, exit 2. `check-config` takes Snakemake's own config arguments and prints what they run.
 """
 
 from __future__ import annotations
@@ -304,7 +305,8 @@ def _check_config_command(sub) -> None:
         help="validate and print the config a snakemake call with the same arguments runs",
         description="Validate and print the config `snakemake --configfile ... --config ...` runs: "
         "config/config.yaml, then each --configfile in order, then --config key=value, each merged "
-        "over the last; the schema's defaults for the rest.",
+        "over the last; the schema's defaults for the rest. Checked as the workflow checks it before "
+        "any job, with model.template auto resolved.",
     )
     p.add_argument(
         "--configfile", nargs="+", action="extend", default=[], metavar="FILE",
@@ -393,7 +395,7 @@ def _sft_commands(sub, add) -> None:
         f"yaml={YAML_HELP}",
         "model-out=the folder to publish the trained model to",
         "summary-out=the train_summary.json to write",
-        help="publish",
+        help="publish the trained model (and LoRA's adapter) and train_summary.json",
         parent=steps,
     )
 
