@@ -14,6 +14,19 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+# Snakemake imports every installed executor plugin before it reads the profile, and the Slurm
+# plugin's import asks `scontrol show config`: ~10 s where Slurm's tools are installed but no
+# controller answers. An empty SLURM_CONF makes scontrol fail at once; local jobs need no Slurm.
+LOCAL_ENV = {"SLURM_CONF": os.devnull}
+
+
+def snakemake_env(profile: str = "local", env: dict | None = None) -> dict:
+    """The environment a test's `snakemake` runs in: the venv first on PATH, and LOCAL_ENV for
+    the local profile (`env` last)."""
+    full_env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    full_env.update(LOCAL_ENV if profile == "local" else {})
+    full_env.update(env or {})
+    return full_env
 
 
 def snakemake(
@@ -40,10 +53,13 @@ def snakemake(
         str(REPO / "profiles" / profile),
         *args,
     ]
-    full_env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    full_env.update(env or {})
     return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout + 90, env=full_env, cwd=workdir
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout + 90,
+        env=snakemake_env(profile, env),
+        cwd=workdir,
     )
 
 

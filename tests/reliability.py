@@ -29,6 +29,8 @@ MODULES = [
     "tests.unit.core.test_chat_templates",
     "tests.workflow.test_pipeline",
     "tests.workflow.test_profile_check",
+    "tests.unit.test_main",
+    "tests.unit.report.test_trend",
 ]
 BEGIN = "<!-- reliability table: python -m tests.reliability -->"
 END = "<!-- end of reliability table -->"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, REPO, make_workdir, rules_run, snakemake
+from tests.conftest import BIN, REPO, make_workdir, rules_run, snakemake, snakemake_env
 from tests.reliability import reliability
 
 pytestmark = pytest.mark.workflow
@@ -43,7 +43,7 @@ def start(work: Path, log: Path) -> subprocess.Popen:
         str(REPO / "profiles/local"),
         TARGET,
     ]
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    env = snakemake_env()
     # its own session: the test can end whatever it leaves behind, as a user's `kill` would not
     with open(log, "w") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(

@@ -1,6 +1,7 @@
 """`python -m llmft <stage> ...`: every stage can be rerun by hand on a node, outside Snakemake.
 
-Each subcommand takes the config file (validated first) and explicit paths.
+Each stage takes the config file (validated first) and explicit paths; a bad config is one named
+error, exit 2. `check-config` takes Snakemake's own config arguments and prints what they run.
 """
 
 from __future__ import annotations
@@ -10,19 +11,48 @@ import json
 import logging
 import sys
 
-from llmft.core.config import BUILTIN_DATA, ConfigError, load_file, validate
+from llmft.core.config import (
+    BUILTIN_DATA,
+    WORKFLOW_CONFIG,
+    ConfigError,
+    effective_config,
+    load_file,
+    validate,
+)
+
+CONFIG_HELP = "the config file: YAML, or the JSON render-sft writes"
+YAML_HELP = "the llamafactory.yaml render-sft wrote"
+VERIFY_HELP = "verify_env's verify.json (the nodes' facts)"
+
+
+def _json_arg(text: str, flag: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag}: must be a JSON object of config keys, not {type(value).__name__}")
+    return value
 
 
 def _cfg(args) -> dict:
     """The validated config: a JSON slice from Snakemake, or a YAML file plus overrides."""
     if args.config_json:
-        return validate(json.loads(args.config_json))
-    overrides = json.loads(args.overrides) if args.overrides else None
+        return validate(_json_arg(args.config_json, "--config-json"))
+    overrides = _json_arg(args.overrides, "--overrides") if args.overrides else None
     return load_file(args.config, overrides)
 
 
 def cmd_check_config(args) -> int:
-    cfg = _cfg(args)
+    """Print the config `snakemake --configfile ... --config ...` would run, merged as Snakemake does,
+    after the checks the workflow makes when it builds the DAG, with the template it resolves."""
+    from llmft.core.chat_templates import for_workflow as template_for_workflow
+    from llmft.sft.render import precheck
+
+    cfg, sources = effective_config(args.configfile, args.config, args.directory)
+    precheck(cfg)
+    cfg["model"]["template"], _ = template_for_workflow(cfg, args.directory)
+    print(f"llmft: {', then '.join(sources)}; the schema's defaults for the rest", file=sys.stderr)
     print(json.dumps(cfg, indent=2))
     return 0
 
@@ -148,10 +178,12 @@ def cmd_plan(args) -> int:
     """
     from llmft.core.platform import Platform, read_platform
     from llmft.sft.plan import describe, resolve
+    from llmft.sft.render import config_shape
 
     cfg = _cfg(args)
     platform = read_platform(cfg, args.facts) if args.facts else Platform.declared(cfg)
-    plan = resolve(cfg, args.model or cfg["model"]["name_or_path"], platform)
+    model = args.model or cfg["model"]["name_or_path"]
+    plan = resolve(cfg, model, platform, config_shape(cfg, model))
     if args.json:
         print(json.dumps({**plan.to_json(), "platform": platform.to_json()}, indent=2))
     else:
@@ -183,6 +215,7 @@ def cmd_sft_finalize(args) -> int:
     """After every node's launcher: publish the model (and LoRA's adapter) and the summary."""
     from llmft.sft.publish import finalize
 
+    _cfg(args)  # the rule passes the config its steps share: a bad one stops here, named, not later
     finalize(args.yaml, args.model_out, args.summary_out)
     return 0
 
@@ -224,7 +257,9 @@ def cmd_nightly(args) -> int:
 
     from llmft.nightly.run import nightly, run_name
 
-    cfg = _cfg(args)
+    # What the snakemake it starts runs (--config is passed on as its --configfile): the gate, the
+    # skip's fingerprints and retention read that config, not --config with the schema's defaults.
+    cfg, _ = effective_config([args.config])
     results = Path(args.results)
     run = args.run or run_name(results)
     extra = ["--configfile", args.config, *[a for a in args.snakemake_args if a != "--"]]
@@ -246,98 +281,189 @@ def cmd_nightly_schedule(args) -> int:
 
 def _adder(sub):
     """`add(name, fn, *paths)`: a subcommand taking the config (file, overrides or Snakemake's JSON)
-    and the named paths (`flag` required, `flag:opt` optional)."""
+    and the named paths, each `flag=help` (`flag?=help`: optional); `config=False`: no config."""
 
-    def add(name, fn, *paths, help="", parent=sub):
-        p = parent.add_parser(name, help=help)
-        p.add_argument("--config", default="config/config.yaml")
-        p.add_argument("--overrides", default="", help="JSON merged over the config file")
-        p.add_argument("--config-json", default="", help="a whole config as JSON (from Snakemake)")
+    def add(name, fn, *paths, help, parent=sub, config=True):
+        p = parent.add_parser(name, help=help, description=help)
+        if config:
+            p.add_argument("--config", default="config/config.yaml", help=CONFIG_HELP)
+            p.add_argument("--overrides", default="", help="JSON merged over the config file")
+            p.add_argument("--config-json", default="", help="a whole config as JSON (from Snakemake)")
         for spec in paths:
-            flag, *opts = spec.split(":")
-            p.add_argument(f"--{flag}", required="opt" not in opts)
+            flag, _, text = spec.partition("=")
+            p.add_argument(f"--{flag.rstrip('?')}", required=not flag.endswith("?"), help=text)
         p.set_defaults(fn=fn)
         return p
 
     return add
 
 
+def _check_config_command(sub) -> None:
+    """Not a stage: the effective config, taking Snakemake's own config arguments."""
+    p = sub.add_parser(
+        "check-config",
+        help="validate and print the config a snakemake call with the same arguments runs",
+        description="Validate and print the config `snakemake --configfile ... --config ...` runs: "
+        "config/config.yaml, then each --configfile in order, then --config key=value, each merged "
+        "over the last; the schema's defaults for the rest. Checked as the workflow checks it before "
+        "any job, with model.template auto resolved.",
+    )
+    p.add_argument(
+        "--configfile", nargs="+", action="extend", default=[], metavar="FILE",
+        help="config files merged over config/config.yaml, in order (as snakemake --configfile)",
+    )  # fmt: skip
+    p.add_argument(
+        "--config", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+        help="values merged over the files, read as snakemake --config reads them",
+    )  # fmt: skip
+    p.add_argument("-d", "--directory", default=".", help="the working directory (as snakemake -d)")
+    p.set_defaults(fn=cmd_check_config)
+
+
 def _data_commands(add) -> None:
     """Stage 2 and the demo's inputs."""
-    add("check-config", cmd_check_config, help="validate and print the config with defaults")
-    add("base-model", cmd_base_model, "out", help="build the tiny random-init model offline")
-    add("synthetic", cmd_synthetic, "out", help="write the synthetic demo dataset")
-    p = add("prepare-data", cmd_prepare_data, "tokenizer", "out-dir", "synthetic:opt")
+    add(
+        "base-model",
+        cmd_base_model,
+        "out=the model folder to write",
+        help="build the tiny random-init model offline",
+    )
+    add("synthetic", cmd_synthetic, "out=the JSONL file to write", help="write the synthetic demo dataset")
+    p = add(
+        "prepare-data",
+        cmd_prepare_data,
+        "tokenizer=the model folder whose tokenizer tokenizes the rows",
+        "out-dir=the folder for train/heldout rows, tokenized rows and stats.json",
+        "synthetic?=the synthetic dataset the builtin:synthetic sources read",
+        help="check, dedup, split and tokenize the data sources",
+    )
     p.add_argument("--workers", default="0", help="tokenizing processes (0 = one per core)")
     p = add(
         "pack-data",
         cmd_pack_data,
-        "yaml:opt",
-        "args-json:opt",
-        "tokenizer",
-        "data-dir",
-        "out:opt",
-        "stamp-out:opt",
+        f"yaml?={YAML_HELP}: pack for its arguments (with --stamp-out)",
+        "args-json?=LLaMA-Factory's packing arguments as JSON (with --out)",
+        "tokenizer=the model folder whose tokenizer tokenized the rows",
+        "data-dir=prepare-data's output folder",
+        "out?=the packed folder to write (with --args-json)",
+        "stamp-out?=the JSON record of what was packed where (with --yaml)",
         help="pack tokenized rows exactly as LLaMA-Factory packs them for this YAML (packing/neat_packing)",
+        config=False,
     )
     p.add_argument(
         "--prune", action="store_true", help="remove packed folders for other arguments beside --out"
     )
 
 
-def _later_commands(sub, add) -> None:
-    """Stages 1, 3-5, the planner and nightly retrains."""
-    add("verify-env", cmd_verify_env, "out")
+def _sft_commands(sub, add) -> None:
+    """Stage 3: render, plan, and sft's three steps."""
     add(
         "render-sft",
         cmd_render_sft,
-        "base-model",
-        "verify",
-        "data-dir",
-        "out-yaml",
-        "out-deepspeed",
-        "work-root",
-        "out-config:opt",
+        "base-model=the base model folder",
+        f"verify={VERIFY_HELP}: the plan is made for them",
+        "data-dir=prepare-data's output folder",
+        "out-yaml=the llamafactory.yaml to write",
+        "out-deepspeed=the DeepSpeed JSON to write",
+        "work-root=the folder for checkpoints and the trainer's work",
+        "out-config?=the config.json to write for sft's three steps",
+        help="plan from the nodes' facts and render the LLaMA-Factory YAML and DeepSpeed JSON",
     )
     p = add(
         "plan",
         cmd_plan,
-        "model:opt",
-        "facts:opt",
+        "model?=a model folder (default: model.name_or_path; builtin:tiny is model.tiny's shape)",
+        f"facts?={VERIFY_HELP}: plan for those nodes, not for what the config declares",
         help="per-GPU memory plan for the sft config; refuse if it cannot fit",
     )
     p.add_argument("--json", action="store_true", help="the whole plan as JSON")
     steps = sub.add_parser("sft", help="check, launch on every node, finalize").add_subparsers(
         dest="step", required=True
     )
-    add("check", cmd_sft_check, "yaml", "verify", help="the verify_env gate", parent=steps)
-    add("launch", cmd_sft_launch, "yaml", help="one node's launcher (under srun)", parent=steps)
-    add("finalize", cmd_sft_finalize, "yaml", "model-out", "summary-out", help="publish", parent=steps)
-    p = add("evaluate", cmd_evaluate, "model", "heldout", "out-dir", "label")
+    add(
+        "check",
+        cmd_sft_check,
+        f"yaml={YAML_HELP}",
+        f"verify={VERIFY_HELP}",
+        help="the verify_env gate",
+        parent=steps,
+    )
+    add("launch", cmd_sft_launch, f"yaml={YAML_HELP}", help="one node's launcher (under srun)", parent=steps)
+    add(
+        "finalize",
+        cmd_sft_finalize,
+        f"yaml={YAML_HELP}",
+        "model-out=the folder to publish the trained model to",
+        "summary-out=the train_summary.json to write",
+        help="publish the trained model (and LoRA's adapter) and train_summary.json",
+        parent=steps,
+    )
+
+
+def _later_commands(sub, add) -> None:
+    """Stages 1, 4, 5 and nightly retrains."""
+    add(
+        "verify-env",
+        cmd_verify_env,
+        "out=the verify.json to write",
+        help="check this node's environment (stage 1)",
+    )
+    p = add(
+        "evaluate",
+        cmd_evaluate,
+        "model=the model folder to score",
+        "heldout=the held-out rows (JSONL)",
+        "out-dir=the folder for metrics.json and predictions.jsonl",
+        "label=base or tuned",
+        help="score a model on the held-out split",
+    )
     p.add_argument("--processes", type=int, default=0, help="0 = one per GPU (one on CPU)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per process (0 = torch default)")
-    add("report", cmd_report, "run-dir", "out-dir", "results-dir:opt")
+    add(
+        "report",
+        cmd_report,
+        "run-dir=the run's folder (results/<run>)",
+        "out-dir=the folder for index.html, summary.json and figures",
+        "results-dir?=the folder of every run, for the trend page beside the report",
+        help="write the run's HTML report",
+    )
     p = sub.add_parser("trend", help="held-out metrics and throughput of every run under --results-dir")
-    p.add_argument("--results-dir", default="results")
-    p.add_argument("--out", default="results/trend.html")
+    p.add_argument("--results-dir", default="results", help="the folder holding one folder per run")
+    p.add_argument("--out", default="results/trend.html", help="the HTML page to write")
     p.set_defaults(fn=cmd_trend)
 
-    p = add("nightly", cmd_nightly, "run:opt", help="one scheduled retrain (lock, skip, gate, retention)")
-    p.add_argument("--profile", default="profiles/slurm")
-    p.add_argument("--results", default="results")
+    p = add(
+        "nightly",
+        cmd_nightly,
+        "run?=the run's name (default: today's date)",
+        help="one scheduled retrain (lock, skip, gate, retention)",
+        config=False,
+    )
+    p.add_argument(
+        "--config",
+        default=WORKFLOW_CONFIG,
+        help="a config file merged over config/config.yaml (passed to snakemake as --configfile)",
+    )
+    p.add_argument("--profile", default="profiles/slurm", help="the Snakemake profile to run with")
+    p.add_argument("--results", default="results", help="the folder holding the runs")
     p.add_argument("snakemake_args", nargs=argparse.REMAINDER, help="after --: extra snakemake arguments")
     p = add("nightly-schedule", cmd_nightly_schedule, help="print the scrontab / crontab entry")
-    p.add_argument("--profile", default="profiles/slurm")
+    p.add_argument("--profile", default="profiles/slurm", help="the Snakemake profile the entry runs with")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmft", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     add = _adder(sub)
+    _check_config_command(sub)
     _data_commands(add)
+    _sft_commands(sub, add)
     _later_commands(sub, add)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     try:
         return args.fn(args)

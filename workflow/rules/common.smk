@@ -10,8 +10,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 from snakemake.settings.types import DeploymentMethod
 
 from llmft.core.chat_templates import AUTO as AUTO_TEMPLATE
-from llmft.core.chat_templates import check as check_template
-from llmft.core.chat_templates import resolved as resolved_template
+from llmft.core.chat_templates import for_workflow as template_for_workflow
 from llmft.core.config import BUILTIN_DATA, BUILTIN_MODEL, ConfigError, layout, validate
 from llmft.core.lfdataset import resolve as resolve_lf_entry
 from llmft.sft.render import precheck
@@ -28,16 +27,11 @@ except ConfigError as exc:
 
 # model.template: auto becomes one name here, so every stage gets the same one through cfg_arg; the
 # template must fit the tokenizer (its special tokens in the vocabulary, its ids in the embedding
-# table). The builtin model is built by a rule: its template is known, prepare_data checks the fit.
-_model = CFG["model"]["name_or_path"]
-# Path.cwd() / an absolute path is that path.
-_model_dir = None if _model == BUILTIN_MODEL else Path.cwd() / _model
+# table).
 try:
-    _template, _why = resolved_template(CFG["model"]["template"], _model_dir)
-    if _model_dir is not None:
-        check_template(_template, _model_dir)
+    _template, _why = template_for_workflow(CFG, Path.cwd())
 except ConfigError as exc:
-    sys.exit(f"llmft config error: config key model.template: {exc}")
+    sys.exit(f"llmft config error: {exc}")
 if CFG["model"]["template"] == AUTO_TEMPLATE:
     print(f"llmft: model.template auto -> {_template} ({_why})", file=sys.stderr)
 CFG["model"]["template"] = _template

@@ -664,6 +664,24 @@ def for_config(cfg: dict, model_dir: str | Path | None) -> tuple[str, str]:
     return resolved(cfg["model"]["template"], None if builtin else model_dir)
 
 
+def for_workflow(cfg: dict, workdir: str | Path) -> tuple[str, str]:
+    """(name, why) of the template every stage gets, as the workflow resolves it when its DAG is
+    built: auto picked from the model folder (relative to `workdir`), and the pick, or a named
+    template, checked to fit that folder's tokenizer. The builtin model is built by a rule:
+    prepare_data checks its fit."""
+    from llmft.core.config import BUILTIN_MODEL
+
+    model = cfg["model"]["name_or_path"]
+    model_dir = None if model == BUILTIN_MODEL else Path(workdir) / model  # an absolute path stays
+    try:
+        template, why = resolved(cfg["model"]["template"], model_dir)
+        if model_dir is not None:
+            check(template, model_dir)
+    except ConfigError as exc:
+        raise ConfigError(f"config key model.template: {exc}") from None
+    return template, why
+
+
 def main() -> None:
     import argparse
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -279,6 +280,16 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
 
 
 @functools.cache
+def _run_pattern() -> re.Pattern:
+    return re.compile(load_schema()["properties"]["run"]["pattern"])
+
+
+def is_run_name(name: str) -> bool:
+    """Whether config key run accepts `name` (the schema's pattern; not current or nightly)."""
+    return bool(_run_pattern().fullmatch(name)) and name not in RESERVED_RUNS
+
+
+@functools.cache
 def _sft_defaults() -> dict:
     return {k: v.get("default") for k, v in load_schema()["properties"]["sft"]["properties"].items()}
 
@@ -357,14 +368,85 @@ def layout(cfg: dict) -> Layout:
     return Layout(hw["nodes"], hw["gpus_per_node"], ppn)
 
 
+# The Snakefile's `configfile:`, which Snakemake reads first, relative to the working directory.
+WORKFLOW_CONFIG = "config/config.yaml"
+# `snakemake --config` keys: what Snakemake accepts.
+_CONFIG_ARG_KEY = re.compile(r"[a-zA-Z_][\w-]*\w$")
+
+
+def read_config_file(path: str | Path) -> dict:
+    """The mapping in a YAML config file, or the JSON one render_sft_config writes for sft (JSON is
+    read as JSON: YAML would read its `1e-05` as text). A missing, unreadable or malformed file is a
+    ConfigError naming it."""
+    path = Path(path)
+    kind = "JSON" if path.suffix == ".json" else "YAML"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = json.load(fh) if kind == "JSON" else yaml.safe_load(fh)
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it: {exc.strerror or exc}") from None
+    except (ValueError, yaml.YAMLError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ConfigError(f"config file {path}: not valid {kind}: {' '.join(str(exc).split())}") from None
+    if not isinstance(raw, (dict, type(None))):
+        raise ConfigError(
+            f"config file {path}: must be a mapping of keys to values, not a {type(raw).__name__}"
+        )
+    return raw or {}
+
+
 def load_file(path: str | Path, overrides: dict | None = None) -> dict:
-    """Read a YAML config file, or the JSON one render_sft_config writes for sft (plus overrides, e.g.
-    from --config), and validate it. JSON is read as JSON: YAML would read its `1e-05` as text."""
-    with open(path, encoding="utf-8") as fh:
-        raw = (json.load(fh) if Path(path).suffix == ".json" else yaml.safe_load(fh)) or {}
+    """Read a config file (read_config_file), deep-merge overrides (e.g. from --overrides) over it,
+    and validate it."""
+    raw = read_config_file(path)
     if overrides:
         raw = deep_merge(raw, overrides)
     return validate(raw, base_dir=Path.cwd())
+
+
+def parse_config_args(entries: list[str]) -> dict:
+    """`snakemake --config key=value ...` as Snakemake reads it: quotes around the value stripped,
+    then the first of int, float, True/False and YAML (every scalar in it as text) that reads it."""
+    out: dict = {}
+    for entry in entries:
+        key, sep, text = entry.partition("=")
+        if not sep or not _CONFIG_ARG_KEY.match(key):
+            raise ConfigError(
+                f"--config {entry!r}: not key=value with key a name (as `snakemake --config` takes); "
+                "a config file goes in --configfile"
+            )
+        text = text.strip("'\"")
+        out = deep_merge(out, {key: _config_arg_value(text) if text else None})
+    return out
+
+
+def _config_arg_value(text: str):
+    for parse in (int, float, {"True": True, "False": False}.__getitem__):
+        try:
+            return parse(text)
+        except (ValueError, KeyError):
+            pass
+    try:
+        return yaml.load(text, Loader=yaml.BaseLoader)
+    except yaml.YAMLError:
+        return text
+
+
+def effective_config(configfiles=(), config_args=(), workdir: str | Path = ".") -> tuple[dict, list[str]]:
+    """The validated config a `snakemake --configfile F... --config k=v...` run in `workdir` gets,
+    merged as Snakemake merges it: WORKFLOW_CONFIG first, then each file in order, then the
+    key=value pairs, each deep-merged over the last; then the schema's defaults. Also the sources,
+    in that order. Without WORKFLOW_CONFIG Snakemake goes on only when files are given."""
+    workdir = Path(workdir)
+    base = workdir / WORKFLOW_CONFIG
+    if not base.is_file() and not configfiles:
+        raise ConfigError(f"config file {base}: not found, and no --configfile given")
+    files = ([base] if base.is_file() else []) + [Path(f) for f in configfiles]
+    raw: dict = {}
+    for path in files:
+        raw = deep_merge(raw, read_config_file(path))
+    raw = deep_merge(raw, parse_config_args(list(config_args)))
+    sources = [str(f) for f in files] + ([f"--config {' '.join(config_args)}"] if config_args else [])
+    return validate(raw, base_dir=workdir), sources
 
 
 def deep_merge(base: dict, over: dict) -> dict:

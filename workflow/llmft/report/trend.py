@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from datetime import datetime, timezone
 from pathlib import Path
 
+from llmft.core.config import RESERVED_RUNS, is_run_name
 from llmft.core.io import read_optional, write_text
 from llmft.report.draw import CSP, STYLE, esc, svg_lines, table
+
+log = logging.getLogger("llmft.trend")
 
 
 def _promotion(results: Path, run: str, summary: dict) -> str:
@@ -24,16 +28,24 @@ def _promotion(results: Path, run: str, summary: dict) -> str:
 
 
 def collect_runs(results_dir: str | Path) -> list[dict]:
-    """Every results/*/report/summary.json, oldest first (by generation time, then name)."""
+    """Every results/*/report/summary.json of a folder named as a run can be, oldest first (by
+    generation time, then name)."""
     results = Path(results_dir)
     runs = []
     for path in sorted(results.glob("*/report/summary.json")):
+        folder = path.parts[-3]
+        if folder in RESERVED_RUNS:  # the nightly's link to the promoted run and its state: not runs
+            continue
+        if not is_run_name(folder):
+            # No run is named so; its name would become a link (a `javascript:` folder, a scheme).
+            log.warning("trend: %s is not a run folder (not a run name); left out", results / folder)
+            continue
         summary = read_optional(path)
         if not isinstance(summary, dict):
             continue
-        run = summary.get("run") or path.parts[-3]
-        summary["_promotion"] = _promotion(results, path.parts[-3], summary)
-        summary["_dir"] = path.parts[-3]
+        run = summary.get("run") or folder
+        summary["_promotion"] = _promotion(results, folder, summary)
+        summary["_dir"] = folder
         summary.setdefault("run", run)
         runs.append(summary)
     runs.sort(key=lambda s: (str(s.get("generated") or ""), str(s["run"])))

@@ -234,13 +234,18 @@ def tiny_shape(tiny: dict) -> ModelShape:
     return dataclasses.replace(shape, params=layers * shape.layer_params + vocab * hidden + hidden)
 
 
+def config_shape(cfg: dict, name: str) -> ModelShape:
+    """The shape of model `name`: a folder's config.json, or for builtin:tiny, which a rule builds
+    later, model.tiny's."""
+    return tiny_shape(cfg["model"]["tiny"]) if name == BUILTIN_MODEL else model_shape(name)
+
+
 def precheck(cfg: dict) -> Plan:
     """The plan for what the config declares (Platform.declared), made when the workflow is parsed:
-    a config that could fit on no node stops before any job. A builtin:tiny model does not exist
-    yet then: its shape comes from model.tiny. The plan sft trains with is made later, from the
-    nodes' facts (render)."""
+    a config that could fit on no node stops before any job. The plan sft trains with is made
+    later, from the nodes' facts (render)."""
     name = cfg["model"]["name_or_path"]
-    shape = tiny_shape(cfg["model"]["tiny"]) if name == BUILTIN_MODEL else model_shape(name)
+    shape = config_shape(cfg, name)
     check_finetuning(cfg["sft"], shape)
     return resolve(cfg, name, Platform.declared(cfg), shape)
 

@@ -1,0 +1,36 @@
+"""The trend page links only to run folders it validated itself."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from llmft.report.trend import build_trend
+
+from tests.reliability import reliability
+
+
+def _run(results, folder: str, **summary) -> None:
+    (results / folder / "report").mkdir(parents=True)
+    (results / folder / "report/summary.json").write_text(json.dumps({"run": folder, **summary}))
+
+
+@reliability(
+    fault="a folder under results/ named like a link scheme (`javascript:...`), or not a run name, "
+    "with a report/summary.json",
+    seen="left out of trend.html (no link, no row), named in a warning; the page links only to run folders",
+    steps_lost="none",
+    data_lost="none",
+)
+def test_trend_links_only_to_run_folders_it_validated(tmp_path, caplog):
+    results = tmp_path / "results"
+    _run(results, "a", generated="2026-01-01")
+    _run(results, "javascript:alert(document.cookie)", generated="2026-01-02")
+    _run(results, "-x y", generated="2026-01-03")  # a space: never a run name
+    (results / "current").symlink_to("a")  # the nightly's link to the promoted run, not a run
+    runs = build_trend(results, results / "trend.html")
+    page = (results / "trend.html").read_text()
+    assert [r["run"] for r in runs] == ["a"]
+    assert re.findall(r"href='([^']*)'", page) == ["a/report/index.html"]
+    assert "javascript:" not in page and "-x y" not in page
+    assert "javascript:alert(document.cookie)" in caplog.text and "not a run folder" in caplog.text
