@@ -29,6 +29,8 @@ MODULES = [
     "tests.unit.core.test_chat_templates",
     "tests.workflow.test_pipeline",
     "tests.workflow.test_profile_check",
+    "tests.workflow.test_shell_values",
+    "tests.unit.nightly.test_run",
 ]
 BEGIN = "<!-- reliability table: python -m tests.reliability -->"
 END = "<!-- end of reliability table -->"
