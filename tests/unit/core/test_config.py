@@ -1,13 +1,14 @@
 """Bad configs stop before anything runs, and the message names the key or path."""
 
 import copy
+import json
 
 import pytest
 import yaml
 from llmft.core.config import ConfigError, layout, load_file, validate
 from llmft.core.io import write_json
 
-from tests.conftest import REPO
+from tests.conftest import REPO, tiny_config
 from tests.reliability import reliability
 
 DEMO = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
@@ -198,3 +199,31 @@ def test_the_json_config_sft_steps_read_keeps_small_numbers(tmp_path):
     assert load_file(path)["sft"]["learning_rate"] == 1e-5
     with pytest.raises(ConfigError, match="sft.learning_rate"):
         load_file(path.rename(tmp_path / "config.yaml"))
+
+
+@reliability(
+    fault=(
+        "a model folder whose model or tokenizer needs its own code (`auto_map`, a type transformers lacks)"
+    ),
+    seen="refused by config validation, naming the key, the file and its model_type / tokenizer_class",
+    steps_lost="none",
+    data_lost="none",
+)
+def test_a_model_folder_that_needs_its_own_code_is_refused(tmp_path):
+    code = {"AutoConfig": "configuration_x.XConfig", "AutoModelForCausalLM": "modeling_x.XForCausalLM"}
+    remote = tiny_config(tmp_path / "remote", model_type="x_remote", auto_map=code)
+    with pytest.raises(
+        ConfigError, match=r"model.name_or_path: .*remote/config.json \(model_type 'x_remote'\)"
+    ):
+        validate(with_("model.name_or_path", remote), base_dir=REPO)
+    tok = tiny_config(tmp_path / "tok")
+    (tmp_path / "tok/tokenizer_config.json").write_text(
+        json.dumps(
+            {"tokenizer_class": "XTokenizer", "auto_map": {"AutoTokenizer": ["tok_x.XTokenizer", None]}}
+        )
+    )
+    with pytest.raises(ConfigError, match=r"tok/tokenizer_config.json \(tokenizer_class 'XTokenizer'\)"):
+        validate(with_("model.name_or_path", tok), base_dir=REPO)
+    # a built-in type that still ships an auto_map (older uploads) loads without the folder's code
+    builtin = tiny_config(tmp_path / "builtin", auto_map=code)
+    assert validate(with_("model.name_or_path", builtin), base_dir=REPO)["model"]["name_or_path"] == builtin

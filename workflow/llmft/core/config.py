@@ -292,6 +292,35 @@ def _check_model(name: str, base_dir: Path) -> None:
             f"config key model.name_or_path: {full} is not a local model folder "
             "(no config.json); this pipeline never downloads from a hub"
         )
+    needs = _remote_code(full)
+    if needs:
+        raise ConfigError(
+            f"config key model.name_or_path: {needs} only loads with the folder's own Python code "
+            "(auto_map), which llmft never runs (a job would stop at transformers' [y/N] prompt); use a "
+            "model type transformers has built in"
+        )
+
+
+def _remote_code(folder: Path) -> str | None:
+    """The file of a model folder whose model or tokenizer transformers can load only by running code
+    shipped in the folder: an auto_map whose model_type / tokenizer_class it lacks. None otherwise."""
+    from llmft.core.io import read_optional
+
+    config = read_optional(folder / "config.json", {})
+    tok = read_optional(folder / "tokenizer_config.json", {})
+    if not (isinstance(config, dict) and isinstance(tok, dict)) or not (
+        "auto_map" in config or "auto_map" in tok
+    ):
+        return None
+    import transformers  # only for a folder that ships code: the import takes seconds
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if "auto_map" in config and config.get("model_type") not in CONFIG_MAPPING_NAMES:
+        return f"{folder / 'config.json'} (model_type {config.get('model_type')!r})"
+    cls = str(tok.get("tokenizer_class") or "")
+    if "auto_map" in tok and cls and not hasattr(transformers, cls):
+        return f"{folder / 'tokenizer_config.json'} (tokenizer_class {cls!r})"
+    return None
 
 
 def _check_lf_names(cfg: dict) -> None:
