@@ -131,4 +131,5 @@ def test_a_schedule_or_partition_that_adds_a_line_prints_nothing(tmp_path, key, 
     )  # fmt: skip
     assert res.returncode == 2, res.stdout + res.stderr
     assert f"config key nightly.{key}: " in res.stderr and "Traceback" not in res.stderr
+    assert ("five cron fields" if key == "schedule" else "a Slurm partition name is") in res.stderr
     assert "PWNED" not in res.stdout and "--uid" not in res.stdout
