@@ -5,6 +5,21 @@ from snakemake.utils import min_version
 
 min_version("9.0")
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
+
+from llmft.core.config import ConfigError, check_yaml_file
+
+# Snakemake's configfile loader copies every mapping a YAML alias repeats: an alias bomb is refused
+# before that load. (A --configfile is loaded before this file runs; its aliases are counted here.)
+for _file in ("config/config.yaml", *workflow.config_settings.configfiles):
+    try:
+        check_yaml_file(_file)
+    except ConfigError as exc:
+        sys.exit(f"llmft config error: {exc}")
+
 
 configfile: "config/config.yaml"
 
@@ -16,7 +31,7 @@ include: "workflow/rules/common.smk"
 
 
 wildcard_constraints:
-    run=r"[A-Za-z0-9_-][A-Za-z0-9_.-]*",
+    run=r"[A-Za-z0-9_][A-Za-z0-9_.-]*",
     which=r"base|tuned",
 
 

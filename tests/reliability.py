@@ -31,6 +31,8 @@ MODULES = [
     "tests.workflow.test_profile_check",
     "tests.unit.test_main",
     "tests.unit.report.test_trend",
+    "tests.workflow.test_shell_values",
+    "tests.unit.nightly.test_run",
 ]
 BEGIN = "<!-- reliability table: python -m tests.reliability -->"
 END = "<!-- end of reliability table -->"

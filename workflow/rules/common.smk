@@ -5,16 +5,15 @@ import shlex
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
-
 from snakemake.settings.types import DeploymentMethod
 
+# llmft is importable: the Snakefile puts workflow/ on sys.path before it reads the config.
 from llmft.core.chat_templates import AUTO as AUTO_TEMPLATE
 from llmft.core.chat_templates import for_workflow as template_for_workflow
 from llmft.core.config import BUILTIN_DATA, BUILTIN_MODEL, ConfigError, layout, validate
 from llmft.core.lfdataset import resolve as resolve_lf_entry
 from llmft.sft.render import precheck
-from llmft.core.slurm import profile_mismatch
+from llmft.core.slurm import launcher_resources_error, launcher_words, profile_mismatch
 
 try:
     CFG = validate(config, base_dir=Path.cwd())
@@ -39,7 +38,11 @@ CFG["model"]["template"] = _template
 
 # A Slurm profile that asks for GPUs for a CPU config (or another count than the config's) is
 # refused here, before any job; the local executor requests none.
-_mismatch = profile_mismatch(CFG["hardware"], workflow.resource_settings)
+# The resources per_node_launcher writes into a shell line (mpi, cpus_per_task) must be a launcher
+# command and a count.
+_mismatch = profile_mismatch(
+    CFG["hardware"], workflow.resource_settings
+) or launcher_resources_error(workflow.resource_settings)
 if _mismatch:
     sys.exit(f"llmft config error: {_mismatch}")
 
@@ -113,10 +116,7 @@ def per_node_launcher(wildcards, resources, threads):
     if LAYOUT.nodes == 1:
         return ""
     cpus = resources.get("cpus_per_task") or threads
-    return (
-        f"{resources.mpi} --nodes={LAYOUT.nodes} --ntasks-per-node=1 --cpus-per-task={cpus}"
-        " --kill-on-bad-exit=1"
-    )
+    return shlex.join(launcher_words(resources.get("mpi"), LAYOUT.nodes, cpus))
 
 
 def stage_container(per_node=False):

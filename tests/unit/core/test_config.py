@@ -1,13 +1,14 @@
 """Bad configs stop before anything runs, and the message names the key or path."""
 
 import copy
+import json
 
 import pytest
 import yaml
 from llmft.core.config import ConfigError, layout, load_file, validate
 from llmft.core.io import write_json
 
-from tests.conftest import REPO
+from tests.conftest import REPO, tiny_config
 from tests.reliability import reliability
 
 DEMO = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
@@ -18,7 +19,7 @@ def with_(dotted: str, value):
     node = cfg
     *parents, leaf = dotted.split(".")
     for p in parents:
-        node = node[p]
+        node = node.setdefault(p, {})
     node[leaf] = value
     return cfg
 
@@ -64,6 +65,86 @@ BAD = [
     ("typo in sft.extra", with_("sft.extra", {"lora_rnak": 8}), "not LLaMA-Factory 0.9.5 training arguments"),
     ("exponent read as text", with_("sft.learning_rate", "1e-4"), "write 0.0001 (e.g. 1.0e-4 for 1e-4)"),
 ]
+
+# Values that would reach a shell, a folder name or a model's own code (issue 30).
+HOSTILE = [
+    ("run name ending in a newline", with_("run", "demo\n"), "config key run: 'demo\\n' is not allowed"),
+    ("reserved run name with a newline", with_("run", "current\n"), "config key run: 'current\\n' is not"),
+    ("run name -rf", with_("run", "-rf"), "not starting with '.' or '-'"),
+    ("run name --help", with_("run", "--help"), "not starting with '.' or '-'"),
+    ("run name of 256 characters", with_("run", "r" * 256), "is 256 characters long, at most 128"),
+    ("image with a command", with_("container.image", "$(touch${IFS}x)"), "config key container.image"),
+    ("image with ;", with_("container.image", "a.sif;id"), "docker://, oras:// or library://"),
+    ("image as an option", with_("container.image", "--bind=/"), "not starting with -"),
+    (
+        "schedule with a second entry",
+        with_("nightly.schedule", "0 2 * * *\n* * * * * id"),
+        "nightly.schedule",
+    ),
+    ("schedule with a command", with_("nightly.schedule", "0 2 * * * id"), "five cron fields"),
+    ("partition with a #SCRON line", with_("nightly.partition", "cpu\n#SCRON --x"), "nightly.partition"),
+    ("partition with a space", with_("nightly.partition", "cpu -A x"), "a Slurm partition name is"),
+    (
+        "remote code",
+        with_("sft.extra", {"trust_remote_code": True}),
+        "sft.extra.trust_remote_code: llmft never",
+    ),
+    ("long text", with_("sft.extra", {"run_name": "x" * 10_000}), "sft.extra.run_name: a text of 10000"),
+    (
+        "config too big",
+        with_("verify.required_packages", ["p" * 8000] * 9),
+        "config key verify: the config is",
+    ),
+]
+
+
+@pytest.mark.parametrize("name,cfg,needle", HOSTILE, ids=[b[0] for b in HOSTILE])
+@reliability(
+    fault=(
+        "run names `demo\\n`, `current\\n`, `-rf`, `--help`, 256 characters; a `container.image`, "
+        "`nightly.schedule` or `nightly.partition` carrying a command or a newline; "
+        "`sft.extra.trust_remote_code: true`; a 10 000-character text; a config over 64 KiB as JSON"
+    ),
+    seen="refused, naming the key and what it may be",
+    steps_lost="none",
+    data_lost="none",
+)
+def test_hostile_values_are_refused_naming_the_key(name, cfg, needle):
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, base_dir=REPO)
+    assert needle in str(err.value)
+    assert len(str(err.value)) < 1000  # a long value is cut in the message
+
+
+def test_safe_images_schedules_and_partitions_pass():
+    images = ["", "/shared/images/llmft-rocm.sif", "docker://ghcr.io/org/llmft:1.2@sha256:ab12"]
+    images += ["oras://reg.example/llmft:7", "library://user/col/llmft:latest", "images/x+y.sif"]
+    for image in images:
+        assert validate(with_("container.image", image), base_dir=REPO)["container"]["image"] == image
+    for schedule in ("0 2 * * *", "*/15 1-5 * jan,feb mon-fri", "@daily"):
+        assert validate(with_("nightly.schedule", schedule), base_dir=REPO)["nightly"]["schedule"] == schedule
+    assert validate(with_("nightly.partition", "cpu,cpu-long"), base_dir=REPO)["nightly"]["partition"]
+    assert validate(with_("sft.extra", {"trust_remote_code": False}), base_dir=REPO)
+
+
+@reliability(
+    fault="a YAML alias bomb (9 ** 9 values) read by `python -m llmft check-config` or the nightly",
+    seen="refused in bounded time, naming the file and the key",
+    steps_lost="none",
+    data_lost="none",
+)
+def test_an_alias_bomb_file_is_refused_before_it_is_expanded(tmp_path):
+    lines = ["&a0 [x, x, x, x, x, x, x, x, x]"] + [
+        f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)
+    ]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("sft:\n  extra:\n    run_name:\n" + "".join(f"      - {line}\n" for line in lines))
+    with pytest.raises(ConfigError, match=r"bomb.yaml: config key sft.extra.run_name expands to more than"):
+        load_file(path)
+    # the same values, built in memory (a JSON config, --config): counted only up to the bound
+    raw = yaml.safe_load(path.read_text())
+    with pytest.raises(ConfigError, match=r"config key sft.extra.run_name: the config holds more than 20000"):
+        validate(raw)
 
 
 @pytest.mark.parametrize("name,cfg,needle", BAD, ids=[b[0] for b in BAD])
@@ -118,3 +199,31 @@ def test_the_json_config_sft_steps_read_keeps_small_numbers(tmp_path):
     assert load_file(path)["sft"]["learning_rate"] == 1e-5
     with pytest.raises(ConfigError, match="sft.learning_rate"):
         load_file(path.rename(tmp_path / "config.yaml"))
+
+
+@reliability(
+    fault=(
+        "a model folder whose model or tokenizer needs its own code (`auto_map`, a type transformers lacks)"
+    ),
+    seen="refused by config validation, naming the key, the file and its model_type / tokenizer_class",
+    steps_lost="none",
+    data_lost="none",
+)
+def test_a_model_folder_that_needs_its_own_code_is_refused(tmp_path):
+    code = {"AutoConfig": "configuration_x.XConfig", "AutoModelForCausalLM": "modeling_x.XForCausalLM"}
+    remote = tiny_config(tmp_path / "remote", model_type="x_remote", auto_map=code)
+    with pytest.raises(
+        ConfigError, match=r"model.name_or_path: .*remote/config.json \(model_type 'x_remote'\)"
+    ):
+        validate(with_("model.name_or_path", remote), base_dir=REPO)
+    tok = tiny_config(tmp_path / "tok")
+    (tmp_path / "tok/tokenizer_config.json").write_text(
+        json.dumps(
+            {"tokenizer_class": "XTokenizer", "auto_map": {"AutoTokenizer": ["tok_x.XTokenizer", None]}}
+        )
+    )
+    with pytest.raises(ConfigError, match=r"tok/tokenizer_config.json \(tokenizer_class 'XTokenizer'\)"):
+        validate(with_("model.name_or_path", tok), base_dir=REPO)
+    # a built-in type that still ships an auto_map (older uploads) loads without the folder's code
+    builtin = tiny_config(tmp_path / "builtin", auto_map=code)
+    assert validate(with_("model.name_or_path", builtin), base_dir=REPO)["model"]["name_or_path"] == builtin

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from llmft.core.config import validate
 from llmft.nightly.run import (
     Lock,
@@ -17,6 +18,7 @@ from llmft.nightly.run import (
 )
 
 from tests.conftest import REPO
+from tests.reliability import reliability
 
 
 def summary(run, em, loss=1.0):
@@ -106,3 +108,28 @@ def test_the_printed_cron_line_runs_on_a_fresh_checkout_with_spaces_and_percent_
     subprocess.run(["sh", "-c", command], timeout=300)
     log = (repo / "results/nightly/cron.log").read_text()
     assert "llmft" in log or "nightly" in log, log[-2000:]
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [("schedule", "0 2 * * *\n* * * * * touch PWNED"), ("partition", "cpu\n#SCRON --uid=0")],
+    ids=["schedule", "partition"],
+)
+@reliability(
+    fault="`nightly.schedule` or `nightly.partition` with a newline adding a cron entry or a `#SCRON` line",
+    seen="`llmft nightly-schedule` prints no entry and exits 2, naming the key and what it may be",
+    steps_lost="none",
+    data_lost="none",
+)
+def test_a_schedule_or_partition_that_adds_a_line_prints_nothing(tmp_path, key, value):
+    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    cfg.setdefault("nightly", {})[key] = value
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    res = subprocess.run(
+        [sys.executable, "-m", "llmft", "nightly-schedule", "--config", str(tmp_path / "config.yaml")],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"config key nightly.{key}: " in res.stderr and "Traceback" not in res.stderr
+    assert ("five cron fields" if key == "schedule" else "a Slurm partition name is") in res.stderr
+    assert "PWNED" not in res.stdout and "--uid" not in res.stdout

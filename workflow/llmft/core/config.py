@@ -54,6 +54,16 @@ OWN_KEYS_EXTRA = {
 # type, they would be silently ignored.
 LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_target", "quantization_bit")
 FREEZE_KEYS = ("freeze_trainable_layers",)
+# sft.extra arguments that would run Python code shipped in the model folder (a remote-code model
+# of a type transformers lacks also stops a job at transformers' interactive [y/N] prompt).
+REMOTE_CODE_EXTRA = ("trust_remote_code",)
+
+# Bounds on a config's size. Every job gets its slice as one command-line argument (--config-json),
+# which Linux caps at 128 KiB; a YAML alias repeated inside aliases ("billion laughs") expands to more
+# than memory holds. Both are refused before anything walks the whole config.
+MAX_VALUES = 20_000  # values (mappings, lists, scalars) counted as if every alias were written out
+MAX_STRING = 8_192  # characters of one string (a path is at most 4096)
+MAX_JSON = 64 * 1024  # characters of the whole config as JSON, half the kernel's argument cap
 
 
 class ConfigError(ValueError):
@@ -87,9 +97,10 @@ def load_schema() -> dict:
 def validate(raw: dict | None, base_dir: str | Path = ".") -> dict:
     """Validate a raw config dict; return a new dict with every default filled in."""
     schema = load_schema()
-    cfg = copy.deepcopy(raw or {})
-    if not isinstance(cfg, dict):
+    if not isinstance(raw or {}, dict):
         raise ConfigError("config must be a mapping of keys to values")
+    check_size(raw or {})
+    cfg = copy.deepcopy(raw or {})
     validator = jsonschema.Draft7Validator(schema)
     errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
@@ -107,8 +118,60 @@ def validate(raw: dict | None, base_dir: str | Path = ".") -> dict:
     return cfg
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _alias_key(path: tuple) -> str:
+    """The key a runaway value sits under: its mapping keys up to the first list index, three deep."""
+    keys = []
+    for part in path[:3]:
+        if not isinstance(part, str):
+            break
+        keys.append(part)
+    return _key(keys)
+
+
+def check_size(raw: dict) -> None:
+    """Refuse a config too big to pass to a job, in time bounded by MAX_VALUES (an alias bomb's shared
+    lists are counted as written out, and the count stops at the bound)."""
+    count, stack = 0, [((), raw)]
+    while stack:
+        path, node = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise ConfigError(
+                f"config key {_alias_key(path)}: the config holds more than {MAX_VALUES} values (a YAML "
+                "alias repeated inside aliases?); write the values out, or remove the key"
+            )
+        if isinstance(node, dict):
+            stack.extend(((*path, str(k)), v) for k, v in node.items())
+            strings = [str(k) for k in node]
+        elif isinstance(node, list):
+            stack.extend(((*path, i), v) for i, v in enumerate(node))
+            strings = []
+        else:
+            strings = [node] if isinstance(node, str) else []
+        for text in strings:
+            if len(text) > MAX_STRING:
+                raise ConfigError(
+                    f"config key {_key(path)}: a text of {len(text)} characters; at most {MAX_STRING} "
+                    "(every job gets the config on its command line)"
+                )
+    size = len(json.dumps(raw, default=str))
+    if size > MAX_JSON:
+        biggest = max(raw, key=lambda k: len(json.dumps(raw[k], default=str)))
+        raise ConfigError(
+            f"config key {biggest}: the config is {size} characters as JSON, at most {MAX_JSON} (every job "
+            "gets it on its command line); shorten the largest values"
+        )
+
+
 def _describe(err: jsonschema.ValidationError) -> str:
     where = _key(err.absolute_path)
+    if err.validator == "pattern" and "x-allowed" in err.schema:
+        return f"config key {where}: {_short(err.instance)} is not allowed: {err.schema['x-allowed']}"
     if err.validator == "type" and isinstance(err.instance, str) and _is_number(err.instance):
         if "e" in err.instance.lower():
             why = (
@@ -128,12 +191,15 @@ def _describe(err: jsonschema.ValidationError) -> str:
         extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
         allowed = ", ".join(sorted(err.schema.get("properties", {})))
         return f"config key {where}: unknown key(s) {extra}; allowed here: {allowed}"
-    if err.validator == "pattern" and where == "run":
+    if err.validator == "maxLength":
         return (
-            f"config key run: {err.instance!r} is not a valid run name "
-            "(letters, digits, '_', '.', '-' only, not starting with '.'; it becomes a folder name)"
+            f"config key {where}: {_short(err.instance)} is {len(err.instance)} characters long, at most "
+            f"{err.validator_value}"
         )
-    return f"config key {where}: {err.message}"
+    message, full = err.message, repr(err.instance)
+    if message.startswith(full):  # jsonschema's messages start with the value: a long one is cut
+        message = _short(err.instance) + message[len(full) :]
+    return f"config key {where}: {message[:400]}"
 
 
 def _source_keys(cfg: dict) -> None:
@@ -227,6 +293,35 @@ def _check_model(name: str, base_dir: Path) -> None:
             f"config key model.name_or_path: {full} is not a local model folder "
             "(no config.json); this pipeline never downloads from a hub"
         )
+    needs = _remote_code(full)
+    if needs:
+        raise ConfigError(
+            f"config key model.name_or_path: {needs} only loads with the folder's own Python code "
+            "(auto_map), which llmft never runs (a job would stop at transformers' [y/N] prompt); use a "
+            "model type transformers has built in"
+        )
+
+
+def _remote_code(folder: Path) -> str | None:
+    """The file of a model folder whose model or tokenizer transformers can load only by running code
+    shipped in the folder: an auto_map whose model_type / tokenizer_class it lacks. None otherwise."""
+    from llmft.core.io import read_optional
+
+    config = read_optional(folder / "config.json", {})
+    tok = read_optional(folder / "tokenizer_config.json", {})
+    if not (isinstance(config, dict) and isinstance(tok, dict)) or not (
+        "auto_map" in config or "auto_map" in tok
+    ):
+        return None
+    import transformers  # only for a folder that ships code: the import takes seconds
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if "auto_map" in config and config.get("model_type") not in CONFIG_MAPPING_NAMES:
+        return f"{folder / 'config.json'} (model_type {config.get('model_type')!r})"
+    cls = str(tok.get("tokenizer_class") or "")
+    if "auto_map" in tok and cls and not hasattr(transformers, cls):
+        return f"{folder / 'tokenizer_config.json'} (tokenizer_class {cls!r})"
+    return None
 
 
 def _check_lf_names(cfg: dict) -> None:
@@ -252,6 +347,13 @@ def _check_lf_names(cfg: dict) -> None:
         raise ConfigError(
             f"config key sft.extra: {reserved} are set by the pipeline itself; "
             "use the matching llmft key (model.*, data.*, sft.*) instead"
+        )
+    remote = [k for k in REMOTE_CODE_EXTRA if cfg["sft"]["extra"].get(k, False) is not False]
+    if remote:
+        raise ConfigError(
+            f"config key sft.extra.{remote[0]}: llmft never runs Python code from a model folder (a job "
+            "would stop at transformers' [y/N] prompt or run the folder's code); remove the key and use a "
+            "model type transformers has built in"
         )
     own = sorted(OWN_KEYS_EXTRA & set(cfg["sft"]["extra"]))
     if own:
@@ -368,6 +470,46 @@ def layout(cfg: dict) -> Layout:
     return Layout(hw["nodes"], hw["gpus_per_node"], ppn)
 
 
+def check_yaml_file(path: str | Path) -> None:
+    """Refuse a YAML config whose aliases expand past MAX_VALUES values, naming the file and key.
+
+    Run before anything loads the file: Snakemake's own loader copies every mapping an alias repeats,
+    so an alias bomb of mappings costs its whole expanded size there. The file is only composed (a
+    node graph in which an alias is the node it names), and each node's expanded size is counted
+    once: time linear in the file. A file that is missing or not YAML is left to the loader's error.
+    """
+    try:
+        root = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to read") from None
+    sizes: dict[int, int] = {}
+
+    def size(node) -> int:
+        if id(node) not in sizes:
+            sizes[id(node)] = 1  # a node that contains itself counts once (PyYAML builds such a cycle)
+            if isinstance(node, yaml.MappingNode):
+                children = [v for kv in node.value for v in kv]
+            elif isinstance(node, yaml.SequenceNode):
+                children = node.value
+            else:
+                children = []
+            sizes[id(node)] = min(1 + sum(size(c) for c in children), MAX_VALUES + 1)
+        return sizes[id(node)]
+
+    if root is None or size(root) <= MAX_VALUES:
+        return
+    keys, node = [], root
+    while isinstance(node, yaml.MappingNode) and len(keys) < 3:  # down the largest value
+        key, node = max(node.value, key=lambda kv: size(kv[1]))
+        keys.append(str(key.value))
+    raise ConfigError(
+        f"{path}: config key {_key(keys)} expands to more than {MAX_VALUES} values (a YAML alias "
+        "repeated inside aliases?); write the values out, or remove the key"
+    )
+
+
 # The Snakefile's `configfile:`, which Snakemake reads first, relative to the working directory.
 WORKFLOW_CONFIG = "config/config.yaml"
 # `snakemake --config` keys: what Snakemake accepts.
@@ -380,6 +522,8 @@ def read_config_file(path: str | Path) -> dict:
     ConfigError naming it."""
     path = Path(path)
     kind = "JSON" if path.suffix == ".json" else "YAML"
+    if kind == "YAML":
+        check_yaml_file(path)
     try:
         with open(path, encoding="utf-8") as fh:
             raw = json.load(fh) if kind == "JSON" else yaml.safe_load(fh)

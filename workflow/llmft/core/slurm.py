@@ -238,3 +238,45 @@ def resources_mismatch(gpus_per_node: int, allow_cpu_on_gpu_jobs: bool, rules: d
                 f'{gpus_per_node}" under set-resources.{rule} (profiles/slurm has the MI300X lines)'
             )
     return None
+
+
+# The stages whose own shell line starts one task per node with the `mpi` resource (per_node_launcher).
+PER_NODE_STAGES = ("verify_env", "sft")
+_LAUNCHER_WORD = re.compile(r"[A-Za-z0-9_./=:+-]+")
+_LAUNCHER_WHAT = "words of letters, digits and _ . / = : + -, the first not starting with - (e.g. srun)"
+
+
+def _launcher_error(where: str, mpi, cpus) -> str | None:
+    words = str(mpi).split()
+    if not words or words[0].startswith("-") or not all(_LAUNCHER_WORD.fullmatch(w) for w in words):
+        return (
+            f"the profile's resource {where}.mpi: {str(mpi)[:200]!r} is not a launcher command: "
+            + _LAUNCHER_WHAT
+        )
+    if not re.fullmatch(r"[1-9][0-9]{0,5}", str(cpus)):
+        return (
+            f"the profile's resource {where}.cpus_per_task: {str(cpus)[:200]!r} is not a whole number of "
+            "CPUs (1 or more)"
+        )
+    return None
+
+
+def launcher_resources_error(resource_settings) -> str | None:
+    """Why a per-node stage's `mpi` or `cpus_per_task`, as the profile or command line sets them, cannot
+    go into its launcher line; None when they can (or are not set)."""
+    for rule, res in stage_resources(resource_settings).items():
+        if rule in PER_NODE_STAGES:
+            error = _launcher_error(rule, res.get("mpi", "srun"), res.get("cpus_per_task", 1))
+            if error:
+                return error
+    return None
+
+
+def launcher_words(mpi, nodes: int, cpus) -> list[str]:
+    """The command that starts one task on each of `nodes` nodes, as words. A job's resources that a
+    callable made are checked here, when its shell line is built."""
+    error = _launcher_error("verify_env/sft", mpi, cpus)
+    if error:
+        raise ValueError(error)
+    return [*str(mpi).split(), f"--nodes={nodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}",
+            "--kill-on-bad-exit=1"]  # fmt: skip
