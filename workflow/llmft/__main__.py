@@ -271,7 +271,9 @@ def cmd_nightly_schedule(args) -> int:
 
     from llmft.nightly.run import schedule_lines
 
-    lines = schedule_lines(_cfg(args), Path.cwd().resolve(), args.profile)
+    # the config the scheduled nights will run: the file merged over config/config.yaml, as nightly does
+    cfg, _ = effective_config([args.config])
+    lines = schedule_lines(cfg, Path.cwd().resolve(), args.profile, args.config)
     print("# Slurm: paste into `scrontab -e` (`scrontab FILE` would replace your whole table)")
     print(lines["scrontab"])
     print("# cron alternative (on a login node with sbatch access): crontab -e")

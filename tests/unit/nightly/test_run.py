@@ -1,5 +1,6 @@
 """Nightly building blocks: fingerprints, the promotion gate, retention, the lock."""
 
+import shlex
 import subprocess
 import sys
 
@@ -92,9 +93,25 @@ def test_run_name_is_the_date_with_a_suffix(tmp_path):
 def test_schedule_lines(tmp_path):
     lines = schedule_lines(validate({}), tmp_path)
     assert lines["scrontab"].startswith("#SCRON --partition=cpu")
-    assert "0 2 * * *" in lines["crontab"] and "-m llmft nightly --profile profiles/slurm" in lines["crontab"]
+    assert "0 2 * * *" in lines["crontab"]
+    assert "-m llmft nightly --config config/config.yaml --profile profiles/slurm" in lines["crontab"]
     # the driver outlives sft's own 24 h limit (the profile's runtimes, one stage after the other)
     assert "--time=1-06:15:00" in schedule_lines(validate({}), REPO)["scrontab"]
+
+
+def test_the_printed_schedule_runs_the_config_it_was_printed_from(tmp_path):
+    """`nightly-schedule --config my.yaml`: the entry's time comes from my.yaml merged over
+    config/config.yaml, and the nights it starts run my.yaml, not config/config.yaml alone."""
+    mine = tmp_path / "my nightly.yaml"
+    mine.write_text(yaml.safe_dump({"nightly": {"schedule": "30 3 * * 1-5"}}))
+    res = subprocess.run(
+        [sys.executable, "-m", "llmft", "nightly-schedule", "--config", str(mine)],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    cron = [line for line in res.stdout.splitlines() if line.startswith("30 3 * * 1-5 ")]
+    assert len(cron) == 2, res.stdout  # the scrontab entry and the crontab one
+    assert all(f"-m llmft nightly --config {shlex.quote(str(mine))} " in line for line in cron), cron
 
 
 def test_the_printed_cron_line_runs_on_a_fresh_checkout_with_spaces_and_percent_in_its_path(tmp_path):

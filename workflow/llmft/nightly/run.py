@@ -299,8 +299,11 @@ def driver_minutes(repo: Path, profile: str) -> int:
     return sum(int((per_rule.get(r) or {}).get("runtime", default)) for r in SERIAL_STAGES) + 60
 
 
-def schedule_lines(cfg: dict, repo: Path, profile: str = "profiles/slurm") -> dict[str, str]:
-    """The scrontab entry (Slurm's cron) and a plain crontab alternative.
+def schedule_lines(
+    cfg: dict, repo: Path, profile: str = "profiles/slurm", config: str = "config/config.yaml"
+) -> dict[str, str]:
+    """The scrontab entry (Slurm's cron) and a plain crontab alternative, running `llmft nightly` on
+    the same config file the entry was printed from.
 
     Every path is quoted for the shell cron runs the line in (`%`, which cron turns into a newline,
     escaped), and the log folder is made first: on a fresh checkout results/nightly/ does not exist.
@@ -309,7 +312,7 @@ def schedule_lines(cfg: dict, repo: Path, profile: str = "profiles/slurm") -> di
     q = shlex.quote
     cmd = (
         f"cd {q(str(repo))} && mkdir -p results/nightly && {q(sys.executable)} -m llmft nightly "
-        f"--profile {q(profile)} >> results/nightly/cron.log 2>&1"
+        f"--config {q(config)} --profile {q(profile)} >> results/nightly/cron.log 2>&1"
     ).replace("%", "\\%")
     minutes = driver_minutes(repo, profile)
     days, rest = divmod(minutes, 24 * 60)
