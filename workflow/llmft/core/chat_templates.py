@@ -219,6 +219,7 @@ class Folder:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         config = read_optional(self.path / "config.json", {})
+        config = config if isinstance(config, dict) else {}  # refused by the config check
         text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
         self.model_type = config.get("model_type")
         self.text_model_type = text.get("model_type")

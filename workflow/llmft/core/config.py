@@ -226,6 +226,11 @@ def _check_model(name: str, base_dir: Path) -> None:
             f"config key model.name_or_path: {full} is not a local model folder "
             "(no config.json); this pipeline never downloads from a hub"
         )
+    from llmft.core.modelfiles import folder_problems
+
+    problems = folder_problems(full)
+    if problems:
+        raise ConfigError("config key model.name_or_path: " + "; ".join(problems))
 
 
 def _check_lf_names(cfg: dict) -> None:
