@@ -88,16 +88,33 @@ def test_auto_picks_by_the_chat_template(tmp_path):
     )
 
 
+# A chat template that renders like no LLaMA-Factory template.
+ODD = "{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}{% endfor %}"
+
+
 def test_auto_falls_back_on_model_type_and_the_tokenizer_decides_between_candidates(tmp_path):
-    llama2 = model_folder(tmp_path / "l2")  # no <|eot_id|>: llama3 would add it as a new id
-    assert ct.resolve(llama2) == ("llama2", "no chat template; model_type llama → llama2")
+    llama2 = model_folder(tmp_path / "l2", chat_template=ODD)  # no <|eot_id|>: llama3 would add it
+    lead = "chat template matches no LLaMA-Factory template; "
+    assert ct.resolve(llama2) == ("llama2", lead + "model_type llama → llama2")
     llama3 = model_folder(
-        tmp_path / "l3", ["<|eot_id|>", "<|eom_id|>", "<|start_header_id|>", "<|end_header_id|>"]
+        tmp_path / "l3",
+        ["<|eot_id|>", "<|eom_id|>", "<|start_header_id|>", "<|end_header_id|>"],
+        chat_template=ODD,
     )
-    assert ct.resolve(llama3) == ("llama3", "no chat template; model_type llama → llama3")
-    unknown = model_folder(tmp_path / "u", model_type="nonesuch")
+    assert ct.resolve(llama3) == ("llama3", lead + "model_type llama → llama3")
+    unknown = model_folder(tmp_path / "u", model_type="nonesuch", chat_template=ODD)
     name, why = ct.resolve(unknown)
     assert name == "default" and "model_type nonesuch" in why
+
+
+def test_auto_gives_a_base_model_without_a_chat_template_default(tmp_path):
+    """SmolLM-135M: a Llama without a chat template is a base model, not a Llama-2 chat model."""
+    base = model_folder(tmp_path / "base")
+    assert ct.resolve(base) == (
+        "default",
+        "no chat template (a base model): default, LLaMA-Factory's template for base models "
+        "(set model.template to choose)",
+    )
 
 
 def test_a_template_whose_tokens_are_not_in_the_vocabulary_is_refused(tmp_path):
@@ -108,8 +125,8 @@ def test_a_template_whose_tokens_are_not_in_the_vocabulary_is_refused(tmp_path):
     msg = str(err.value)
     assert "template 'qwen'" in msg and str(d) in msg and "'<|im_end|>'" in msg
     assert "new id 512" in msg and "past the model's 512 embeddings" in msg
-    assert "set model.template: llama2" in msg  # what auto picks there, and fits
-    ct.check("llama2", d)  # fits
+    assert "set model.template: default" in msg  # what auto picks there, and fits
+    ct.check("default", d)  # fits
 
 
 def test_an_id_past_the_embedding_table_is_refused(tmp_path):
@@ -257,7 +274,7 @@ def test_prepare_data_stops_before_tokenizing(tmp_path, capsys):
     rc, out = stage(name_or_path=str(d), template="auto")
     assert rc == 0, capsys.readouterr().err
     stats = json.loads((out / "stats.json").read_text())
-    assert stats["template"] == "llama2" and stats["tokenizer_check"]["checked"]
+    assert stats["template"] == "default" and stats["tokenizer_check"]["checked"]
 
 
 @reliability(
@@ -283,7 +300,7 @@ def test_snakemake_refuses_a_misfit_template_at_dag_time(tmp_path):
     log = res.stdout + res.stderr
     assert res.returncode != 0
     assert "llmft config error: config key model.template: template 'qwen' does not fit" in log, log[-2000:]
-    assert str(d) in log and "set model.template: llama2" in log
+    assert str(d) in log and "set model.template: default" in log
     assert "Traceback" not in log
 
 
@@ -294,7 +311,7 @@ REAL_CASES = {
     "qwen3": ("qwen3", ["Qwen3ForCausalLM"], 151936, "qwen3"),
     "qwen2_5": ("qwen2", ["Qwen2ForCausalLM"], 152064, "qwen"),
     "llama3": ("llama", ["LlamaForCausalLM"], 128256, "llama3"),
-    "llama2": ("llama", ["LlamaForCausalLM"], 32000, "llama2"),
+    "llama2": ("llama", ["LlamaForCausalLM"], 32000, "default"),  # no chat template: a base model
     "gemma3": ("gemma3_text", ["Gemma3ForCausalLM"], 262144, "gemma2"),
     "deepseek_v3": ("deepseek_v3", ["DeepseekV3ForCausalLM"], 129280, "deepseek3"),
 }

@@ -204,3 +204,11 @@ def test_snakemake_plans_a_gptj_config(good, tmp_path):
     work = make_workdir(tmp_path / "work", model__name_or_path=str(d), model__template="default")
     res = snakemake(work, "-n", timeout=240)
     assert res.returncode == 0, (res.stdout + res.stderr)[-2000:]
+
+
+def test_snakemake_gives_a_base_model_the_default_template_and_says_why(good, tmp_path):
+    """A Llama-type folder without a chat template (SmolLM-135M's case) is a base model."""
+    work = make_workdir(tmp_path / "work", model__name_or_path=str(good), model__template="auto")
+    res = snakemake(work, "-n", timeout=240)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-2000:]
+    assert "model.template auto -> default (no chat template (a base model)" in res.stderr

@@ -5,9 +5,10 @@ Picking: the folder's own chat template (tokenizer_config.json `chat_template`, 
 renders a few probe conversations with jinja2, as transformers' `apply_chat_template` does; each
 LLaMA-Factory template's rendering of the same conversations (recorded once from the installed
 version into lf_templates.json) is turned into text with the folder's special tokens. The template
-that matches on the most probes wins, exact first; ties, and folders without a chat template, go by
+that matches on the most probes wins, exact first; ties, and chat templates that match none, go by
 the model type (config.json `model_type`, architectures) and by LLaMA-Factory's own model-name
-table. A folder without a processor config never gets a multimodal template (LLaMA-Factory needs
+table. A folder without a chat template is a base model: `default`, as LLaMA-Factory advises for
+base models. A folder without a processor config never gets a multimodal template (LLaMA-Factory needs
 the processor to tokenize even text rows with one, and its collator always does).
 
 Fitting: the special tokens a template brings (stop words, the EOS it puts in place of the
@@ -41,6 +42,8 @@ TABLE = Path(__file__).with_name("lf_templates.json")
 AUTO = "auto"
 # The builtin tiny model's tokenizer has no chat template; its pipeline template is `default`.
 BUILTIN_TEMPLATE = "default"
+# What auto picks for a folder without a chat template (a base model), as LLaMA-Factory advises.
+BASE_TEMPLATE = "default"
 # Files whose presence lets transformers' AutoProcessor build a processor (LLaMA-Factory's loader).
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json")
 
@@ -607,15 +610,17 @@ def resolve(model_dir: str | Path) -> tuple[str, str]:
                     f" (chosen by {hints[hint_rank[name]][1]})" if name in hint_rank else ""
                 )
             return name, why
+    if not folder.chat_template:
+        # A base model: it learned no chat format, and LLaMA-Factory's guidance for base models is
+        # `default` (the model type's chat template would teach an instruct model's format to it).
+        return BASE_TEMPLATE, (
+            f"no chat template (a base model): {BASE_TEMPLATE}, LLaMA-Factory's template for base models "
+            "(set model.template to choose)"
+        )
     for name, why in hints:
         if name in pool:
-            lead = (
-                "chat template matches no LLaMA-Factory template; "
-                if folder.chat_template
-                else "no chat template; "
-            )
-            return name, lead + why
-    lead = "chat template matches no LLaMA-Factory template" if folder.chat_template else "no chat template"
+            return name, "chat template matches no LLaMA-Factory template; " + why
+    lead = "chat template matches no LLaMA-Factory template"
     kind = f"model_type {folder.model_type}" if folder.model_type else "no model_type"
     return (
         BUILTIN_TEMPLATE,
