@@ -410,3 +410,59 @@ def test_real_gemma3_with_its_processor_gets_gemma3_and_tokenizes_as_llamafactor
         pairs = template.encode_multiturn(module["tokenizer"], msgs, row.get("system") or "")
         ids = [t for src, tgt in pairs for t in src + tgt]
         assert ours.ids[ours.offsets[i] : ours.offsets[i + 1]].tolist() == ids, row
+
+
+# -- a slow tokenizer's files (vocab.json + merges.txt, no tokenizer.json) ----------------------
+
+
+@pytest.fixture(scope="module")
+def slow_qwen2(tmp_path_factory):
+    """Qwen2-1.5B-Instruct's layout: the real Qwen2.5 vocabulary and merges as a slow tokenizer's
+    files, its tokenizer_config.json (added tokens, chat template), a qwen2 config.json."""
+    src = REAL / "qwen2_5"
+    if not (src / "tokenizer.json").is_file():
+        pytest.skip("real tokenizer qwen2_5 not fetched (run tests/setup-tokenizers.sh)")
+    d = tmp_path_factory.mktemp("slow") / "Qwen2-slow"
+    d.mkdir()
+    model = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))["model"]
+    (d / "vocab.json").write_text(json.dumps(model["vocab"], ensure_ascii=False), encoding="utf-8")
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    (d / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    shutil.copy(src / "tokenizer_config.json", d)
+    shape = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+    cfg = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 151936, **shape}
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_a_slow_tokenizer_is_checked_as_transformers_loads_it(slow_qwen2):
+    """No tokenizer.json: the template's tokens are looked up in the tokenizer transformers builds
+    from vocab.json + merges.txt (llama3 on Qwen2 would add <|eot_id|> as an untrained row)."""
+    with pytest.raises(ConfigError) as err:
+        ct.check("llama3", slow_qwen2)
+    msg = str(err.value)
+    assert "template 'llama3' does not fit the tokenizer in" in msg and str(slow_qwen2) in msg
+    assert "'<|eot_id|>'" in msg and "new id 151665, an embedding row (151936 in config.json)" in msg
+    assert ct.resolve(slow_qwen2)[0] == "qwen"
+    ct.check("qwen", slow_qwen2)  # its own template fits
+
+
+@reliability(
+    fault=(
+        "a model folder with a slow tokenizer (vocab.json + merges.txt, no tokenizer.json) and a template "
+        "whose tokens it lacks (`llama3` on Qwen2)"
+    ),
+    seen=(
+        "refused before any job (`snakemake -n` too), the tokens looked up in the tokenizer as "
+        "transformers loads it, naming the missing token"
+    ),
+    steps_lost="none",
+    data_lost="none",
+)
+def test_snakemake_refuses_a_misfit_template_on_a_slow_tokenizer(slow_qwen2, tmp_path):
+    work = make_workdir(tmp_path / "work", model__name_or_path=str(slow_qwen2), model__template="llama3")
+    res = snakemake(work, "-n", timeout=240)
+    log = res.stdout + res.stderr
+    assert res.returncode != 0, log[-2000:]
+    assert "llmft config error: config key model.template: template 'llama3' does not fit" in log, log[-2000:]
+    assert "'<|eot_id|>'" in log and "Traceback" not in log

@@ -18,7 +18,9 @@ vocabulary, and every id it yields below config.json's `vocab_size`. Otherwise L
 tokenizer with template qwen gets id 32768 for <|im_end|>).
 
 All of this reads files only (json, jinja2, optionally `tokenizers`): it runs when Snakemake builds
-the DAG, where importing LLaMA-Factory (~8 s) would be paid by every `snakemake -n`.
+the DAG, where importing LLaMA-Factory (~8 s) would be paid by every `snakemake -n`. A folder with
+only a slow tokenizer's files (vocab.json + merges.txt, tokenizer.model) is read through the
+tokenizer transformers builds from them, as LLaMA-Factory will load it.
 `python -m llmft.core.chat_templates --write` regenerates lf_templates.json from the installed
 LLaMA-Factory; a test checks the file against it.
 """
@@ -249,12 +251,12 @@ class Folder:
         return proc if isinstance(proc, str) else None
 
     def _vocab(self) -> dict[str, int] | None:
-        """token -> id from tokenizer.json (the model's vocabulary and the added tokens); None when
-        the folder has only a slow tokenizer's files."""
+        """token -> id (the model's vocabulary and the added tokens) from tokenizer.json, or without
+        one as transformers loads the slow tokenizer's files; None when that cannot load."""
         tj = self.path / "tokenizer.json"
-        if not tj.is_file():
-            return None
         backend = self.backend()
+        if not tj.is_file():
+            return None if backend is None else backend.get_vocab(with_added_tokens=True)
         if backend is not None:
             out = backend.get_vocab(with_added_tokens=True)
         else:  # a file the installed `tokenizers` cannot read: its JSON
@@ -273,14 +275,20 @@ class Folder:
         return out
 
     def backend(self):
-        """tokenizer.json through the `tokenizers` library; None when absent or unreadable."""
+        """tokenizer.json through the `tokenizers` library; without one (vocab.json + merges.txt,
+        tokenizer.model), the tokenizer transformers builds from the slow files, as LLaMA-Factory
+        loads it (slow: seconds). None when absent or unreadable."""
         if not hasattr(self, "_backend"):
+            self._backend, self.load_error = None, None
             try:
-                from tokenizers import Tokenizer
+                if (self.path / "tokenizer.json").is_file():
+                    from tokenizers import Tokenizer
 
-                self._backend = Tokenizer.from_file(str(self.path / "tokenizer.json"))
-            except Exception:  # noqa: BLE001 - an unreadable tokenizer.json is reported where it is loaded
-                self._backend = None
+                    self._backend = Tokenizer.from_file(str(self.path / "tokenizer.json"))
+                else:
+                    self._backend = _slow_backend(self.path)
+            except Exception as exc:  # noqa: BLE001 - reported by fit_problems, or where it is loaded
+                self.load_error = f"{type(exc).__name__}: {exc}"
         return self._backend
 
     @property
@@ -298,6 +306,18 @@ class Folder:
         return out
 
 
+def _slow_backend(path: Path):
+    """The `tokenizers` backend of the tokenizer transformers loads from a folder's slow files
+    (local files only, no remote code); None when the folder has no tokenizer files at all."""
+    from llmft.core.modelfiles import TOKENIZER_FILES
+
+    if not any(any(path.glob(pattern)) for pattern in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True).backend_tokenizer
+
+
 def read_folder(path: str | Path) -> Folder:
     """The Folder of `path`, read once per version of its files (resolve and check both need it)."""
     path = Path(path)
@@ -306,6 +326,9 @@ def read_folder(path: str | Path) -> Folder:
         "tokenizer.json",
         "tokenizer_config.json",
         "chat_template.jinja",
+        "vocab.json",
+        "merges.txt",
+        "tokenizer.model",
         *PROCESSOR_FILES,
     )
     stamp = tuple((path / f).stat().st_mtime_ns if (path / f).exists() else None for f in names)
@@ -409,11 +432,9 @@ def fit_problems(template: str, folder: Folder, text_ids: bool = True) -> list[s
     if spec is None:
         return []
     if folder.vocab is None:
-        log.info(
-            "%s has no tokenizer.json: template %s's tokens not checked against its vocabulary",
-            folder.path,
-            template,
-        )
+        if folder.load_error:
+            return [f"transformers cannot load the tokenizer ({folder.load_error})"]
+        log.info("%s has no tokenizer: template %s's tokens not checked", folder.path, template)
         return []
     problems, thoughts = [], []
     size = folder.vocab_size
