@@ -466,3 +466,71 @@ def test_snakemake_refuses_a_misfit_template_on_a_slow_tokenizer(slow_qwen2, tmp
     assert res.returncode != 0, log[-2000:]
     assert "llmft config error: config key model.template: template 'llama3' does not fit" in log, log[-2000:]
     assert "'<|eot_id|>'" in log and "Traceback" not in log
+
+
+# -- chat templates that would hold the DAG build: a time, memory and output budget --------------
+
+BOMBS = {
+    # 10^10 empty iterations: the time budget.
+    "silent loops": (
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        "did not render 4 short probe conversations within 15 s",
+    ),
+    # 10^10 numbers written: the output cap.
+    "loud loops": (
+        "{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}",
+        "over its render budget: it wrote more than 1000000 characters",
+    ),
+    # a string doubled 40 times: the memory limit (or, on a loaded machine, the time budget).
+    "doubling string": (
+        "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"
+        "{{ ns.s|length }}",
+        "it needed more than 1024 MiB of memory|within 15 s",
+    ),
+}
+
+
+@pytest.mark.parametrize("bomb", sorted(BOMBS))
+def test_a_chat_template_bomb_is_refused_within_its_budget_naming_the_file(tmp_path, bomb):
+    import re
+    import time
+
+    template, needle = BOMBS[bomb]
+    d = model_folder(tmp_path / "m")
+    (d / "chat_template.jinja").write_text(template)
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as err:
+        ct.resolve(d)
+    assert time.monotonic() - start < 40
+    msg = str(err.value)
+    assert f"the chat template in {d / 'chat_template.jinja'}" in msg and re.search(needle, msg), msg
+
+
+@reliability(
+    fault=(
+        "a model folder's chat template with nested `range()` loops (10^10 iterations) under "
+        "`model.template: auto`"
+    ),
+    seen=(
+        "refused before any job (`snakemake -n` too) after its 15 s render budget, naming the "
+        "template's file; templates that write over 1 MB or take over 1 GiB are refused the same way"
+    ),
+    steps_lost="none",
+    data_lost="none",
+)
+def test_snakemake_refuses_a_chat_template_bomb_in_bounded_time(tmp_path):
+    import time
+
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    d = model_folder(tmp_path / "model", **shape)  # a decoder shape: the planner reads it first
+    (d / "chat_template.jinja").write_text(BOMBS["silent loops"][0])
+    work = make_workdir(tmp_path / "work", model__name_or_path=str(d), model__template="auto")
+    start = time.monotonic()
+    res = snakemake(work, "-n", timeout=240)
+    log = res.stdout + res.stderr
+    assert res.returncode != 0 and time.monotonic() - start < 120, log[-2000:]
+    assert (
+        f"llmft config error: config key model.template: the chat template in {d / 'chat_template.jinja'}"
+        in log
+    )
+    assert "within 15 s" in log and "Traceback" not in log

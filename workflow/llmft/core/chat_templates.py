@@ -30,6 +30,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+import subprocess
+import sys
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -239,15 +241,20 @@ class Folder:
         self.vocab = self._vocab()
 
     def _chat_template(self) -> str | None:
+        """The chat template, its file kept in `chat_template_file` (errors name it)."""
         jinja = self.path / "chat_template.jinja"
+        self.chat_template_file = jinja
         if jinja.is_file():
             return jinja.read_text(encoding="utf-8")
+        self.chat_template_file = self.path / "tokenizer_config.json"
         tpl = self.tokenizer_config.get("chat_template")
         if isinstance(tpl, list):  # named templates: the default one
             tpl = next((t.get("template") for t in tpl if t.get("name") == "default"), None)
         if isinstance(tpl, str):
             return tpl
-        proc = read_optional(self.path / "chat_template.json", {}).get("chat_template")
+        self.chat_template_file = self.path / "chat_template.json"
+        proc = read_optional(self.chat_template_file, {})
+        proc = proc.get("chat_template") if isinstance(proc, dict) else None
         return proc if isinstance(proc, str) else None
 
     def _vocab(self) -> dict[str, int] | None:
@@ -343,39 +350,52 @@ def _folder(path: str, _real: str, _stamp: tuple) -> Folder:
 # -- rendering ---------------------------------------------------------------------------
 
 
-def render_hf(folder: Folder, messages: list[dict], add_generation_prompt: bool) -> str:
-    """The folder's chat template applied as transformers' apply_chat_template applies it."""
-    from jinja2 import nodes
-    from jinja2.ext import Extension, loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+# Wall-clock seconds the chat template may take to render all probes (a process start included).
+RENDER_SECONDS = 15
 
-    class Generation(Extension):  # transformers' {% generation %} marks assistant text: render it
-        tags = {"generation"}
 
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return nodes.Scope(body, lineno=lineno)
-
-    def raise_exception(message):
-        raise ValueError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+def render_probes(folder: Folder) -> tuple[dict[str, str], dict[str, bool]]:
+    """The folder's chat template applied to the probes as transformers' apply_chat_template applies
+    it: ({probe: text}, {probe: whether it appends the generation prompt regardless}). Probes it
+    refuses (e.g. a system turn) are left out. Rendered in its own process (chatrender) within a time,
+    memory and output budget; past one, TemplateError names the file."""
+    request = {
+        "template": folder.chat_template,
+        "special": {k: v for k, v in folder.special.items() if v is not None},
+        "probes": [list(p) for p in PROBES],
+    }
+    where = f"the chat template in {folder.chat_template_file}"
+    script = Path(__file__).with_name("chatrender.py")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-I", str(script)],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            timeout=RENDER_SECONDS,
         )
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols]
-    )
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: "26 Jul 2024" if "%d" in fmt else ""
-    tpl = env.from_string(folder.chat_template)
-    special = {k: v for k, v in folder.special.items() if v is not None}
-    return tpl.render(
-        messages=messages, add_generation_prompt=add_generation_prompt, tools=None, documents=None, **special
-    )
+        reply = json.loads(proc.stdout)
+    except subprocess.TimeoutExpired:
+        raise TemplateError(
+            f"{where} did not render {len(PROBES)} short probe conversations within {RENDER_SECONDS} s "
+            "(loops without bound?); fix or remove it, or set model.template to a LLaMA-Factory template"
+        ) from None
+    except ValueError:
+        raise TemplateError(f"{where} could not be rendered: {proc.stderr.strip()[-500:]}") from None
+    if "budget" in reply:
+        raise TemplateError(
+            f"{where} is over its render budget: {reply['budget']}; fix or remove it, or set "
+            "model.template to a LLaMA-Factory template"
+        )
+    if reply.get("error"):
+        log.info("%s does not compile: %s", where, reply["error"])
+    rendered, always = {}, {}
+    for probe, out in reply["renders"].items():
+        if "error" in out:
+            log.info("%s does not render %r: %s", where, probe, out["error"])
+        else:
+            rendered[probe], always[probe] = out["text"], out["always"]
+    return rendered, always
 
 
 def effective_eos(spec: dict, folder: Folder) -> str | None:
@@ -589,16 +609,7 @@ def resolve(model_dir: str | Path) -> tuple[str, str]:
     hint_rank = {t: i for i, (t, _) in reversed(list(enumerate(hints)))}
     pool = [n for n in candidates(folder) if not fit_problems(n, folder, text_ids=False)]
     if folder.chat_template:
-        rendered, always_prompt = {}, {}
-        for probe, msgs, generation in PROBES:
-            try:
-                text = render_hf(folder, msgs, generation)
-                # Some templates (Llama-3.0's first) append the next assistant header regardless.
-                always = not generation and render_hf(folder, msgs, True) == text
-            except Exception as exc:  # noqa: BLE001 - a template that refuses a probe (e.g. system)
-                log.info("chat template of %s does not render %r: %s", folder.path, probe, exc)
-                continue
-            rendered[probe], always_prompt[probe] = text, always
+        rendered, always_prompt = render_probes(folder)
         scores = {}
         for name in pool:
             same = [p for p in rendered if _same(specs[name], folder, p, rendered[p], always_prompt[p])]
