@@ -252,6 +252,82 @@ def test_tokenizer_loaded_differently_from_its_tokenizer_json_is_refused(tmp_pat
     assert warned["matches"] is False and warned["probe"] == "English" and str(bad) in warned["message"]
 
 
+FIXED_PADDING = {"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
+                 "pad_type_id": 0, "pad_token": "<pad>"}  # fmt: skip
+
+
+def smollm_like(path):
+    """SmolLM-135M's tokenizer layout: byte-level BPE behind a digit split (Digits, then ByteLevel),
+    trained where numbered lists follow blank lines, fixed padding in tokenizer.json, and
+    tokenizer_config.json naming GPT2Tokenizer, which transformers 5 rebuilds without the split."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["Steps.\n\n1. Mix the flour.\n\n2. Bake it.\n\nThe end 1 2 3 4 5 6 7 8 9 0"] * 50
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<pad>", "<|endoftext|>"],
+        initial_alphabet=alphabet,
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<pad>"
+    ).save_pretrained(path)
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**cfg, "tokenizer_class": "GPT2Tokenizer"}))
+    data = json.loads((path / "tokenizer.json").read_text())
+    (path / "tokenizer.json").write_text(json.dumps({**data, "padding": FIXED_PADDING}))
+    return path
+
+
+def test_fixed_padding_in_tokenizer_json_is_not_a_difference(tmp_path):
+    """tokenizer.json's padding/truncation settings are not the tokenizer: compared without them."""
+    from transformers import AutoTokenizer
+
+    d = tmp_path / "padded"
+    build_tokenizer(d, 512)
+    data = json.loads((d / "tokenizer.json").read_text())
+    (d / "tokenizer.json").write_text(json.dumps({**data, "padding": FIXED_PADDING}))
+    result = tokcheck.check(AutoTokenizer.from_pretrained(d), d)
+    assert result["matches"] and result["probes"] == len(tokcheck.PROBES)
+
+
+@reliability(
+    fault=(
+        "a tokenizer that transformers rebuilds without its tokenizer.json's digit split (SmolLM-135M's "
+        "layout: `'\\n\\n1'` becomes `Ċ Ċ 1`, not `ĊĊ 1`), with fixed padding in its tokenizer.json"
+    ),
+    seen=(
+        "prepare_data stops before tokenizing, naming the folder, the digits after newlines probe and "
+        "the first differing tokens; the padding is not reported as a difference"
+    ),
+    steps_lost="none",
+    data_lost="none",
+)
+def test_prepare_data_refuses_a_tokenizer_rebuilt_without_its_digit_split(tmp_path, capsys):
+    from llmft.__main__ import main
+
+    d = smollm_like(tmp_path / "smol")
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    cfg = {"run": "t", "data": {"sources": [{"path": str(data)}], "cutoff_len": 512, "heldout_fraction": 0.2},
+           "model": {"template": "default"}}  # fmt: skip
+    out = tmp_path / "out"
+    argv = ["prepare-data", "--config-json", json.dumps(cfg), "--tokenizer", str(d), "--out-dir", str(out)]
+    rc = main([*argv, "--workers", "1"])
+    err = capsys.readouterr().err
+    assert rc != 0 and f"the tokenizer in {d} as transformers loads it (GPT2Tokenizer)" in err, err[-2000:]
+    assert "digits after newlines probe" in err and "['Ċ', 'Ċ', '1', '.'] instead of ['ĊĊ', '1'" in err
+    assert "Traceback" not in err and not (out / "stats.json").exists()
+
+
 def test_prepare_data_stops_before_tokenizing(tmp_path, capsys):
     """The stage (`python -m llmft prepare-data`, as the rule runs it) checks the fit first: the
     builtin model's folder does not exist when the DAG is built."""
