@@ -11,6 +11,7 @@ from snakemake.settings.types import DeploymentMethod
 
 from llmft.core.chat_templates import AUTO as AUTO_TEMPLATE
 from llmft.core.chat_templates import check as check_template
+from llmft.core.chat_templates import contradiction as template_contradiction
 from llmft.core.chat_templates import resolved as resolved_template
 from llmft.core.config import BUILTIN_DATA, BUILTIN_MODEL, ConfigError, layout, validate
 from llmft.core.lfdataset import resolve as resolve_lf_entry
@@ -36,6 +37,13 @@ try:
     _template, _why = resolved_template(CFG["model"]["template"], _model_dir)
     if _model_dir is not None:
         check_template(_template, _model_dir)
+        # A named template that contradicts the folder's own chat template: warned, the run goes on.
+        _warning = template_contradiction(CFG["model"]["template"], _model_dir)
+        if _warning:
+            print(
+                f"llmft: warning: config key model.template: {_warning}",
+                file=sys.stderr,
+            )
 except ConfigError as exc:
     sys.exit(f"llmft config error: config key model.template: {exc}")
 if CFG["model"]["template"] == AUTO_TEMPLATE:

@@ -610,3 +610,71 @@ def test_snakemake_refuses_a_chat_template_bomb_in_bounded_time(tmp_path):
         in log
     )
     assert "within 15 s" in log and "Traceback" not in log
+
+
+# -- a named template against the folder's own chat template ------------------------------------
+
+MISTRAL_V03 = (  # the chat template Mistral-7B-Instruct-v0.3 ships
+    '{%- if messages[0]["role"] == "system" %}\n'
+    '    {%- set system_message = messages[0]["content"] %}\n'
+    "    {%- set loop_messages = messages[1:] %}\n"
+    "{%- else %}\n"
+    "    {%- set loop_messages = messages %}\n"
+    "{%- endif %}\n"
+    "\n"
+    "{{- bos_token }}\n"
+    "{%- for message in loop_messages %}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}\n"
+    "        {{- raise_exception('After the optional system message, "
+    "conversation roles must alternate user/assistant/user/assistant/...') }}\n"
+    "    {%- endif %}\n"
+    "    {%- if message['role'] == 'user' %}\n"
+    "        {%- if loop.last and system_message is defined %}\n"
+    "            {{- '[INST] ' + system_message + '\\n\\n' + message['content'] + '[/INST]' }}\n"
+    "        {%- else %}\n"
+    "            {{- '[INST] ' + message['content'] + '[/INST]' }}\n"
+    "        {%- endif %}\n"
+    "    {%- elif message['role'] == 'assistant' %}\n"
+    "        {{- ' ' + message['content'] + eos_token}}\n"
+    "    {%- else %}\n"
+    "        {{- raise_exception('Only user and assistant roles are supported, "
+    "with the exception of an initial optional system message!') }}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+)
+SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+
+
+def mistral_v03(path):
+    return model_folder(path, ["[INST]", "[/INST]"], model_type="mistral", chat_template=MISTRAL_V03, **SHAPE)
+
+
+def test_a_named_template_that_contradicts_the_chat_template_is_warned_naming_the_match(tmp_path):
+    d = mistral_v03(tmp_path / "mistral")
+    warning = ct.contradiction("llama2", d)
+    assert warning and warning.startswith("template 'llama2' renders 4 of 4 probe conversations unlike")
+    assert f"the chat template in {d / 'chat_template.jinja'}, which matches mistral (" in warning
+    assert "set model.template: mistral (or auto)" in warning
+    assert ct.contradiction("mistral", d) is None and ct.contradiction("auto", d) is None
+    qwen = model_folder(
+        tmp_path / "q", ["<|im_start|>", "<|im_end|>"], chat_template=CHATML, model_type="qwen2"
+    )
+    assert ct.contradiction("qwen", qwen) is None  # its own template: no word
+
+
+@reliability(
+    fault="a `model.template` that contradicts the folder's own chat template (`llama2` on Mistral-v0.3's)",
+    seen=(
+        "the DAG is built and the run goes on, with a warning naming the chat template's file and the "
+        "template it matches (`mistral`)"
+    ),
+    steps_lost="none",
+    data_lost="none",
+)
+def test_snakemake_warns_of_a_named_template_that_contradicts_the_chat_template(tmp_path):
+    d = mistral_v03(tmp_path / "mistral")
+    work = make_workdir(tmp_path / "work", model__name_or_path=str(d), model__template="llama2")
+    res = snakemake(work, "-n", timeout=240)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-2000:]
+    assert "llmft: warning: config key model.template: template 'llama2' renders 4 of 4" in res.stderr
+    assert "which matches mistral (" in res.stderr

@@ -7,9 +7,10 @@ LLaMA-Factory template's rendering of the same conversations (recorded once from
 version into lf_templates.json) is turned into text with the folder's special tokens. The template
 that matches on the most probes wins, exact first; ties, and chat templates that match none, go by
 the model type (config.json `model_type`, architectures) and by LLaMA-Factory's own model-name
-table. A folder without a chat template is a base model: `default`, as LLaMA-Factory advises for
-base models. A folder without a processor config never gets a multimodal template (LLaMA-Factory needs
-the processor to tokenize even text rows with one, and its collator always does).
+table. A folder without a chat template (nor processor) is a base model: `default`, as
+LLaMA-Factory advises for base models. A folder without a processor config never gets a
+multimodal template (LLaMA-Factory needs the processor to tokenize even text rows with one, and its
+collator always does).
 
 Fitting: the special tokens a template brings (stop words, the EOS it puts in place of the
 tokenizer's, tokens in its format slots, its thought words) must already be in the tokenizer's
@@ -358,7 +359,13 @@ def render_probes(folder: Folder) -> tuple[dict[str, str], dict[str, bool]]:
     """The folder's chat template applied to the probes as transformers' apply_chat_template applies
     it: ({probe: text}, {probe: whether it appends the generation prompt regardless}). Probes it
     refuses (e.g. a system turn) are left out. Rendered in its own process (chatrender) within a time,
-    memory and output budget; past one, TemplateError names the file."""
+    memory and output budget; past one, TemplateError names the file. Once per Folder."""
+    if not hasattr(folder, "_renders"):
+        folder._renders = _render_probes(folder)
+    return folder._renders
+
+
+def _render_probes(folder: Folder) -> tuple[dict[str, str], dict[str, bool]]:
     request = {
         "template": folder.chat_template,
         "special": {k: v for k, v in folder.special.items() if v is not None},
@@ -596,6 +603,11 @@ def _same(spec: dict, folder: Folder, probe: str, hf: str, always_prompt: bool) 
     return header.endswith(hf[len(lf) :])
 
 
+def _matching(spec: dict, folder: Folder, rendered: dict, always_prompt: dict) -> list[str]:
+    """The probes on which the template renders as the chat template did (`rendered`)."""
+    return [p for p in rendered if _same(spec, folder, p, rendered[p], always_prompt[p])]
+
+
 def candidates(folder: Folder) -> list[str]:
     """Templates the folder can use: text-only ones unless it has a processor."""
     return [n for n, s in table()["templates"].items() if folder.has_processor or not s["multimodal"]]
@@ -612,7 +624,7 @@ def resolve(model_dir: str | Path) -> tuple[str, str]:
         rendered, always_prompt = render_probes(folder)
         scores = {}
         for name in pool:
-            same = [p for p in rendered if _same(specs[name], folder, p, rendered[p], always_prompt[p])]
+            same = _matching(specs[name], folder, rendered, always_prompt)
             if any(p != "generation prompt" for p in same):
                 scores[name] = same
         top = max((len(s) for s in scores.values()), default=0)
@@ -642,17 +654,18 @@ def resolve(model_dir: str | Path) -> tuple[str, str]:
                     f" (chosen by {hints[hint_rank[name]][1]})" if name in hint_rank else ""
                 )
             return name, why
-    if not folder.chat_template:
+    if not folder.chat_template and not folder.has_processor:
         # A base model: it learned no chat format, and LLaMA-Factory's guidance for base models is
         # `default` (the model type's chat template would teach an instruct model's format to it).
+        # A folder with a processor keeps its model type's template: only a multimodal one feeds it.
         return BASE_TEMPLATE, (
             f"no chat template (a base model): {BASE_TEMPLATE}, LLaMA-Factory's template for base models "
             "(set model.template to choose)"
         )
+    lead = "chat template matches no LLaMA-Factory template" if folder.chat_template else "no chat template"
     for name, why in hints:
         if name in pool:
-            return name, "chat template matches no LLaMA-Factory template; " + why
-    lead = "chat template matches no LLaMA-Factory template"
+            return name, f"{lead}; {why}"
     kind = f"model_type {folder.model_type}" if folder.model_type else "no model_type"
     return (
         BUILTIN_TEMPLATE,
@@ -682,6 +695,32 @@ def check(template: str, model_dir: str | Path) -> None:
             + "; ".join(problems)
             + f"; {advice}"
         )
+
+
+def contradiction(template: str, model_dir: str | Path) -> str | None:
+    """A warning when a named template formats the probe conversations unlike the folder's own chat
+    template while another LLaMA-Factory template matches it better (llama2 on Mistral-v0.3, whose
+    chat template matches mistral): training would teach the model another format than its own."""
+    folder = read_folder(model_dir)
+    specs = table()["templates"]
+    if template == AUTO or template not in specs or not folder.chat_template:
+        return None
+    try:
+        best, why = resolve(model_dir)
+    except TemplateError as exc:  # a chat template over its budget: the named template is used as is
+        return f"{exc}; not compared with model.template {template}"
+    if best == template or not why.startswith(f"chat template matches {best} "):
+        return None
+    rendered, always = render_probes(folder)
+    mine = _matching(specs[template], folder, rendered, always)
+    if len(mine) >= len(_matching(specs[best], folder, rendered, always)):
+        return None
+    return (
+        f"template {template!r} renders {len(rendered) - len(mine)} of {len(rendered)} probe conversations "
+        f"unlike the chat template in {folder.chat_template_file}, which matches {best} ({why}): the model "
+        f"would be trained on {template}'s format, not its own; set model.template: {best} (or auto) "
+        "unless that is meant"
+    )
 
 
 def resolved(template: str, model_dir: str | Path | None) -> tuple[str, str]:
