@@ -27,6 +27,7 @@ MODULES = [
     "tests.unit.data.test_prepare",
     "tests.unit.core.test_config",
     "tests.unit.core.test_chat_templates",
+    "tests.unit.core.test_model_folders",
     "tests.workflow.test_pipeline",
     "tests.workflow.test_profile_check",
     "tests.unit.test_main",

@@ -13,8 +13,8 @@ pytestmark = pytest.mark.workflow
 
 RUN = "packed"
 TARGET = f"results/{RUN}/sft/train_summary.json"
-# The template the demo's builtin model gets: `auto` would pick llama2 for this folder (a Llama
-# without a chat template), whose longer prompts change how many rows a pack holds.
+# The template the demo's builtin model gets (and what `auto` picks for this folder, a Llama
+# without a chat template), whose prompt length decides how many rows a pack holds.
 SMALL = {
     "run": RUN,
     "model__template": "default",

@@ -88,16 +88,33 @@ def test_auto_picks_by_the_chat_template(tmp_path):
     )
 
 
+# A chat template that renders like no LLaMA-Factory template.
+ODD = "{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}{% endfor %}"
+
+
 def test_auto_falls_back_on_model_type_and_the_tokenizer_decides_between_candidates(tmp_path):
-    llama2 = model_folder(tmp_path / "l2")  # no <|eot_id|>: llama3 would add it as a new id
-    assert ct.resolve(llama2) == ("llama2", "no chat template; model_type llama → llama2")
+    llama2 = model_folder(tmp_path / "l2", chat_template=ODD)  # no <|eot_id|>: llama3 would add it
+    lead = "chat template matches no LLaMA-Factory template; "
+    assert ct.resolve(llama2) == ("llama2", lead + "model_type llama → llama2")
     llama3 = model_folder(
-        tmp_path / "l3", ["<|eot_id|>", "<|eom_id|>", "<|start_header_id|>", "<|end_header_id|>"]
+        tmp_path / "l3",
+        ["<|eot_id|>", "<|eom_id|>", "<|start_header_id|>", "<|end_header_id|>"],
+        chat_template=ODD,
     )
-    assert ct.resolve(llama3) == ("llama3", "no chat template; model_type llama → llama3")
-    unknown = model_folder(tmp_path / "u", model_type="nonesuch")
+    assert ct.resolve(llama3) == ("llama3", lead + "model_type llama → llama3")
+    unknown = model_folder(tmp_path / "u", model_type="nonesuch", chat_template=ODD)
     name, why = ct.resolve(unknown)
     assert name == "default" and "model_type nonesuch" in why
+
+
+def test_auto_gives_a_base_model_without_a_chat_template_default(tmp_path):
+    """SmolLM-135M: a Llama without a chat template is a base model, not a Llama-2 chat model."""
+    base = model_folder(tmp_path / "base")
+    assert ct.resolve(base) == (
+        "default",
+        "no chat template (a base model): default, LLaMA-Factory's template for base models "
+        "(set model.template to choose)",
+    )
 
 
 def test_a_template_whose_tokens_are_not_in_the_vocabulary_is_refused(tmp_path):
@@ -108,8 +125,8 @@ def test_a_template_whose_tokens_are_not_in_the_vocabulary_is_refused(tmp_path):
     msg = str(err.value)
     assert "template 'qwen'" in msg and str(d) in msg and "'<|im_end|>'" in msg
     assert "new id 512" in msg and "past the model's 512 embeddings" in msg
-    assert "set model.template: llama2" in msg  # what auto picks there, and fits
-    ct.check("llama2", d)  # fits
+    assert "set model.template: default" in msg  # what auto picks there, and fits
+    ct.check("default", d)  # fits
 
 
 def test_an_id_past_the_embedding_table_is_refused(tmp_path):
@@ -235,6 +252,82 @@ def test_tokenizer_loaded_differently_from_its_tokenizer_json_is_refused(tmp_pat
     assert warned["matches"] is False and warned["probe"] == "English" and str(bad) in warned["message"]
 
 
+FIXED_PADDING = {"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
+                 "pad_type_id": 0, "pad_token": "<pad>"}  # fmt: skip
+
+
+def smollm_like(path):
+    """SmolLM-135M's tokenizer layout: byte-level BPE behind a digit split (Digits, then ByteLevel),
+    trained where numbered lists follow blank lines, fixed padding in tokenizer.json, and
+    tokenizer_config.json naming GPT2Tokenizer, which transformers 5 rebuilds without the split."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["Steps.\n\n1. Mix the flour.\n\n2. Bake it.\n\nThe end 1 2 3 4 5 6 7 8 9 0"] * 50
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<pad>", "<|endoftext|>"],
+        initial_alphabet=alphabet,
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<pad>"
+    ).save_pretrained(path)
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**cfg, "tokenizer_class": "GPT2Tokenizer"}))
+    data = json.loads((path / "tokenizer.json").read_text())
+    (path / "tokenizer.json").write_text(json.dumps({**data, "padding": FIXED_PADDING}))
+    return path
+
+
+def test_fixed_padding_in_tokenizer_json_is_not_a_difference(tmp_path):
+    """tokenizer.json's padding/truncation settings are not the tokenizer: compared without them."""
+    from transformers import AutoTokenizer
+
+    d = tmp_path / "padded"
+    build_tokenizer(d, 512)
+    data = json.loads((d / "tokenizer.json").read_text())
+    (d / "tokenizer.json").write_text(json.dumps({**data, "padding": FIXED_PADDING}))
+    result = tokcheck.check(AutoTokenizer.from_pretrained(d), d)
+    assert result["matches"] and result["probes"] == len(tokcheck.PROBES)
+
+
+@reliability(
+    fault=(
+        "a tokenizer that transformers rebuilds without its tokenizer.json's digit split (SmolLM-135M's "
+        "layout: `'\\n\\n1'` becomes `Ċ Ċ 1`, not `ĊĊ 1`), with fixed padding in its tokenizer.json"
+    ),
+    seen=(
+        "prepare_data stops before tokenizing, naming the folder, the digits after newlines probe and "
+        "the first differing tokens; the padding is not reported as a difference"
+    ),
+    steps_lost="none",
+    data_lost="none",
+)
+def test_prepare_data_refuses_a_tokenizer_rebuilt_without_its_digit_split(tmp_path, capsys):
+    from llmft.__main__ import main
+
+    d = smollm_like(tmp_path / "smol")
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    cfg = {"run": "t", "data": {"sources": [{"path": str(data)}], "cutoff_len": 512, "heldout_fraction": 0.2},
+           "model": {"template": "default"}}  # fmt: skip
+    out = tmp_path / "out"
+    argv = ["prepare-data", "--config-json", json.dumps(cfg), "--tokenizer", str(d), "--out-dir", str(out)]
+    rc = main([*argv, "--workers", "1"])
+    err = capsys.readouterr().err
+    assert rc != 0 and f"the tokenizer in {d} as transformers loads it (GPT2Tokenizer)" in err, err[-2000:]
+    assert "digits after newlines probe" in err and "['Ċ', 'Ċ', '1', '.'] instead of ['ĊĊ', '1'" in err
+    assert "Traceback" not in err and not (out / "stats.json").exists()
+
+
 def test_prepare_data_stops_before_tokenizing(tmp_path, capsys):
     """The stage (`python -m llmft prepare-data`, as the rule runs it) checks the fit first: the
     builtin model's folder does not exist when the DAG is built."""
@@ -257,7 +350,7 @@ def test_prepare_data_stops_before_tokenizing(tmp_path, capsys):
     rc, out = stage(name_or_path=str(d), template="auto")
     assert rc == 0, capsys.readouterr().err
     stats = json.loads((out / "stats.json").read_text())
-    assert stats["template"] == "llama2" and stats["tokenizer_check"]["checked"]
+    assert stats["template"] == "default" and stats["tokenizer_check"]["checked"]
 
 
 @reliability(
@@ -283,7 +376,7 @@ def test_snakemake_refuses_a_misfit_template_at_dag_time(tmp_path):
     log = res.stdout + res.stderr
     assert res.returncode != 0
     assert "llmft config error: config key model.template: template 'qwen' does not fit" in log, log[-2000:]
-    assert str(d) in log and "set model.template: llama2" in log
+    assert str(d) in log and "set model.template: default" in log
     assert "Traceback" not in log
 
 
@@ -294,7 +387,7 @@ REAL_CASES = {
     "qwen3": ("qwen3", ["Qwen3ForCausalLM"], 151936, "qwen3"),
     "qwen2_5": ("qwen2", ["Qwen2ForCausalLM"], 152064, "qwen"),
     "llama3": ("llama", ["LlamaForCausalLM"], 128256, "llama3"),
-    "llama2": ("llama", ["LlamaForCausalLM"], 32000, "llama2"),
+    "llama2": ("llama", ["LlamaForCausalLM"], 32000, "default"),  # no chat template: a base model
     "gemma3": ("gemma3_text", ["Gemma3ForCausalLM"], 262144, "gemma2"),
     "deepseek_v3": ("deepseek_v3", ["DeepseekV3ForCausalLM"], 129280, "deepseek3"),
 }
@@ -393,3 +486,195 @@ def test_real_gemma3_with_its_processor_gets_gemma3_and_tokenizes_as_llamafactor
         pairs = template.encode_multiturn(module["tokenizer"], msgs, row.get("system") or "")
         ids = [t for src, tgt in pairs for t in src + tgt]
         assert ours.ids[ours.offsets[i] : ours.offsets[i + 1]].tolist() == ids, row
+
+
+# -- a slow tokenizer's files (vocab.json + merges.txt, no tokenizer.json) ----------------------
+
+
+@pytest.fixture(scope="module")
+def slow_qwen2(tmp_path_factory):
+    """Qwen2-1.5B-Instruct's layout: the real Qwen2.5 vocabulary and merges as a slow tokenizer's
+    files, its tokenizer_config.json (added tokens, chat template), a qwen2 config.json."""
+    src = REAL / "qwen2_5"
+    if not (src / "tokenizer.json").is_file():
+        pytest.skip("real tokenizer qwen2_5 not fetched (run tests/setup-tokenizers.sh)")
+    d = tmp_path_factory.mktemp("slow") / "Qwen2-slow"
+    d.mkdir()
+    model = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))["model"]
+    (d / "vocab.json").write_text(json.dumps(model["vocab"], ensure_ascii=False), encoding="utf-8")
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    (d / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    shutil.copy(src / "tokenizer_config.json", d)
+    shape = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+    cfg = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 151936, **shape}
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_a_slow_tokenizer_is_checked_as_transformers_loads_it(slow_qwen2):
+    """No tokenizer.json: the template's tokens are looked up in the tokenizer transformers builds
+    from vocab.json + merges.txt (llama3 on Qwen2 would add <|eot_id|> as an untrained row)."""
+    with pytest.raises(ConfigError) as err:
+        ct.check("llama3", slow_qwen2)
+    msg = str(err.value)
+    assert "template 'llama3' does not fit the tokenizer in" in msg and str(slow_qwen2) in msg
+    assert "'<|eot_id|>'" in msg and "new id 151665, an embedding row (151936 in config.json)" in msg
+    assert ct.resolve(slow_qwen2)[0] == "qwen"
+    ct.check("qwen", slow_qwen2)  # its own template fits
+
+
+@reliability(
+    fault=(
+        "a model folder with a slow tokenizer (vocab.json + merges.txt, no tokenizer.json) and a template "
+        "whose tokens it lacks (`llama3` on Qwen2)"
+    ),
+    seen=(
+        "refused before any job (`snakemake -n` too), the tokens looked up in the tokenizer as "
+        "transformers loads it, naming the missing token"
+    ),
+    steps_lost="none",
+    data_lost="none",
+)
+def test_snakemake_refuses_a_misfit_template_on_a_slow_tokenizer(slow_qwen2, tmp_path):
+    work = make_workdir(tmp_path / "work", model__name_or_path=str(slow_qwen2), model__template="llama3")
+    res = snakemake(work, "-n", timeout=240)
+    log = res.stdout + res.stderr
+    assert res.returncode != 0, log[-2000:]
+    assert "llmft config error: config key model.template: template 'llama3' does not fit" in log, log[-2000:]
+    assert "'<|eot_id|>'" in log and "Traceback" not in log
+
+
+# -- chat templates that would hold the DAG build: a time, memory and output budget --------------
+
+BOMBS = {
+    # 10^10 empty iterations: the time budget.
+    "silent loops": (
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        "did not render 4 short probe conversations within 15 s",
+    ),
+    # 10^10 numbers written: the output cap.
+    "loud loops": (
+        "{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}",
+        "over its render budget: it wrote more than 1000000 characters",
+    ),
+    # a string doubled 40 times: the memory limit (or, on a loaded machine, the time budget).
+    "doubling string": (
+        "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"
+        "{{ ns.s|length }}",
+        "it needed more than 1024 MiB of memory|within 15 s",
+    ),
+}
+
+
+@pytest.mark.parametrize("bomb", sorted(BOMBS))
+def test_a_chat_template_bomb_is_refused_within_its_budget_naming_the_file(tmp_path, bomb):
+    import re
+    import time
+
+    template, needle = BOMBS[bomb]
+    d = model_folder(tmp_path / "m")
+    (d / "chat_template.jinja").write_text(template)
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as err:
+        ct.resolve(d)
+    assert time.monotonic() - start < 40
+    msg = str(err.value)
+    assert f"the chat template in {d / 'chat_template.jinja'}" in msg and re.search(needle, msg), msg
+
+
+@reliability(
+    fault=(
+        "a model folder's chat template with nested `range()` loops (10^10 iterations) under "
+        "`model.template: auto`"
+    ),
+    seen=(
+        "refused before any job (`snakemake -n` too) after its 15 s render budget, naming the "
+        "template's file; templates that write over 1 MB or take over 1 GiB are refused the same way"
+    ),
+    steps_lost="none",
+    data_lost="none",
+)
+def test_snakemake_refuses_a_chat_template_bomb_in_bounded_time(tmp_path):
+    import time
+
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    d = model_folder(tmp_path / "model", **shape)  # a decoder shape: the planner reads it first
+    (d / "chat_template.jinja").write_text(BOMBS["silent loops"][0])
+    work = make_workdir(tmp_path / "work", model__name_or_path=str(d), model__template="auto")
+    start = time.monotonic()
+    res = snakemake(work, "-n", timeout=240)
+    log = res.stdout + res.stderr
+    assert res.returncode != 0 and time.monotonic() - start < 120, log[-2000:]
+    assert (
+        f"llmft config error: config key model.template: the chat template in {d / 'chat_template.jinja'}"
+        in log
+    )
+    assert "within 15 s" in log and "Traceback" not in log
+
+
+# -- a named template against the folder's own chat template ------------------------------------
+
+MISTRAL_V03 = (  # the chat template Mistral-7B-Instruct-v0.3 ships
+    '{%- if messages[0]["role"] == "system" %}\n'
+    '    {%- set system_message = messages[0]["content"] %}\n'
+    "    {%- set loop_messages = messages[1:] %}\n"
+    "{%- else %}\n"
+    "    {%- set loop_messages = messages %}\n"
+    "{%- endif %}\n"
+    "\n"
+    "{{- bos_token }}\n"
+    "{%- for message in loop_messages %}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}\n"
+    "        {{- raise_exception('After the optional system message, "
+    "conversation roles must alternate user/assistant/user/assistant/...') }}\n"
+    "    {%- endif %}\n"
+    "    {%- if message['role'] == 'user' %}\n"
+    "        {%- if loop.last and system_message is defined %}\n"
+    "            {{- '[INST] ' + system_message + '\\n\\n' + message['content'] + '[/INST]' }}\n"
+    "        {%- else %}\n"
+    "            {{- '[INST] ' + message['content'] + '[/INST]' }}\n"
+    "        {%- endif %}\n"
+    "    {%- elif message['role'] == 'assistant' %}\n"
+    "        {{- ' ' + message['content'] + eos_token}}\n"
+    "    {%- else %}\n"
+    "        {{- raise_exception('Only user and assistant roles are supported, "
+    "with the exception of an initial optional system message!') }}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+)
+SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+
+
+def mistral_v03(path):
+    return model_folder(path, ["[INST]", "[/INST]"], model_type="mistral", chat_template=MISTRAL_V03, **SHAPE)
+
+
+def test_a_named_template_that_contradicts_the_chat_template_is_warned_naming_the_match(tmp_path):
+    d = mistral_v03(tmp_path / "mistral")
+    warning = ct.contradiction("llama2", d)
+    assert warning and warning.startswith("template 'llama2' renders 4 of 4 probe conversations unlike")
+    assert f"the chat template in {d / 'chat_template.jinja'}, which matches mistral (" in warning
+    assert "set model.template: mistral (or auto)" in warning
+    assert ct.contradiction("mistral", d) is None and ct.contradiction("auto", d) is None
+    qwen = model_folder(
+        tmp_path / "q", ["<|im_start|>", "<|im_end|>"], chat_template=CHATML, model_type="qwen2"
+    )
+    assert ct.contradiction("qwen", qwen) is None  # its own template: no word
+
+
+@reliability(
+    fault="a `model.template` that contradicts the folder's own chat template (`llama2` on Mistral-v0.3's)",
+    seen=(
+        "the DAG is built and the run goes on, with a warning naming the chat template's file and the "
+        "template it matches (`mistral`)"
+    ),
+    steps_lost="none",
+    data_lost="none",
+)
+def test_snakemake_warns_of_a_named_template_that_contradicts_the_chat_template(tmp_path):
+    d = mistral_v03(tmp_path / "mistral")
+    work = make_workdir(tmp_path / "work", model__name_or_path=str(d), model__template="llama2")
+    res = snakemake(work, "-n", timeout=240)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-2000:]
+    assert "llmft: warning: config key model.template: template 'llama2' renders 4 of 4" in res.stderr
+    assert "which matches mistral (" in res.stderr

@@ -5,10 +5,12 @@ Picking: the folder's own chat template (tokenizer_config.json `chat_template`, 
 renders a few probe conversations with jinja2, as transformers' `apply_chat_template` does; each
 LLaMA-Factory template's rendering of the same conversations (recorded once from the installed
 version into lf_templates.json) is turned into text with the folder's special tokens. The template
-that matches on the most probes wins, exact first; ties, and folders without a chat template, go by
+that matches on the most probes wins, exact first; ties, and chat templates that match none, go by
 the model type (config.json `model_type`, architectures) and by LLaMA-Factory's own model-name
-table. A folder without a processor config never gets a multimodal template (LLaMA-Factory needs
-the processor to tokenize even text rows with one, and its collator always does).
+table. A folder without a chat template (nor processor) is a base model: `default`, as
+LLaMA-Factory advises for base models. A folder without a processor config never gets a
+multimodal template (LLaMA-Factory needs the processor to tokenize even text rows with one, and its
+collator always does).
 
 Fitting: the special tokens a template brings (stop words, the EOS it puts in place of the
 tokenizer's, tokens in its format slots, its thought words) must already be in the tokenizer's
@@ -17,7 +19,9 @@ vocabulary, and every id it yields below config.json's `vocab_size`. Otherwise L
 tokenizer with template qwen gets id 32768 for <|im_end|>).
 
 All of this reads files only (json, jinja2, optionally `tokenizers`): it runs when Snakemake builds
-the DAG, where importing LLaMA-Factory (~8 s) would be paid by every `snakemake -n`.
+the DAG, where importing LLaMA-Factory (~8 s) would be paid by every `snakemake -n`. A folder with
+only a slow tokenizer's files (vocab.json + merges.txt, tokenizer.model) is read through the
+tokenizer transformers builds from them, as LLaMA-Factory will load it.
 `python -m llmft.core.chat_templates --write` regenerates lf_templates.json from the installed
 LLaMA-Factory; a test checks the file against it.
 """
@@ -27,6 +31,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+import subprocess
+import sys
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -41,6 +47,8 @@ TABLE = Path(__file__).with_name("lf_templates.json")
 AUTO = "auto"
 # The builtin tiny model's tokenizer has no chat template; its pipeline template is `default`.
 BUILTIN_TEMPLATE = "default"
+# What auto picks for a folder without a chat template (a base model), as LLaMA-Factory advises.
+BASE_TEMPLATE = "default"
 # Files whose presence lets transformers' AutoProcessor build a processor (LLaMA-Factory's loader).
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json")
 
@@ -219,6 +227,7 @@ class Folder:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         config = read_optional(self.path / "config.json", {})
+        config = config if isinstance(config, dict) else {}  # refused by the config check
         text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
         self.model_type = config.get("model_type")
         self.text_model_type = text.get("model_type")
@@ -233,24 +242,29 @@ class Folder:
         self.vocab = self._vocab()
 
     def _chat_template(self) -> str | None:
+        """The chat template, its file kept in `chat_template_file` (errors name it)."""
         jinja = self.path / "chat_template.jinja"
+        self.chat_template_file = jinja
         if jinja.is_file():
             return jinja.read_text(encoding="utf-8")
+        self.chat_template_file = self.path / "tokenizer_config.json"
         tpl = self.tokenizer_config.get("chat_template")
         if isinstance(tpl, list):  # named templates: the default one
             tpl = next((t.get("template") for t in tpl if t.get("name") == "default"), None)
         if isinstance(tpl, str):
             return tpl
-        proc = read_optional(self.path / "chat_template.json", {}).get("chat_template")
+        self.chat_template_file = self.path / "chat_template.json"
+        proc = read_optional(self.chat_template_file, {})
+        proc = proc.get("chat_template") if isinstance(proc, dict) else None
         return proc if isinstance(proc, str) else None
 
     def _vocab(self) -> dict[str, int] | None:
-        """token -> id from tokenizer.json (the model's vocabulary and the added tokens); None when
-        the folder has only a slow tokenizer's files."""
+        """token -> id (the model's vocabulary and the added tokens) from tokenizer.json, or without
+        one as transformers loads the slow tokenizer's files; None when that cannot load."""
         tj = self.path / "tokenizer.json"
-        if not tj.is_file():
-            return None
         backend = self.backend()
+        if not tj.is_file():
+            return None if backend is None else backend.get_vocab(with_added_tokens=True)
         if backend is not None:
             out = backend.get_vocab(with_added_tokens=True)
         else:  # a file the installed `tokenizers` cannot read: its JSON
@@ -269,14 +283,20 @@ class Folder:
         return out
 
     def backend(self):
-        """tokenizer.json through the `tokenizers` library; None when absent or unreadable."""
+        """tokenizer.json through the `tokenizers` library; without one (vocab.json + merges.txt,
+        tokenizer.model), the tokenizer transformers builds from the slow files, as LLaMA-Factory
+        loads it (slow: seconds). None when absent or unreadable."""
         if not hasattr(self, "_backend"):
+            self._backend, self.load_error = None, None
             try:
-                from tokenizers import Tokenizer
+                if (self.path / "tokenizer.json").is_file():
+                    from tokenizers import Tokenizer
 
-                self._backend = Tokenizer.from_file(str(self.path / "tokenizer.json"))
-            except Exception:  # noqa: BLE001 - an unreadable tokenizer.json is reported where it is loaded
-                self._backend = None
+                    self._backend = Tokenizer.from_file(str(self.path / "tokenizer.json"))
+                else:
+                    self._backend = _slow_backend(self.path)
+            except Exception as exc:  # noqa: BLE001 - reported by fit_problems, or where it is loaded
+                self.load_error = f"{type(exc).__name__}: {exc}"
         return self._backend
 
     @property
@@ -294,6 +314,18 @@ class Folder:
         return out
 
 
+def _slow_backend(path: Path):
+    """The `tokenizers` backend of the tokenizer transformers loads from a folder's slow files
+    (local files only, no remote code); None when the folder has no tokenizer files at all."""
+    from llmft.core.modelfiles import TOKENIZER_FILES
+
+    if not any(any(path.glob(pattern)) for pattern in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True).backend_tokenizer
+
+
 def read_folder(path: str | Path) -> Folder:
     """The Folder of `path`, read once per version of its files (resolve and check both need it)."""
     path = Path(path)
@@ -302,6 +334,9 @@ def read_folder(path: str | Path) -> Folder:
         "tokenizer.json",
         "tokenizer_config.json",
         "chat_template.jinja",
+        "vocab.json",
+        "merges.txt",
+        "tokenizer.model",
         *PROCESSOR_FILES,
     )
     stamp = tuple((path / f).stat().st_mtime_ns if (path / f).exists() else None for f in names)
@@ -316,39 +351,58 @@ def _folder(path: str, _real: str, _stamp: tuple) -> Folder:
 # -- rendering ---------------------------------------------------------------------------
 
 
-def render_hf(folder: Folder, messages: list[dict], add_generation_prompt: bool) -> str:
-    """The folder's chat template applied as transformers' apply_chat_template applies it."""
-    from jinja2 import nodes
-    from jinja2.ext import Extension, loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+# Wall-clock seconds the chat template may take to render all probes (a process start included).
+RENDER_SECONDS = 15
 
-    class Generation(Extension):  # transformers' {% generation %} marks assistant text: render it
-        tags = {"generation"}
 
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return nodes.Scope(body, lineno=lineno)
+def render_probes(folder: Folder) -> tuple[dict[str, str], dict[str, bool]]:
+    """The folder's chat template applied to the probes as transformers' apply_chat_template applies
+    it: ({probe: text}, {probe: whether it appends the generation prompt regardless}). Probes it
+    refuses (e.g. a system turn) are left out. Rendered in its own process (chatrender) within a time,
+    memory and output budget; past one, TemplateError names the file. Once per Folder."""
+    if not hasattr(folder, "_renders"):
+        folder._renders = _render_probes(folder)
+    return folder._renders
 
-    def raise_exception(message):
-        raise ValueError(message)
 
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+def _render_probes(folder: Folder) -> tuple[dict[str, str], dict[str, bool]]:
+    request = {
+        "template": folder.chat_template,
+        "special": {k: v for k, v in folder.special.items() if v is not None},
+        "probes": [list(p) for p in PROBES],
+    }
+    where = f"the chat template in {folder.chat_template_file}"
+    script = Path(__file__).with_name("chatrender.py")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-I", str(script)],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            timeout=RENDER_SECONDS,
         )
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols]
-    )
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: "26 Jul 2024" if "%d" in fmt else ""
-    tpl = env.from_string(folder.chat_template)
-    special = {k: v for k, v in folder.special.items() if v is not None}
-    return tpl.render(
-        messages=messages, add_generation_prompt=add_generation_prompt, tools=None, documents=None, **special
-    )
+        reply = json.loads(proc.stdout)
+    except subprocess.TimeoutExpired:
+        raise TemplateError(
+            f"{where} did not render {len(PROBES)} short probe conversations within {RENDER_SECONDS} s "
+            "(loops without bound?); fix or remove it, or set model.template to a LLaMA-Factory template"
+        ) from None
+    except ValueError:
+        raise TemplateError(f"{where} could not be rendered: {proc.stderr.strip()[-500:]}") from None
+    if "budget" in reply:
+        raise TemplateError(
+            f"{where} is over its render budget: {reply['budget']}; fix or remove it, or set "
+            "model.template to a LLaMA-Factory template"
+        )
+    if reply.get("error"):
+        log.info("%s does not compile: %s", where, reply["error"])
+    rendered, always = {}, {}
+    for probe, out in reply["renders"].items():
+        if "error" in out:
+            log.info("%s does not render %r: %s", where, probe, out["error"])
+        else:
+            rendered[probe], always[probe] = out["text"], out["always"]
+    return rendered, always
 
 
 def effective_eos(spec: dict, folder: Folder) -> str | None:
@@ -405,11 +459,9 @@ def fit_problems(template: str, folder: Folder, text_ids: bool = True) -> list[s
     if spec is None:
         return []
     if folder.vocab is None:
-        log.info(
-            "%s has no tokenizer.json: template %s's tokens not checked against its vocabulary",
-            folder.path,
-            template,
-        )
+        if folder.load_error:
+            return [f"transformers cannot load the tokenizer ({folder.load_error})"]
+        log.info("%s has no tokenizer: template %s's tokens not checked", folder.path, template)
         return []
     problems, thoughts = [], []
     size = folder.vocab_size
@@ -551,6 +603,11 @@ def _same(spec: dict, folder: Folder, probe: str, hf: str, always_prompt: bool) 
     return header.endswith(hf[len(lf) :])
 
 
+def _matching(spec: dict, folder: Folder, rendered: dict, always_prompt: dict) -> list[str]:
+    """The probes on which the template renders as the chat template did (`rendered`)."""
+    return [p for p in rendered if _same(spec, folder, p, rendered[p], always_prompt[p])]
+
+
 def candidates(folder: Folder) -> list[str]:
     """Templates the folder can use: text-only ones unless it has a processor."""
     return [n for n, s in table()["templates"].items() if folder.has_processor or not s["multimodal"]]
@@ -564,19 +621,10 @@ def resolve(model_dir: str | Path) -> tuple[str, str]:
     hint_rank = {t: i for i, (t, _) in reversed(list(enumerate(hints)))}
     pool = [n for n in candidates(folder) if not fit_problems(n, folder, text_ids=False)]
     if folder.chat_template:
-        rendered, always_prompt = {}, {}
-        for probe, msgs, generation in PROBES:
-            try:
-                text = render_hf(folder, msgs, generation)
-                # Some templates (Llama-3.0's first) append the next assistant header regardless.
-                always = not generation and render_hf(folder, msgs, True) == text
-            except Exception as exc:  # noqa: BLE001 - a template that refuses a probe (e.g. system)
-                log.info("chat template of %s does not render %r: %s", folder.path, probe, exc)
-                continue
-            rendered[probe], always_prompt[probe] = text, always
+        rendered, always_prompt = render_probes(folder)
         scores = {}
         for name in pool:
-            same = [p for p in rendered if _same(specs[name], folder, p, rendered[p], always_prompt[p])]
+            same = _matching(specs[name], folder, rendered, always_prompt)
             if any(p != "generation prompt" for p in same):
                 scores[name] = same
         top = max((len(s) for s in scores.values()), default=0)
@@ -606,15 +654,18 @@ def resolve(model_dir: str | Path) -> tuple[str, str]:
                     f" (chosen by {hints[hint_rank[name]][1]})" if name in hint_rank else ""
                 )
             return name, why
+    if not folder.chat_template and not folder.has_processor:
+        # A base model: it learned no chat format, and LLaMA-Factory's guidance for base models is
+        # `default` (the model type's chat template would teach an instruct model's format to it).
+        # A folder with a processor keeps its model type's template: only a multimodal one feeds it.
+        return BASE_TEMPLATE, (
+            f"no chat template (a base model): {BASE_TEMPLATE}, LLaMA-Factory's template for base models "
+            "(set model.template to choose)"
+        )
+    lead = "chat template matches no LLaMA-Factory template" if folder.chat_template else "no chat template"
     for name, why in hints:
         if name in pool:
-            lead = (
-                "chat template matches no LLaMA-Factory template; "
-                if folder.chat_template
-                else "no chat template; "
-            )
-            return name, lead + why
-    lead = "chat template matches no LLaMA-Factory template" if folder.chat_template else "no chat template"
+            return name, f"{lead}; {why}"
     kind = f"model_type {folder.model_type}" if folder.model_type else "no model_type"
     return (
         BUILTIN_TEMPLATE,
@@ -644,6 +695,32 @@ def check(template: str, model_dir: str | Path) -> None:
             + "; ".join(problems)
             + f"; {advice}"
         )
+
+
+def contradiction(template: str, model_dir: str | Path) -> str | None:
+    """A warning when a named template formats the probe conversations unlike the folder's own chat
+    template while another LLaMA-Factory template matches it better (llama2 on Mistral-v0.3, whose
+    chat template matches mistral): training would teach the model another format than its own."""
+    folder = read_folder(model_dir)
+    specs = table()["templates"]
+    if template == AUTO or template not in specs or not folder.chat_template:
+        return None
+    try:
+        best, why = resolve(model_dir)
+    except TemplateError as exc:  # a chat template over its budget: the named template is used as is
+        return f"{exc}; not compared with model.template {template}"
+    if best == template or not why.startswith(f"chat template matches {best} "):
+        return None
+    rendered, always = render_probes(folder)
+    mine = _matching(specs[template], folder, rendered, always)
+    if len(mine) >= len(_matching(specs[best], folder, rendered, always)):
+        return None
+    return (
+        f"template {template!r} renders {len(rendered) - len(mine)} of {len(rendered)} probe conversations "
+        f"unlike the chat template in {folder.chat_template_file}, which matches {best} ({why}): the model "
+        f"would be trained on {template}'s format, not its own; set model.template: {best} (or auto) "
+        "unless that is meant"
+    )
 
 
 def resolved(template: str, model_dir: str | Path | None) -> tuple[str, str]:
@@ -677,6 +754,10 @@ def for_workflow(cfg: dict, workdir: str | Path) -> tuple[str, str]:
         template, why = resolved(cfg["model"]["template"], model_dir)
         if model_dir is not None:
             check(template, model_dir)
+            # A named template that contradicts the folder's own chat template: warned, the run goes on.
+            warning = contradiction(cfg["model"]["template"], model_dir)
+            if warning:
+                print(f"llmft: warning: config key model.template: {warning}", file=sys.stderr)
     except ConfigError as exc:
         raise ConfigError(f"config key model.template: {exc}") from None
     return template, why

@@ -301,6 +301,12 @@ def _check_model(name: str, base_dir: Path) -> None:
             "model type transformers has built in"
         )
 
+    from llmft.core.modelfiles import folder_problems
+
+    problems = folder_problems(full)
+    if problems:
+        raise ConfigError("config key model.name_or_path: " + "; ".join(problems))
+
 
 def _remote_code(folder: Path) -> str | None:
     """The file of a model folder whose model or tokenizer transformers can load only by running code

@@ -22,8 +22,98 @@ INDEX = "model.safetensors.index.json"
 HEAD = "lm_head.weight"
 
 
+# Bytes per element of the safetensors dtypes.
+DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+               "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}  # fmt: skip
+# Weights saved with pickle (torch.save): loading one runs whatever code the file names.
+PICKLE_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
+# A tokenizer transformers can load from a folder: fast (tokenizer.json), SentencePiece, BPE, WordPiece,
+# tiktoken.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "spiece.model",
+    "vocab.json",
+    "vocab.txt",
+    "*.tiktoken",
+)
+# A header larger than this is not a safetensors header (the format caps it at 100 MB).
+MAX_HEADER = 100_000_000
+
+
 class StructureError(RuntimeError):
     """A trained model folder does not have its base model's structure."""
+
+
+class FolderError(ValueError):
+    """A model folder's files cannot be trained from; the message names the file."""
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why a .safetensors file is not a whole one (its header against its size); None when it is."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            return f"{size} bytes, shorter than the 8-byte header length"
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER or 8 + n > size:
+            return f"its header length {n} runs past the file's {size} bytes"
+        try:
+            header = json.loads(fh.read(n))
+        except (UnicodeDecodeError, ValueError):
+            return "its header is not JSON"
+    if not isinstance(header, dict):
+        return "its header is not a JSON object"
+    end = 0
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, stop = t["data_offsets"]
+            want = math.prod(t["shape"]) * DTYPE_BYTES[t["dtype"]]
+        except (KeyError, TypeError, ValueError):
+            return f"tensor {name!r} has no valid dtype, shape and data_offsets"
+        if not 0 <= begin <= stop or stop - begin != want:
+            return f"tensor {name!r} spans bytes {begin}..{stop}, not the {want} its dtype and shape need"
+        end = max(end, stop)
+    if 8 + n + end > size:
+        return f"its tensors need {8 + n + end} bytes, the file has {size} (truncated)"
+    return None
+
+
+def folder_problems(model_dir: str | Path) -> list[str]:
+    """What keeps a model folder from loading: weights that are corrupt or pickled, a sharded index
+    naming a missing shard, no tokenizer. Reads headers only, no weight."""
+    d = Path(model_dir)
+    out = []
+    shards = sorted(d.glob("*.safetensors"))
+    for f in shards:
+        problem = safetensors_problem(f)
+        if problem:
+            out.append(f"{f} is not a whole safetensors file: {problem}")
+    cfg = read_optional(d / "config.json", None)
+    if not isinstance(cfg, dict):
+        what = "is not JSON" if cfg is None else f"holds a JSON {type(cfg).__name__}, not an object"
+        out.append(f"{d / 'config.json'} {what}; a model's config.json is one object of its settings")
+    if (d / INDEX).exists():
+        index = read_optional(d / INDEX, None)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict):
+            out.append(f"{d / INDEX} has no weight_map object")
+        else:
+            missing = sorted({str(f) for f in weight_map.values()} - {f.name for f in shards})
+            if missing:
+                out.append(f"{d / INDEX} names shards that are not in the folder: {', '.join(missing[:3])}")
+    pickled = sorted({f.name for pattern in PICKLE_WEIGHTS for f in d.glob(pattern)})
+    if pickled and not shards:
+        out.append(
+            f"{d} holds its weights as pickle ({', '.join(pickled[:3])}), which runs code when loaded; "
+            "convert them to safetensors (save_pretrained(..., safe_serialization=True)) first"
+        )
+    if not any(any(d.glob(pattern)) for pattern in TOKENIZER_FILES):
+        out.append(f"{d} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+    return out
 
 
 def tensor_index(model_dir: str | Path) -> dict[str, dict]:

@@ -20,6 +20,11 @@ PROBES = (
     ("spaces and newlines", "  two leading,   three inside\n\n\nthree newlines \n trailing  "),
     ("emoji", "emoji 😀👍🏽 🇫🇷 ❤️ end"),
     ("accents", "naïve café über façade Ελληνικά"),
+    # Pre-tokenizer seams, where a loader that drops tokenizer.json's pre-tokenizer (SmolLM's digit
+    # split before the byte-level regex) cuts differently: '\n\n1' is `ĊĊ 1` as saved, `Ċ Ċ 1` rebuilt.
+    ("digits after newlines", "Steps:\n\n1. Mix.\n2. Bake.\n\n\n10 minutes\r\n\r\n3"),
+    ("digits after spaces and signs", "x  42\t7 (1) [2] -3 +4 $5 %6 #7 a1b22c333 1st 2nd"),
+    ("punctuation runs", "Wait... what?! --- *** ''quoted'' \"\"x\"\" ::: ;; ```"),
 )
 
 log = logging.getLogger("llmft.data.tokcheck")
@@ -41,6 +46,10 @@ def check(tokenizer, folder: str | Path, fail: bool = True) -> dict:
     if not path.is_file():
         return {"checked": False, "why": f"no tokenizer.json in {folder} (a slow tokenizer)"}
     reference = Tokenizer.from_file(str(path))
+    # The ids of the text alone: tokenizer.json may carry fixed padding or truncation (SmolLM's),
+    # which transformers does not apply to encode() and LLaMA-Factory does not use.
+    reference.no_padding()
+    reference.no_truncation()
     for name, text in PROBES:
         loaded = list(tokenizer.encode(text, add_special_tokens=False))
         saved = reference.encode(text, add_special_tokens=False).ids
