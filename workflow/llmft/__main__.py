@@ -449,7 +449,12 @@ def _later_commands(sub, add) -> None:
     p.add_argument("--profile", default="profiles/slurm", help="the Snakemake profile to run with")
     p.add_argument("--results", default="results", help="the folder holding the runs")
     p.add_argument("snakemake_args", nargs=argparse.REMAINDER, help="after --: extra snakemake arguments")
-    p = add("nightly-schedule", cmd_nightly_schedule, help="print the scrontab / crontab entry")
+    p = add("nightly-schedule", cmd_nightly_schedule, help="print the scrontab / crontab entry", config=False)
+    p.add_argument(
+        "--config",
+        default=WORKFLOW_CONFIG,
+        help="the config file the scheduled nights run (as `llmft nightly --config`)",
+    )
     p.add_argument("--profile", default="profiles/slurm", help="the Snakemake profile the entry runs with")
 
 
