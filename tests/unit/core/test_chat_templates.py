@@ -16,6 +16,7 @@ from llmft.data import tokcheck
 from llmft.data.assets import build_tokenizer, synthetic_rows
 from llmft.data.sources import DataError
 
+from tests import published_formats as published
 from tests.conftest import REPO, make_workdir, snakemake
 from tests.reliability import reliability
 
@@ -393,3 +394,16 @@ def test_real_gemma3_with_its_processor_gets_gemma3_and_tokenizes_as_llamafactor
         pairs = template.encode_multiturn(module["tokenizer"], msgs, row.get("system") or "")
         ids = [t for src, tgt in pairs for t in src + tgt]
         assert ours.ids[ours.offsets[i] : ours.offsets[i + 1]].tolist() == ids, row
+
+
+@pytest.mark.parametrize("name,reference", [("qwen", published.chatml), ("llama3", published.llama3)])
+def test_table_renders_the_format_the_model_authors_publish(name, reference):
+    """The table against formats written out by hand (tests/published_formats.py), not against a
+    fresh build of itself: every probe conversation, as the model's authors document it."""
+    spec = ct.table()["templates"][name]
+    eos = spec["stop_words"][0]
+    for probe, messages, generation in ct.PROBES:
+        system = next((m["content"] for m in messages if m["role"] == "system"), None)
+        turns = [(m["role"], m["content"]) for m in messages if m["role"] != "system"]
+        rendered = published.flatten(spec["renders"][probe], bos="<|begin_of_text|>", eos=eos)
+        assert rendered == reference(turns, system, generation), probe
