@@ -18,6 +18,7 @@ from llmft.data.sources import DataError
 
 from tests import published_formats as published
 from tests.conftest import REPO, make_workdir, snakemake
+from tests.lfref import aligned_from_canonical, lf_sft
 from tests.reliability import reliability
 
 REAL = REPO / ".cache" / "tokenizers"  # tests/setup-tokenizers.sh fetches them
@@ -203,15 +204,26 @@ def test_multimodal_template_with_a_processor_tokenizes_text_rows_as_llamafactor
 
 
 def test_evaluate_encodes_multimodal_templates_with_the_processor(gemma3_folder):
+    """The (prompt, answer) ids evaluate generates and scores from equal LLaMA-Factory's own SFT
+    processor's rows for the same conversations (its labels mark where the answer starts), not a
+    second call of our encoder."""
+    from llamafactory.data import get_template_and_fix_tokenizer
+    from llamafactory.extras.constants import IGNORE_INDEX
+    from llamafactory.hparams import DataArguments, ModelArguments
+    from llamafactory.model import load_tokenizer
     from llmft.evaluate import run as ev
-    from transformers import AutoTokenizer
 
     rows = [r for r in ROWS if not r.get("history")][:5]
-    tok, ours = ev.encode_with_llamafactory(
-        rows, AutoTokenizer.from_pretrained(gemma3_folder), "gemma3", gemma3_folder
-    )
     tokenizer, encoded = ev.encode(rows, str(gemma3_folder), "auto")  # resolves to gemma3 there
-    assert encoded == ours and all(p and a for p, a in ours)
+    module = load_tokenizer(ModelArguments(model_name_or_path=str(gemma3_folder)))
+    template = get_template_and_fix_tokenizer(module["tokenizer"], DataArguments(template="gemma3"))
+    theirs = lf_sft(
+        template, module["tokenizer"], aligned_from_canonical(rows), "gemma3", module["processor"]
+    )
+    for i, (prompt, answer) in enumerate(encoded):
+        ids, labels = theirs["input_ids"][i], theirs["labels"][i]
+        start = next(k for k, label in enumerate(labels) if label != IGNORE_INDEX)
+        assert (prompt, answer) == (ids[:start], ids[start:]) and answer, rows[i]
 
 
 def test_tokenizer_loaded_differently_from_its_tokenizer_json_is_refused(tmp_path):
