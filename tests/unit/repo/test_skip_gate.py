@@ -18,6 +18,7 @@ SUITE = {
     "tests/slurm/test_login_node_plan.py": (
         "import pytest\n\n\ndef test_gpu_host():\n    pytest.skip('GPU')\n"
     ),
+    "tests/unit/test_module.py": "import pytest\n\npytest.skip('no node', allow_module_level=True)\n",
     "tests/unit/test_other.py": (
         "import pytest\n\n\n@pytest.mark.skipif(True, reason='node not found')\n"
         "def test_tokens():\n    pass\n\n\ndef test_ok():\n    pass\n\n\n"
@@ -49,7 +50,8 @@ def test_a_skip_not_on_the_list_fails_the_run_and_is_named(tmp_path, env):
     assert proc.returncode == 1, proc.stdout[-3000:]
     out = proc.stdout
     assert "tests/unit/test_other.py::test_tokens: node not found" in out
-    assert "1 skipped test(s) fail this run" in out  # the allowed skip and the xfail are not counted
+    assert "tests/unit/test_module.py: no node" in out  # a whole module skipped at collection
+    assert "2 skipped test(s) fail this run" in out  # the allowed skip and the xfail are not counted
     assert "test_login_node_plan.py::test_gpu_host:" not in out
 
 
@@ -57,7 +59,7 @@ def test_allowed_skips_and_skips_outside_ci_pass(tmp_path):
     assert run(tmp_path, {"CI": "true"}, only="tests/slurm").returncode == 0
     for env in ({}, {"CI": "false"}):
         proc = run(tmp_path, env)
-        assert proc.returncode == 0 and "2 skipped" in proc.stdout, proc.stdout[-3000:]
+        assert proc.returncode == 0 and "3 skipped" in proc.stdout, proc.stdout[-3000:]
 
 
 def test_every_allowed_skip_says_why():
