@@ -11,6 +11,7 @@ from llmft.data.assets import build_tokenizer, synthetic_rows
 from llmft.evaluate import run as ev
 
 from tests import published_formats as published
+from tests.lfref import aligned_from_canonical, lf_sft
 
 TABLE = json.loads(prompts.TABLE.read_text(encoding="utf-8"))
 NAMES = sorted(TABLE["templates"])
@@ -92,10 +93,24 @@ def test_declines_where_it_could_differ(base_tokenizer, monkeypatch):
 
 
 def test_evaluate_encode_falls_back_to_llamafactory(tmp_path, base_tokenizer):
+    """A row the table cannot encode (two earlier turns) sends the whole set through LLaMA-Factory's
+    template; checked against LLaMA-Factory's SFT processor, not against that same fallback: the
+    prompt and answer together are its row, and the answer is what its labels train on last."""
+    from llamafactory.data import get_template_and_fix_tokenizer
+    from llamafactory.hparams import DataArguments
+
     rows = ROWS + [{"instruction": "q", "output": "a", "history": [["a", "b"], ["c", "d"]]}]
+    assert (
+        prompts.PromptEncoder.load(tokenizer_for(base_tokenizer, "default"), "default")[0].encode(rows)
+        is None
+    )
     tok, encoded = ev.encode(rows, str(base_tokenizer), "default")
-    _, theirs = ev.encode_with_llamafactory(rows, tokenizer_for(base_tokenizer, "default"), "default")
-    assert encoded == theirs
+    lf_tok = tokenizer_for(base_tokenizer, "default")
+    template = get_template_and_fix_tokenizer(lf_tok, DataArguments(template="default"))
+    theirs = lf_sft(template, lf_tok, aligned_from_canonical(rows), "default")
+    for i, (prompt, answer) in enumerate(encoded):
+        ids, labels = theirs["input_ids"][i], theirs["labels"][i]
+        assert prompt + answer == ids and labels[len(prompt) :] == answer, rows[i]
 
 
 @pytest.mark.parametrize("name,reference", [("qwen", published.chatml), ("llama3", published.llama3)])
