@@ -169,7 +169,6 @@ def gemma3_folder(tmp_path_factory):
 
 def test_multimodal_template_with_a_processor_tokenizes_text_rows_as_llamafactory(gemma3_folder):
     from llamafactory.data import get_template_and_fix_tokenizer
-    from llamafactory.data.processor import SupervisedDatasetProcessor
     from llamafactory.hparams import DataArguments, ModelArguments
     from llamafactory.model import load_tokenizer
 
@@ -179,21 +178,10 @@ def test_multimodal_template_with_a_processor_tokenizes_text_rows_as_llamafactor
     assert type(enc.processor).__name__ == "Gemma3Processor"
     module = load_tokenizer(ModelArguments(model_name_or_path=str(gemma3_folder)))
     assert module["processor"] is not None
-    data_args = DataArguments(template="gemma3", cutoff_len=100_000)
-    template = get_template_and_fix_tokenizer(module["tokenizer"], data_args)
-    proc = SupervisedDatasetProcessor(
-        template=template, tokenizer=module["tokenizer"], processor=module["processor"], data_args=data_args
+    template = get_template_and_fix_tokenizer(module["tokenizer"], DataArguments(template="gemma3"))
+    theirs = lf_sft(
+        template, module["tokenizer"], aligned_from_canonical(ROWS), "gemma3", module["processor"]
     )
-    batch = {k: [] for k in ("_prompt", "_response", "_system", "_tools", "_images", "_videos", "_audios")}
-    for row in ROWS:
-        msgs = messages_of(row)
-        batch["_prompt"].append(msgs[:-1])
-        batch["_response"].append(msgs[-1:])
-        batch["_system"].append(row.get("system", ""))
-        batch["_tools"].append("")
-        for k in ("_images", "_videos", "_audios"):
-            batch[k].append(None)
-    theirs = proc.preprocess_dataset(batch)
     ours = enc.encode(ROWS)
     for i in range(len(ROWS)):
         a, b = ours.offsets[i], ours.offsets[i + 1]
