@@ -12,6 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.skipgate import (  # noqa: F401  (hooks: no silent skips under CI / make test)
+    pytest_collectreport,
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 # Snakemake imports every installed executor plugin before it reads the profile, and the Slurm

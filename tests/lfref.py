@@ -53,16 +53,17 @@ def lf_convert(raw_rows: list[dict], attr) -> list[dict]:
     return [converter({k: row.get(k) for k in names}) for row in raw_rows]
 
 
-def lf_sft(template, tokenizer, aligned: list[dict], template_name: str) -> dict:
+def lf_sft(template, tokenizer, aligned: list[dict], template_name: str, processor=None) -> dict:
     """LLaMA-Factory's SupervisedDatasetProcessor on aligned examples: {"input_ids", "labels", ...}
-    with one entry per example it keeps (it drops examples without a prompt/response pair)."""
+    with one entry per example it keeps (it drops examples without a prompt/response pair);
+    `processor`: a multimodal model's, which its template's plugin then sees."""
     from llamafactory.data.processor import SupervisedDatasetProcessor
     from llamafactory.hparams import DataArguments
 
     proc = SupervisedDatasetProcessor(
         template=template,
         tokenizer=tokenizer,
-        processor=None,
+        processor=processor,
         data_args=DataArguments(template=template_name, cutoff_len=1_000_000),
     )
     batch = {k: [ex[k] for ex in aligned] for k in ALIGNED}

@@ -34,6 +34,7 @@ MODULES = [
     "tests.unit.report.test_trend",
     "tests.workflow.test_shell_values",
     "tests.unit.nightly.test_run",
+    "tests.unit.repo.test_skip_gate",
 ]
 BEGIN = "<!-- reliability table: python -m tests.reliability -->"
 END = "<!-- end of reliability table -->"

@@ -39,7 +39,12 @@ def test_all_five_stages_ran_for_real(demo):
     # LLaMA-Factory under torchrun with 2 processes and DeepSpeed ZeRO-3
     assert "Initializing 2 distributed tasks" in sft_log
     assert re.search(r"stage\W+3", (run / "sft/deepspeed.json").read_text())
-    assert "DeepSpeed" in sft_log or "deepspeed" in sft_log
+    # The stage that ran, from DeepSpeed's own output rather than the config we asked it for (its
+    # INFO log, which would say so, is off): only ZeRO-3 partitions the weights, and then names each
+    # rank's checkpoint file zero_pp_rank_<rank>_mp_rank_00_model_states.pt; stages 0-2 write one
+    # mp_rank_00_model_states.pt.
+    states = {p.name for p in (run / "work").glob("sft-*/checkpoint-*/global_step*/*model_states.pt")}
+    assert states == {f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt" for rank in (0, 1)}, states
     summary = json.loads((run / "sft/train_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["final_loss"] < summary["first_loss"] / 3
 
@@ -63,12 +68,15 @@ def test_trained_model_loads_and_generates(demo):
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tok = AutoTokenizer.from_pretrained(model_dir)
     assert all(p.numel() > 0 for p in model.parameters())  # ZeRO-3 gathered real weights
-    out = model.generate(
-        **tok("Human: What is the first word?\nowl cat\nAssistant:", return_tensors="pt"),
-        max_new_tokens=4,
-        do_sample=False,
-    )
-    assert out.shape[1] > 0
+    prompt = tok("Human: What is the first word?\nowl cat\nAssistant:", return_tensors="pt")
+
+    def first_word(m):
+        out = m.generate(**prompt, max_new_tokens=4, do_sample=False)
+        return tok.decode(out[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True).split()[:1]
+
+    # the trained answer, not just any tokens: the random-init base does not give it
+    assert first_word(model) == ["owl"]
+    assert first_word(AutoModelForCausalLM.from_pretrained(demo[0] / "results/demo/base_model")) != ["owl"]
 
 
 def test_training_wrote_one_tensorboard_run_with_loss_and_learning_rate(demo):

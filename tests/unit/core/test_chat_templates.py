@@ -16,7 +16,9 @@ from llmft.data import tokcheck
 from llmft.data.assets import build_tokenizer, synthetic_rows
 from llmft.data.sources import DataError
 
+from tests import published_formats as published
 from tests.conftest import REPO, make_workdir, snakemake
+from tests.lfref import aligned_from_canonical, lf_sft
 from tests.reliability import reliability
 
 REAL = REPO / ".cache" / "tokenizers"  # tests/setup-tokenizers.sh fetches them
@@ -184,7 +186,6 @@ def gemma3_folder(tmp_path_factory):
 
 def test_multimodal_template_with_a_processor_tokenizes_text_rows_as_llamafactory(gemma3_folder):
     from llamafactory.data import get_template_and_fix_tokenizer
-    from llamafactory.data.processor import SupervisedDatasetProcessor
     from llamafactory.hparams import DataArguments, ModelArguments
     from llamafactory.model import load_tokenizer
 
@@ -194,21 +195,10 @@ def test_multimodal_template_with_a_processor_tokenizes_text_rows_as_llamafactor
     assert type(enc.processor).__name__ == "Gemma3Processor"
     module = load_tokenizer(ModelArguments(model_name_or_path=str(gemma3_folder)))
     assert module["processor"] is not None
-    data_args = DataArguments(template="gemma3", cutoff_len=100_000)
-    template = get_template_and_fix_tokenizer(module["tokenizer"], data_args)
-    proc = SupervisedDatasetProcessor(
-        template=template, tokenizer=module["tokenizer"], processor=module["processor"], data_args=data_args
+    template = get_template_and_fix_tokenizer(module["tokenizer"], DataArguments(template="gemma3"))
+    theirs = lf_sft(
+        template, module["tokenizer"], aligned_from_canonical(ROWS), "gemma3", module["processor"]
     )
-    batch = {k: [] for k in ("_prompt", "_response", "_system", "_tools", "_images", "_videos", "_audios")}
-    for row in ROWS:
-        msgs = messages_of(row)
-        batch["_prompt"].append(msgs[:-1])
-        batch["_response"].append(msgs[-1:])
-        batch["_system"].append(row.get("system", ""))
-        batch["_tools"].append("")
-        for k in ("_images", "_videos", "_audios"):
-            batch[k].append(None)
-    theirs = proc.preprocess_dataset(batch)
     ours = enc.encode(ROWS)
     for i in range(len(ROWS)):
         a, b = ours.offsets[i], ours.offsets[i + 1]
@@ -219,15 +209,26 @@ def test_multimodal_template_with_a_processor_tokenizes_text_rows_as_llamafactor
 
 
 def test_evaluate_encodes_multimodal_templates_with_the_processor(gemma3_folder):
+    """The (prompt, answer) ids evaluate generates and scores from equal LLaMA-Factory's own SFT
+    processor's rows for the same conversations (its labels mark where the answer starts), not a
+    second call of our encoder."""
+    from llamafactory.data import get_template_and_fix_tokenizer
+    from llamafactory.extras.constants import IGNORE_INDEX
+    from llamafactory.hparams import DataArguments, ModelArguments
+    from llamafactory.model import load_tokenizer
     from llmft.evaluate import run as ev
-    from transformers import AutoTokenizer
 
     rows = [r for r in ROWS if not r.get("history")][:5]
-    tok, ours = ev.encode_with_llamafactory(
-        rows, AutoTokenizer.from_pretrained(gemma3_folder), "gemma3", gemma3_folder
-    )
     tokenizer, encoded = ev.encode(rows, str(gemma3_folder), "auto")  # resolves to gemma3 there
-    assert encoded == ours and all(p and a for p, a in ours)
+    module = load_tokenizer(ModelArguments(model_name_or_path=str(gemma3_folder)))
+    template = get_template_and_fix_tokenizer(module["tokenizer"], DataArguments(template="gemma3"))
+    theirs = lf_sft(
+        template, module["tokenizer"], aligned_from_canonical(rows), "gemma3", module["processor"]
+    )
+    for i, (prompt, answer) in enumerate(encoded):
+        ids, labels = theirs["input_ids"][i], theirs["labels"][i]
+        start = next(k for k, label in enumerate(labels) if label != IGNORE_INDEX)
+        assert (prompt, answer) == (ids[:start], ids[start:]) and answer, rows[i]
 
 
 def test_tokenizer_loaded_differently_from_its_tokenizer_json_is_refused(tmp_path):
@@ -678,3 +679,16 @@ def test_snakemake_warns_of_a_named_template_that_contradicts_the_chat_template(
     assert res.returncode == 0, (res.stdout + res.stderr)[-2000:]
     assert "llmft: warning: config key model.template: template 'llama2' renders 4 of 4" in res.stderr
     assert "which matches mistral (" in res.stderr
+
+
+@pytest.mark.parametrize("name,reference", [("qwen", published.chatml), ("llama3", published.llama3)])
+def test_table_renders_the_format_the_model_authors_publish(name, reference):
+    """The table against formats written out by hand (tests/published_formats.py), not against a
+    fresh build of itself: every probe conversation, as the model's authors document it."""
+    spec = ct.table()["templates"][name]
+    eos = spec["stop_words"][0]
+    for probe, messages, generation in ct.PROBES:
+        system = next((m["content"] for m in messages if m["role"] == "system"), None)
+        turns = [(m["role"], m["content"]) for m in messages if m["role"] != "system"]
+        rendered = published.flatten(spec["renders"][probe], bos="<|begin_of_text|>", eos=eos)
+        assert rendered == reference(turns, system, generation), probe

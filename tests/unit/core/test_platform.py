@@ -1,5 +1,6 @@
-"""The typed platform: built once from the nodes' recorded facts (or the config's word), handed to the
-planner, the renderer and the launcher. Recorded MI300X and H200 facts, no pretending to have them."""
+"""The typed platform: built once from the nodes' facts (or the config's word), handed to the planner,
+the renderer and the launcher. The H200 facts were captured on the device machine; the MI300X facts
+were written by hand in the facts format, not captured on a node (tests/fixtures/README.md)."""
 
 import copy
 import dataclasses

@@ -112,13 +112,16 @@ def prepared(tmp_path_factory, tokenizer_dir):
 
 def test_saved_dataset_equals_llamafactory_preprocessing(tmp_path, prepared, tokenizer_dir):
     tmp, stats = prepared
-    assert stats["too_long"] == 0 or stats["train_rows"]  # rows over 96 tokens were dropped, not cut
+    # the 40 two-turn conversations are 98-112 tokens: dropped whole, not cut to 96
+    sharegpt = stats["sources"][1]
+    assert stats["too_long"] == sharegpt["too_long"] == 40 and sharegpt["kept"] == 0
     theirs = llamafactory_preprocess(tmp_path, tmp / "out", tokenizer_dir, 96)
     ours = load_from_disk(str(tmp / "out" / "tokenized"))
     for split, lf in (("train", theirs["train_dataset"]), ("validation", theirs["eval_dataset"])):
         assert ours[split].features == lf.features
         assert len(ours[split]) == len(lf) > 10
         assert ours[split][:] == lf[:]  # every column of every row
+        assert max(len(ids) for ids in ours[split]["input_ids"]) <= 96
     assert len(ours["train"]) == stats["train_rows"]
 
 

@@ -10,6 +10,9 @@ from llmft.core import prompts
 from llmft.data.assets import build_tokenizer, synthetic_rows
 from llmft.evaluate import run as ev
 
+from tests import published_formats as published
+from tests.lfref import aligned_from_canonical, lf_sft
+
 TABLE = json.loads(prompts.TABLE.read_text(encoding="utf-8"))
 NAMES = sorted(TABLE["templates"])
 
@@ -90,7 +93,48 @@ def test_declines_where_it_could_differ(base_tokenizer, monkeypatch):
 
 
 def test_evaluate_encode_falls_back_to_llamafactory(tmp_path, base_tokenizer):
+    """A row the table cannot encode (two earlier turns) sends the whole set through LLaMA-Factory's
+    template; checked against LLaMA-Factory's SFT processor, not against that same fallback: the
+    prompt and answer together are its row, and the answer is what its labels train on last."""
+    from llamafactory.data import get_template_and_fix_tokenizer
+    from llamafactory.hparams import DataArguments
+
     rows = ROWS + [{"instruction": "q", "output": "a", "history": [["a", "b"], ["c", "d"]]}]
+    assert (
+        prompts.PromptEncoder.load(tokenizer_for(base_tokenizer, "default"), "default")[0].encode(rows)
+        is None
+    )
     tok, encoded = ev.encode(rows, str(base_tokenizer), "default")
-    _, theirs = ev.encode_with_llamafactory(rows, tokenizer_for(base_tokenizer, "default"), "default")
-    assert encoded == theirs
+    lf_tok = tokenizer_for(base_tokenizer, "default")
+    template = get_template_and_fix_tokenizer(lf_tok, DataArguments(template="default"))
+    theirs = lf_sft(template, lf_tok, aligned_from_canonical(rows), "default")
+    for i, (prompt, answer) in enumerate(encoded):
+        ids, labels = theirs["input_ids"][i], theirs["labels"][i]
+        assert prompt + answer == ids and labels[len(prompt) :] == answer, rows[i]
+
+
+@pytest.mark.parametrize("name,reference", [("qwen", published.chatml), ("llama3", published.llama3)])
+@pytest.mark.parametrize("shape", ["2", "2s", "4", "4s"])
+def test_table_plans_render_the_format_the_model_authors_publish(name, reference, shape):
+    """The table against formats written out by hand (tests/published_formats.py), not against a
+    fresh build of itself: prompt + answer of each shape, as the model's authors document it."""
+    spec = TABLE["templates"][name]
+    n, has_system = int(shape[0]), shape.endswith("s")
+    texts = [f"text {i}" for i in range(n + 1)]  # turn i, then the system message
+
+    def fill(elements):
+        text = published.flatten(elements, bos="<|begin_of_text|>", eos=spec["stop_words"][0])
+        for i, t in enumerate(texts):
+            text = text.replace(f"\x00{i}\x00", t)  # the table's placeholder for text i
+        return text
+
+    prompt, answer = spec["plans"][shape]
+    turns = [("user" if i % 2 == 0 else "assistant", texts[i]) for i in range(n)]
+    assert fill(prompt) + fill(answer) == reference(turns, texts[n] if has_system else None)
+
+
+def test_alpaca_plan_is_stanford_alpacas_prompt():
+    prompt, _ = TABLE["templates"]["alpaca"]["plans"]["2"]
+    assert published.flatten(prompt).replace("\x000\x00", "Name a bird.") == published.alpaca(
+        "Name a bird.", ""
+    )

@@ -2,7 +2,8 @@
 LLaMA-Factory's tokens, and the README's compatibility matrix is what this measures (tests/compat.py).
 
 All cells run in one module-scoped fixture: LLaMA-Factory and the tokenizers load once per process.
-A family whose tokenizer tests/setup-tokenizers.sh has not fetched is skipped, saying so."""
+A family whose tokenizer tests/setup-tokenizers.sh has not fetched is skipped, saying so; under CI
+and `make test` that skip fails the run (tests/skipgate.py)."""
 
 import pytest
 

@@ -1,7 +1,10 @@
 """The collective check's pure parts and rules: bus bandwidth, NCCL/RCCL log parsing, floors, verdicts.
 
-RCCL logs are fixtures in RCCL's INFO format (tests/fixtures/README.md); each failure rule (PCIe
-fallback, slow GEMM, hang, wrong sum) has a test that makes it fire.
+The RCCL logs and MI300X facts under tests/fixtures/ were written by hand in RCCL's INFO format, not
+captured on a node (tests/fixtures/README.md); the log parser also gets a case built independently of
+them, from NCCL/RCCL INFO lines as public issue reports show them. The H200 logs were captured on the
+device machine. Each failure rule (PCIe fallback, slow GEMM, hang, wrong sum) has a test that makes it
+fire.
 """
 
 import copy
@@ -209,3 +212,26 @@ def test_recorded_h200_run_passes_and_its_p2p_off_run_fails():
     nodes[0]["env"]["NCCL_P2P_DISABLE"] = None
     fix = failed(judge_run(nodes, P2P_OFF["collectives"], CUDA2, "cuda", 1)[0])["transport"].fix
     assert "nvidia-smi topo -m" in fix
+
+
+def test_log_parser_on_lines_built_independently_of_the_fixtures():
+    """INFO lines in the layouts public NCCL/RCCL issue reports show, not derived from the fixtures:
+    RCCL's older channel lines (bus IDs in brackets, no "/0" after the channel), the older graph line
+    that says "speed" where newer ones say "bw", and lines of other subsystems around them."""
+    prefix = "node07:929:1025 [2] NCCL INFO "
+    lines = [
+        "NCCL_P2P_LEVEL set by environment to XGMI",
+        "Setting affinity for GPU 2 to ffff0000,00000000,ffff0000",
+        "Pattern 4, crossNic 0, nChannels 4, speed 48.000000/48.000000, type XGMI/PIX, sameChannels 0",
+        "Channel 01 : 2[43000] -> 1[26000] via P2P/IPC",
+        "Channel 02 : 2[43000] -> 1[26000] via P2P/IPC",
+        "Channel 00 : 2[43000] -> 10[43000] [send] via NET/IB/1/GDRDMA",
+        "Connected all trees",
+        "4 coll channels, 2 p2p channels, 2 p2p channels per peer",
+    ]
+    parsed = parse_nccl_log("".join(prefix + line + "\n" for line in lines))
+    assert parsed["via"]["P2P/IPC"] == 2 and sum(n for k, n in parsed["via"].items() if "NET/IB" in k) == 1
+    assert parsed["paths"] == {"XGMI/PIX": 1} and parsed["net"] == ["IB"]
+    assert parsed["evidence"][0] == lines[2]  # the library's words, without the host/pid prefix
+    tr = summarize_transport([parsed], "rccl")
+    assert tr["intra"] == "xGMI" and tr["inter"] == "IB"

@@ -1,4 +1,7 @@
-"""verify_env's per-node rules, fired with recorded facts of an MI300X node (no pretending to have one).
+"""verify_env's per-node rules, fired with node facts instead of the hardware. The MI300X facts and
+rocminfo output (tests/fixtures/) were written by hand in the tools' formats, not captured on a node
+(we have none: tests/fixtures/README.md); the rocminfo parser also gets a case built independently of
+that fixture, from rocminfo's output as public ROCm issue reports show it.
 
 Each failure rule has a test that makes it fire and checks the message names what is wrong and the
 fix says what to do.
@@ -244,3 +247,27 @@ def test_gate_refuses_failed_report(tmp_path):
     with pytest.raises(SystemExit, match="arch:gfx942"):
         gate(validate({}), str(path))
     gate(validate({"verify": {"on_failure": "warn"}}), str(path))
+
+
+def test_rocminfo_parser_on_output_built_independently_of_the_fixture():
+    """rocminfo's layout as public ROCm issue reports print it (ROCm 6.x on MI300X): each value padded
+    with trailing blanks, a "Cache Info:" sub-block, an ISA agent block per GPU, and the GPU's
+    compute units after its node IDs. Not derived from tests/fixtures/rocminfo_mi300x.txt."""
+
+    def agent(n, name, marketing, kind, cus):
+        rows = [("Name", name), ("Uuid", "GPU-8af7" if kind == "GPU" else "CPU-XX")]
+        rows += [("Marketing Name", marketing), ("Vendor Name", "AMD" if kind == "GPU" else "CPU")]
+        rows += [("Node", str(n)), ("Device Type", kind), ("Cache Info", "")]
+        body = "".join(f"  {k + ':':<25}{v:<35}\n" for k, v in rows)
+        body += "    L1:                      32(0x20) KB                        \n"
+        body += f"  {'Internal Node ID:':<25}{n:<35}\n  {'Compute Unit:':<25}{cus:<35}\n"
+        isa = "  ISA Info:                \n    ISA 1                    \n"
+        isa += f"      Name:                    amdgcn-amd-amdhsa--{name}:sramecc+:xnack-   \n"
+        stars = "*******                  \n"
+        return f"{stars}Agent {n + 1}                  \n{stars}{body}{isa}"
+
+    text = "==========               \nHSA Agents               \n==========               \n"
+    text += agent(0, "AMD EPYC 9654 96-Core Processor", "AMD EPYC 9654 96-Core Processor", "CPU", 192)
+    text += "".join(agent(n, "gfx942", "AMD Instinct MI300X", "GPU", 304) for n in (1, 2))
+    gpus = parse_rocminfo(text)  # the agent's name, not its ISA's (amdgcn-amd-amdhsa--gfx942...)
+    assert gpus == [{"name": "gfx942", "marketing_name": "AMD Instinct MI300X", "compute_units": 304}] * 2
