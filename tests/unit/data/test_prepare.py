@@ -246,19 +246,48 @@ def test_data_loss_is_loud_and_names_the_cause_and_the_fix(tmp_path, tokenizer_d
         )
 
 
-def test_the_stage_prints_a_data_error_without_a_traceback(tmp_path, tokenizer_dir):
+def stage(tmp_path, tokenizer_dir, source: dict):
+    """`llmft prepare-data`, the stage's own command, on one source; never more than two minutes."""
     import subprocess
     import sys
 
-    (tmp_path / "empty.json").write_text("[]")  # not zero bytes: config validation refuses those
-    cfg = {"data": {"sources": [{"path": str(tmp_path / "empty.json")}]}, "model": {"template": "default"}}
-    proc = subprocess.run(
+    cfg = {"data": {"sources": [source]}, "model": {"template": "default"}}
+    return subprocess.run(
         [sys.executable, "-m", "llmft", "prepare-data", "--config-json", json.dumps(cfg),
-         "--tokenizer", str(tokenizer_dir), "--out-dir", str(tmp_path / "out")],
-        capture_output=True, text=True,
+         "--tokenizer", str(tokenizer_dir), "--out-dir", str(tmp_path / "out"), "--workers", "1"],
+        capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+def test_the_stage_prints_a_data_error_without_a_traceback(tmp_path, tokenizer_dir):
+    (tmp_path / "empty.json").write_text("[]")  # not zero bytes: config validation refuses those
+    proc = stage(tmp_path, tokenizer_dir, {"path": str(tmp_path / "empty.json")})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "\nllmft: data error: config key data.sources[0].path" in proc.stderr
+
+
+def passwd_folder(tmp_path):
+    Dataset.from_list(synthetic_rows(3)).save_to_disk(tmp_path / "ds")
+    state = json.loads((tmp_path / "ds/state.json").read_text())
+    state["_data_files"] = [{"filename": "../../../../../../../../etc/passwd"}]
+    (tmp_path / "ds/state.json").write_text(json.dumps(state))
+    return {"path": str(tmp_path / "ds")}, "is not a plain name inside"
+
+
+def truncated_parquet(tmp_path):
+    pq.write_table(pa.Table.from_pylist(synthetic_rows(500)), tmp_path / "rows.parquet")
+    data = (tmp_path / "rows.parquet").read_bytes()
+    (tmp_path / "rows.parquet").write_bytes(data[: len(data) // 2])
+    return {"path": str(tmp_path / "rows.parquet")}, "rows.parquet: not a readable Parquet file after row 0"
+
+
+@pytest.mark.parametrize("make", [passwd_folder, truncated_parquet])
+def test_the_stage_fails_on_a_bad_folder_or_parquet_naming_it(tmp_path, tokenizer_dir, make):
+    source, needle = make(tmp_path)
+    proc = stage(tmp_path, tokenizer_dir, source)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "llmft: data error: " in proc.stderr and needle in proc.stderr
+    assert not (tmp_path / "out").exists()  # nothing half-written
 
 
 @reliability(
