@@ -275,6 +275,12 @@ def test_nul_bytes_and_trailing_garbage_are_named(tmp_path):
         got[0].message()
         == f"{path} row 1: not valid JSON (a NUL byte at character 19 of the row: binary or corrupt data)"
     )
+    path.write_bytes(b'{"instruction": "a\tb", "output": "c"}\n')  # a raw tab: reason and place, whole
+    got = canonical(path, "alpaca")[0].detail
+    assert got == "not valid JSON (Invalid control character at character 19 of the row)"
+    raw = {"instruction": "a", "output": "b", "tools": '[{"name": "f\x01"}]'}
+    got = validate("f.jsonl", 1, raw, "alpaca").detail
+    assert got == "is not valid JSON (Invalid control character at character 13)"
     array = tmp_path / "rows.json"
     array.write_bytes(b'[{"instruction": "a", "output": "b"} xyz]')
     with pytest.raises(FileError, match=r"row 1: expected ',' or '\]' after the row"):

@@ -242,7 +242,7 @@ def _tools(value) -> str:
     try:
         decoded = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise _Invalid(BAD_TOOLS, f"is not valid JSON ({exc.msg})", "tools") from None
+        raise _Invalid(BAD_TOOLS, f"is not valid JSON ({_where(exc, exc.pos + 1)})", "tools") from None
     if isinstance(decoded, dict) and not decoded:
         return text  # empty, as "[]": LLaMA-Factory writes an empty tool text (and a system block)
     if not isinstance(decoded, list):
@@ -474,7 +474,12 @@ def _json_error(exc: json.JSONDecodeError, text: str, start: int = 0) -> str:
         return f"not valid JSON (a NUL byte at character {at} of the row: binary or corrupt data)"
     if exc.msg == "Extra data":
         return f"not valid JSON (more data after the row's value, at character {at})"
-    return f"not valid JSON ({exc.msg} at character {at} of the row)"
+    return f"not valid JSON ({_where(exc, at)} of the row)"
+
+
+def _where(exc: json.JSONDecodeError, at: int) -> str:
+    # Some decoder reasons end in "at" (the position follows in str(exc)): "Invalid control character at".
+    return f"{exc.msg.removesuffix(' at')} at character {at}"
 
 
 def _iter_jsonl(path: Path, max_row_bytes: int) -> Iterator[tuple[int, object]]:
