@@ -37,7 +37,6 @@ from llmft.core.text import normalise
 from llmft.data.dedup import NearDupIndex, SeenKeys
 from llmft.data.sources import (
     FORMATS,
-    MAX_ROW_BYTES,
     DataError,
     FileError,
     RowError,
@@ -179,7 +178,7 @@ class _Preparer:
         self.started = time.perf_counter()
         self.rows_read = 0
         self.clean_text = True  # config data.clean_text
-        self.max_row_bytes = MAX_ROW_BYTES  # config data.max_row_bytes
+        self.max_row_bytes = None  # config data.max_row_bytes (None: the schema's default)
 
     def _open(self, name: str):
         return open(self.tmp / name, "w", encoding="utf-8")
@@ -469,7 +468,7 @@ def prepare(
     max_dropped: float = 1.0,
     clean_text: bool = True,
     tokenizer_check: str = "fail",
-    max_row_bytes: int = MAX_ROW_BYTES,
+    max_row_bytes: int | None = None,
 ) -> dict:
     """Run the whole preparation; write train/heldout JSONL, the tokenized dataset, rejected.jsonl,
     dataset_info.json and stats.json into `out_dir`.
@@ -483,7 +482,8 @@ def prepare(
     LLaMA-Factory reads them.
     `tokenizer_check` (config data.tokenizer_check): fail or warn when the loaded tokenizer encodes
     the probes differently from its tokenizer.json.
-    `max_row_bytes` (config data.max_row_bytes): a longer JSON row is a bad row, never read whole.
+    `max_row_bytes` (config data.max_row_bytes; None = its schema default): a longer JSON row is a
+    bad row, never read whole.
 
     On failure nothing is written into `out_dir`, and an empty `out_dir` is removed.
     """
@@ -505,7 +505,7 @@ def prepare(
     run.template_info = (template, why)
     run.tokenizer_check = tokenizer_check
     run.clean_text = bool(clean_text)
-    run.max_row_bytes = int(max_row_bytes)
+    run.max_row_bytes = max_row_bytes
     stats = None
     try:
         for index, src in enumerate(sources):

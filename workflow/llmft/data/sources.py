@@ -48,8 +48,6 @@ TOOL_ROLES = {"function_call": "function", "observation": "observation"}
 OTHER_TOOL_ROLES = {"function", "tool"}
 
 _BLOCK = 1 << 20
-# The largest row read when the caller names none (config data.max_row_bytes, the schema's default).
-MAX_ROW_BYTES = 4 << 20
 
 # Columns LLaMA-Factory reads for other stages or for media, which llmft's SFT stage would drop
 # without a word (the rows would train as plain text): refused by name, with the stage that uses them.
@@ -448,11 +446,13 @@ def container(path: str | Path) -> str:
 
 
 def iter_raw(
-    path: str | Path, split: str = "train", max_row_bytes: int = MAX_ROW_BYTES
+    path: str | Path, split: str = "train", max_row_bytes: int | None = None
 ) -> Iterator[tuple[int, object]]:
     """(row number from 1, raw row or RowError) for every row of a dataset file or folder.
 
-    `max_row_bytes` (config data.max_row_bytes): a longer JSON row is never held in memory whole."""
+    `max_row_bytes` (config data.max_row_bytes; None = its schema default): a longer JSON row is
+    never held in memory whole."""
+    max_row_bytes = max_row_bytes or default_max_row_bytes()
     problem = path_problem(path)
     if problem:
         raise FileError(f"{path} {problem}")
@@ -464,6 +464,13 @@ def iter_raw(
     if kind == "parquet":
         return _iter_parquet(Path(path))
     return _iter_arrow_folder(Path(path), split)
+
+
+def default_max_row_bytes() -> int:
+    """The schema's default of data.max_row_bytes, for callers without a validated config."""
+    from llmft.core.config import load_schema
+
+    return load_schema()["properties"]["data"]["properties"]["max_row_bytes"]["default"]
 
 
 def _json_error(exc: json.JSONDecodeError, text: str, start: int = 0) -> str:
