@@ -22,6 +22,7 @@ MODULES = [
     "tests.slurm.test_cluster",
     "tests.slurm.test_nightly",
     "tests.workflow.test_hostile_paths",
+    "tests.workflow.test_bad_datasets",
     "tests.unit.data.test_sources",
     "tests.unit.data.test_tools",
     "tests.unit.data.test_prepare",

@@ -110,6 +110,7 @@ def cmd_prepare_data(args) -> int:
         dedup=d["dedup"],
         clean_text=d["clean_text"],
         tokenizer_check=d["tokenizer_check"],
+        max_row_bytes=d["max_row_bytes"],
         workers=int(args.workers or 0),
         max_dropped=d["max_dropped_fraction"],
     )

@@ -169,6 +169,28 @@ def test_an_empty_dataset_file_is_refused(tmp_path):
         validate(with_("data.sources", [{"path": str(tmp_path / "empty.jsonl")}]), base_dir=REPO)
 
 
+@pytest.mark.parametrize(
+    "kind,needle",
+    [("fifo", "is a FIFO (named pipe), not a regular file"), ("loop", "is a symlink loop"),
+     ("zero", "is a device, not a regular file")],
+)  # fmt: skip
+def test_a_fifo_symlink_loop_or_device_dataset_path_is_named(tmp_path, kind, needle):
+    import os
+
+    path = tmp_path / "rows.jsonl"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "loop":
+        os.symlink(path.name, path)
+    else:
+        path.symlink_to("/dev/zero")
+    with pytest.raises(ConfigError) as err:
+        validate(with_("data.sources", [{"path": str(path)}]), base_dir=REPO)
+    assert str(err.value) == f"config key data.sources[0].path: {path} {needle}" + (
+        " (never opened: reading it could block or never end)" if kind != "loop" else ""
+    )
+
+
 def test_offload_needs_zero3():
     cfg = with_("sft.zero_stage", 2)
     cfg["sft"]["offload"] = True

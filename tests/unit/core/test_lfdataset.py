@@ -137,6 +137,33 @@ def test_bad_rows_are_named_as_the_file_names_them(tmp_path, lf_dir):
     assert "Traceback" not in msg
 
 
+def test_columns_the_entry_does_not_map_but_other_stages_read_are_refused(tmp_path, lf_dir):
+    """mllm_demo.json under an entry without columns.images: LLaMA-Factory's SFT would drop the
+    images and train on "<image>" as text; llmft refuses the rows naming the column."""
+    rows = [
+        {"messages": [{"role": "user", "content": "<image>q"}, {"role": "assistant", "content": f"a{i}"}],
+         "images": ["mllm_demo_data/1.jpg"]}
+        for i in range(3)
+    ]  # fmt: skip
+    (tmp_path / "mllm.json").write_text(json.dumps(rows))
+    entry = ENTRIES["sharegpt_tags"] | {"file_name": str(tmp_path / "mllm.json")}
+    src = {"path": str(tmp_path / "mllm.json"), "format": "sharegpt", "attr": lfdataset.attributes(entry)}
+    with pytest.raises(DataError) as err:
+        prepare([src], tmp_path / "out", lf_dir / "tok", "default", 4096, 0.3, "s", "fail")
+    assert "3 bad row(s) (unused_column 3)" in str(err.value)
+    assert "mllm.json row 1: field 'images' holds images, for a multimodal model" in str(err.value)
+
+
+def test_an_entry_naming_a_fifo_is_refused_without_opening_it(tmp_path):
+    import os
+
+    (tmp_path / "info").mkdir()
+    os.mkfifo(tmp_path / "info" / "pipe.json")
+    files = {"info/dataset_info.json": json.dumps({"mine": {"file_name": "pipe.json"}})}
+    msg = refusal(tmp_path, {"dataset_info": "info/dataset_info.json", "name": "mine"}, files)
+    assert "file_name 'pipe.json' is a FIFO (named pipe), not a regular file" in msg
+
+
 def refusal(tmp_path, source: dict, files: dict | None = None) -> str:
     for name, text in (files or {}).items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,9 @@ ROWS = synthetic_rows(120, seed=4) + [
     {"instruction": "Write {{content}} and {{idx}} literally", "input": "", "output": "{{content}}"},
     {"instruction": "nul \x00 inside", "input": "", "output": "ok\x001\x00"},
 ]
+# What the data stage accepts: the encoder above must not take a NUL for its marker character, but
+# the stage refuses a NUL in a text (tests/unit/data/test_sources.py), so prepared data has none.
+VALID_ROWS = [r for r in ROWS if "\x00" not in r["instruction"] + r["output"]]
 # default/alpaca/chatml: plain; qwen: replaced EOS + default system; falcon: efficient EOS;
 # qwen3: a reasoning template (adds empty thought tokens).
 TEMPLATES = ["default", "alpaca", "chatml", "qwen", "falcon", "qwen3"]
@@ -88,7 +91,7 @@ def prepared(tmp_path_factory, tokenizer_dir):
     import json
 
     tmp = tmp_path_factory.mktemp("prep")
-    (tmp / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    (tmp / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in VALID_ROWS))
     conversations = [
         {
             "conversations": [
@@ -185,7 +188,7 @@ def prepared_at_a_row_length(tmp_path_factory, tokenizer_dir):
     words = " ".join(f"{w} {w}" for w in "cat dog owl fox cow pig hen ant bee elk".split())
     rows = (
         synthetic_rows(400, seed=9)
-        + ROWS
+        + VALID_ROWS
         + [{"instruction": "Repeat the words.", "input": words, "output": words}]
     )
     lengths = SFTEncoder(tokenizer_dir, "default").encode(rows).lengths.tolist()

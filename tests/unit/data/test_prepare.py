@@ -42,7 +42,7 @@ def test_bad_row_is_named(tmp_path, tokenizer_dir, row, needle):
     with pytest.raises(DataError) as err:
         run(tmp_path, tokenizer_dir, good + [row] + synthetic_rows(40, seed=3))
     assert needle in str(err.value)
-    assert not (tmp_path / "out/train.jsonl").exists()  # nothing half-made is left to trust
+    assert not (tmp_path / "out").exists()  # nothing half-made is left to trust, not even the folder
 
 
 def test_fail_policy_reports_every_bad_row_not_just_the_first(tmp_path, tokenizer_dir, caplog):
@@ -226,10 +226,16 @@ def test_data_loss_is_loud_and_names_the_cause_and_the_fix(tmp_path, tokenizer_d
     rows = synthetic_rows(100)
     long = {"instruction": "w " * 400, "output": "x"}
     too_long = rows[:80] + [dict(long, output=f"x{i}") for i in range(20)]
-    with pytest.raises(DataError, match=r"20 of 100 rows exceed data.cutoff_len 64 .*raise data.cutoff_len"):
+    with pytest.raises(
+        DataError, match=r"20 of 100 rows exceed data.cutoff_len 64 .*raise data.cutoff_len"
+    ) as err:
         run(tmp_path, tokenizer_dir, too_long, max_dropped=0.1)
-    assert not (tmp_path / "out" / "train.jsonl").exists()  # nothing half-written to trust
-    assert run(tmp_path, tokenizer_dir, too_long, max_dropped=0.25)["too_long"] == 20  # allowed
+    assert not (tmp_path / "out").exists()  # nothing half-written to trust
+    stats = run(tmp_path, tokenizer_dir, too_long, max_dropped=0.25)  # allowed
+    assert stats["too_long"] == 20
+    # the longest row named is the longest row read (a dropped one), and called just that
+    assert f"(tokens with the template; the longest row has {stats['max_tokens']})" in str(err.value)
+    assert stats["max_tokens"] > 64
     bad = rows[:80] + [{"instruction": "x"}] * 20
     with pytest.raises(DataError, match=r"20 of 100 rows are invalid \(missing_field 20"):
         run(tmp_path, tokenizer_dir, bad, invalid_rows="drop", max_dropped=0.1)
@@ -240,16 +246,102 @@ def test_data_loss_is_loud_and_names_the_cause_and_the_fix(tmp_path, tokenizer_d
         )
 
 
-def test_the_stage_prints_a_data_error_without_a_traceback(tmp_path, tokenizer_dir):
+def stage(tmp_path, tokenizer_dir, source: dict):
+    """`llmft prepare-data`, the stage's own command, on one source; never more than two minutes."""
     import subprocess
     import sys
 
-    (tmp_path / "empty.json").write_text("[]")  # not zero bytes: config validation refuses those
-    cfg = {"data": {"sources": [{"path": str(tmp_path / "empty.json")}]}, "model": {"template": "default"}}
-    proc = subprocess.run(
+    cfg = {"data": {"sources": [source]}, "model": {"template": "default"}}
+    return subprocess.run(
         [sys.executable, "-m", "llmft", "prepare-data", "--config-json", json.dumps(cfg),
-         "--tokenizer", str(tokenizer_dir), "--out-dir", str(tmp_path / "out")],
-        capture_output=True, text=True,
+         "--tokenizer", str(tokenizer_dir), "--out-dir", str(tmp_path / "out"), "--workers", "1"],
+        capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+def test_the_stage_prints_a_data_error_without_a_traceback(tmp_path, tokenizer_dir):
+    (tmp_path / "empty.json").write_text("[]")  # not zero bytes: config validation refuses those
+    proc = stage(tmp_path, tokenizer_dir, {"path": str(tmp_path / "empty.json")})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "\nllmft: data error: config key data.sources[0].path" in proc.stderr
+
+
+def passwd_folder(tmp_path):
+    Dataset.from_list(synthetic_rows(3)).save_to_disk(tmp_path / "ds")
+    state = json.loads((tmp_path / "ds/state.json").read_text())
+    state["_data_files"] = [{"filename": "../../../../../../../../etc/passwd"}]
+    (tmp_path / "ds/state.json").write_text(json.dumps(state))
+    return {"path": str(tmp_path / "ds")}, "is not a plain name inside"
+
+
+def truncated_parquet(tmp_path):
+    pq.write_table(pa.Table.from_pylist(synthetic_rows(500)), tmp_path / "rows.parquet")
+    data = (tmp_path / "rows.parquet").read_bytes()
+    (tmp_path / "rows.parquet").write_bytes(data[: len(data) // 2])
+    return {"path": str(tmp_path / "rows.parquet")}, "rows.parquet: not a readable Parquet file after row 0"
+
+
+@pytest.mark.parametrize("make", [passwd_folder, truncated_parquet])
+def test_the_stage_fails_on_a_bad_folder_or_parquet_naming_it(tmp_path, tokenizer_dir, make):
+    source, needle = make(tmp_path)
+    proc = stage(tmp_path, tokenizer_dir, source)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "llmft: data error: " in proc.stderr and needle in proc.stderr
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+@reliability(
+    fault="prepare_data failing (a bad row) when its data folder is empty or new (Snakemake makes it first)",
+    seen="the stage fails and removes the empty folder; a folder holding other files is left as it was",
+    steps_lost="none",
+    data_lost="none: no empty or half-written data folder is left for a later run to trust",
+)
+def test_a_failed_stage_leaves_no_data_folder(tmp_path, tokenizer_dir):
+    rows = synthetic_rows(40) + [{"instruction": "x"}]
+    (tmp_path / "out").mkdir()  # as Snakemake makes an output's folder before the job
+    with pytest.raises(DataError, match="field 'output' is missing"):
+        run(tmp_path, tokenizer_dir, rows)
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "synthetic.jsonl").write_text("{}\n")
+    with pytest.raises(DataError):
+        run(tmp_path, tokenizer_dir, rows)
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["synthetic.jsonl"]
+
+
+@reliability(
+    fault="a 40 MB JSON Lines file without a newline (one huge row) as a data source",
+    seen=(
+        'the stage fails naming the row and the cap ("row 1: is 40000034 bytes, over '
+        'data.max_row_bytes (4194304)"); its peak memory stays under 1 GiB'
+    ),
+    steps_lost="none",
+    data_lost="none",
+)
+def test_a_huge_row_is_refused_in_bounded_time_and_memory(tmp_path, tokenizer_dir):
+    import subprocess
+    import sys
+
+    src = tmp_path / "one_line.jsonl"
+    with open(src, "wb") as fh:
+        fh.write(b'{"instruction": "' + b"w " * 20_000_000 + b'", "output": "y"}')
+    cfg = {"data": {"sources": [{"path": str(src)}]}, "model": {"template": "default"}}
+    code = (
+        "import resource, subprocess, sys\n"
+        "cap = lambda: resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
+        "proc = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=120, preexec_fn=cap)\n"
+        "sys.stderr.write(proc.stderr)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+        "sys.exit(proc.returncode)\n"
+    )  # the stage's peak memory, measured apart from this test; its address space capped so that a
+    # regression fails here instead of filling the machine
+    proc = subprocess.run(
+        [sys.executable, "-c", code, sys.executable, "-m", "llmft", "prepare-data", "--config-json",
+         json.dumps(cfg), "--tokenizer", str(tokenizer_dir), "--out-dir", str(tmp_path / "out"),
+         "--workers", "1"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"{src} row 1: is 40000034 bytes, over data.max_row_bytes (4194304)" in proc.stderr
+    assert int(proc.stdout.strip()) < 1 << 20, proc.stdout  # KiB: under 1 GiB
+    assert not (tmp_path / "out").exists()

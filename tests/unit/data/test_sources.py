@@ -1,7 +1,11 @@
 """Reading every container and row format, and every validation rule naming row, field and reason."""
 
 import json
+import os
+import re
+import threading
 import tracemalloc
+from contextlib import contextmanager
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -142,12 +146,16 @@ def bad(fmt, raw):
         ({"instruction": "a", "output": "x", "history": [["u", ""]]}, ds.EMPTY, "history[1][1]", "empty"),
         ({"instruction": "a", "output": "bad \udcff byte"}, ds.BAD_ENCODING, "output", "not valid UTF-8"),
         ({"instruction": "lone \ud800", "output": "x"}, ds.BAD_ENCODING, "instruction", "UTF-8"),
+        (
+            {"instruction": "a\x00b", "output": "x"},
+            ds.NUL_CHARACTER,
+            "instruction",
+            "NUL character (at character 2)",
+        ),
     ],
 )
 @reliability(
-    fault=(
-        "dataset rows with invalid UTF-8, NUL bytes, wrong types, missing fields, trailing garbage, bad roles"
-    ),
+    fault=("dataset rows with invalid UTF-8, NUL characters, wrong types, missing fields"),
     seen=(
         "every bad row named with its row number and field; `data.invalid_rows: drop` counts and "
         "lists them all"
@@ -247,3 +255,251 @@ def test_clean_text_keeps_indentation_normalise_does_not():
     assert clean_text(code) == "def f():\n    return  1"
     assert normalise(code) == "def f():\nreturn 1"
     assert clean_text("e\u0301") == "\u00e9"  # NFC
+
+
+@reliability(
+    fault="a JSON Lines row holding a raw NUL byte, or trailing garbage after a row (in .jsonl and .json)",
+    seen=(
+        'the row is named with where it breaks ("row 1: not valid JSON (a NUL byte at character 19 of '
+        'the row"); in a .json array the file stops there'
+    ),
+    steps_lost="none",
+    data_lost="none",
+)
+def test_nul_bytes_and_trailing_garbage_are_named(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"instruction": "a\x00", "output": "b"}\n{"instruction": "a", "output": "b"} xyz\n')
+    got = canonical(path, "alpaca")
+    assert [(g.row, g.reason) for g in got] == [(1, ds.BAD_JSON), (2, ds.BAD_JSON)]
+    assert (
+        got[0].message()
+        == f"{path} row 1: not valid JSON (a NUL byte at character 19 of the row: binary or corrupt data)"
+    )
+    path.write_bytes(b'{"instruction": "a\tb", "output": "c"}\n')  # a raw tab: reason and place, whole
+    got = canonical(path, "alpaca")[0].detail
+    assert got == "not valid JSON (Invalid control character at character 19 of the row)"
+    raw = {"instruction": "a", "output": "b", "tools": '[{"name": "f\x01"}]'}
+    got = validate("f.jsonl", 1, raw, "alpaca").detail
+    assert got == "is not valid JSON (Invalid control character at character 13)"
+    array = tmp_path / "rows.json"
+    array.write_bytes(b'[{"instruction": "a", "output": "b"} xyz]')
+    with pytest.raises(FileError, match=r"row 1: expected ',' or '\]' after the row"):
+        list(iter_raw(array))
+    array.write_bytes(b'[{"instruction": "a", "output": "b\x00"}]')
+    with pytest.raises(FileError, match=r"row 1: not valid JSON \(a NUL byte at character 34 of the row"):
+        list(iter_raw(array))
+
+
+@pytest.mark.parametrize(
+    "raw,field,needle",
+    [
+        (  # LLaMA-Factory's kto_en_demo.json
+            {
+                "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                "label": False,
+            },
+            "label",
+            "KTO label (desirable or not), for LLaMA-Factory's kto stage",
+        ),
+        (  # mllm_demo.json
+            {
+                "messages": [{"role": "user", "content": "<image>q"}, {"role": "assistant", "content": "a"}],
+                "images": ["mllm_demo_data/1.jpg"],
+            },
+            "images",
+            "leaving any <image> placeholder as text",
+        ),
+        (
+            {
+                "conversations": [{"from": "human", "value": "<video>q"}, {"from": "gpt", "value": "a"}],
+                "videos": ["v.mp4"],
+            },
+            "videos",
+            "columns.videos",
+        ),
+        ({"instruction": "<audio>q", "output": "a", "audios": ["a.wav"]}, "audios", "columns.audios"),
+        (  # dpo_en_demo.json (alpaca)
+            {"instruction": "q", "chosen": "good", "rejected": "bad"},
+            "chosen",
+            "preference pair, for LLaMA-Factory's dpo/rm stage",
+        ),
+        ({"text": "Lorem ipsum"}, "text", "is pretraining text (LLaMA-Factory's pt stage"),  # c4_demo
+    ],
+)
+@reliability(
+    fault=(
+        "rows whose columns the SFT stage would drop: a KTO `label`, `images`/`videos`/`audios`, "
+        "preference `chosen`/`rejected`; pretraining `text` rows"
+    ),
+    seen=(
+        "each row refused naming the column and the LLaMA-Factory stage or column that uses it "
+        "(kto, dpo/rm, pt, columns.images/videos/audios)"
+    ),
+    steps_lost="none",
+    data_lost="none: nothing is trained with the column silently dropped",
+)
+def test_columns_of_other_stages_are_refused_by_name(raw, field, needle):
+    for fmt in ("alpaca", "sharegpt"):
+        err = bad(fmt, raw)
+        assert (err.reason, err.field) == (ds.UNUSED_COLUMN, field)
+        assert needle in err.message()
+
+
+def test_empty_media_columns_and_a_text_label_are_kept():
+    row = {"instruction": "q", "output": "a", "images": [], "label": "math", "text": "note"}
+    assert validate("f.jsonl", 1, row, "alpaca") == {"instruction": "q", "input": "", "output": "a"}
+
+
+@contextmanager
+def deadline(seconds: int, fifo=None):
+    """Fail a test that hangs. A FIFO opened for reading blocks in C code, which no signal ends,
+    until a writer comes: after `seconds` a writer comes (and goes), and the test fails."""
+    hung = []
+
+    def release():
+        hung.append(True)
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except (OSError, TypeError):
+            pass  # no reader waiting, or no FIFO
+
+    timer = threading.Timer(seconds, release)
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+    assert not hung, f"still running after {seconds} s: it opened the FIFO"
+
+
+def special_path(tmp_path, kind):
+    path = tmp_path / f"{kind}.jsonl"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "loop":
+        os.symlink(path.name, path)
+    else:  # /dev/null, not /dev/zero: a regression here must not read an endless line into memory
+        path.symlink_to("/dev/null")
+    return path
+
+
+@pytest.mark.parametrize(
+    "kind,needle",
+    [("fifo", "is a FIFO (named pipe)"), ("loop", "is a symlink loop"), ("null", "is a device")],
+)
+def test_fifo_symlink_loop_and_device_are_refused_without_reading(tmp_path, kind, needle):
+    path = special_path(tmp_path, kind)
+    with deadline(20, fifo=path), pytest.raises(FileError, match=re.escape(needle)):
+        list(iter_raw(path))
+
+
+def saved(tmp_path):
+    Dataset.from_list(ALPACA[:1] * 3).save_to_disk(tmp_path / "ds")
+    return tmp_path / "ds"
+
+
+def edit_state(folder, **changes):
+    state = json.loads((folder / "state.json").read_text())
+    state.update(changes)
+    (folder / "state.json").write_text(json.dumps(state))
+
+
+def bad_state_json(folder):
+    (folder / "state.json").write_text("{not json")
+    return "state.json: not valid JSON metadata"
+
+
+def no_data_files(folder):
+    edit_state(folder, _data_files="data.arrow")
+    return "'_data_files' must be a list"
+
+
+def outside_file(folder):
+    edit_state(folder, _data_files=[{"filename": "../../../../../../etc/passwd"}])
+    return "_data_files filename '../../../../../../etc/passwd' is not a plain name inside"
+
+
+def symlink_outside(folder):
+    (folder / "evil.arrow").symlink_to("/etc/passwd")
+    edit_state(folder, _data_files=[{"filename": "evil.arrow"}])
+    return "evil.arrow leads outside"
+
+
+def fifo_file(folder):
+    os.mkfifo(folder / "pipe.arrow")
+    edit_state(folder, _data_files=[{"filename": "pipe.arrow"}])
+    return "pipe.arrow is a FIFO"
+
+
+def not_arrow(folder):
+    (folder / "data-00000-of-00001.arrow").write_text("not arrow at all")
+    return "not a readable Arrow stream after row 0"
+
+
+@pytest.mark.parametrize(
+    "spoil", [bad_state_json, no_data_files, outside_file, symlink_outside, fifo_file, not_arrow]
+)
+@reliability(
+    fault=(
+        "a `save_to_disk` folder with bad metadata: state.json not JSON or without a `_data_files` list, "
+        "a data file named outside the folder (`../../etc/passwd`, a symlink out), a FIFO, a non-Arrow file"
+    ),
+    seen="the file and the metadata key are named; nothing outside the folder and no FIFO is opened",
+    steps_lost="none",
+    data_lost="none",
+)
+def test_save_to_disk_folder_with_bad_metadata_is_named(tmp_path, spoil):
+    folder = saved(tmp_path)
+    needle = spoil(folder)
+    with deadline(20, fifo=folder / "pipe.arrow"), pytest.raises(FileError) as err:
+        list(iter_raw(folder))
+    assert needle in str(err.value)
+
+
+def test_dataset_dict_split_outside_the_folder_is_refused(tmp_path):
+    folder = tmp_path / "dict"
+    DatasetDict({"train": Dataset.from_list(ALPACA[:1])}).save_to_disk(folder)
+    (folder / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "../.."]}))
+    with pytest.raises(FileError, match=r"split '\.\./\.\.' is not a plain name"):
+        list(iter_raw(folder, split="../.."))
+    (folder / "dataset_dict.json").write_text(json.dumps({"splits": "train"}))
+    with pytest.raises(FileError, match="'splits' must be a list of split names"):
+        list(iter_raw(folder))
+
+
+@pytest.mark.parametrize("cut", ["head", "middle"])
+@reliability(
+    fault="a corrupt Parquet file (truncated, or bytes overwritten inside a column chunk)",
+    seen='the file is named ("not a readable Parquet file after row N") instead of a pyarrow traceback',
+    steps_lost="none",
+    data_lost="none",
+)
+def test_corrupt_parquet_is_named(tmp_path, cut):
+    path = write(tmp_path, "rows.parquet", ALPACA * 400)
+    data = bytearray(path.read_bytes())
+    if cut == "head":
+        path.write_bytes(bytes(data[: len(data) // 2]))  # the footer is gone
+    else:
+        data[len(data) // 2 : len(data) // 2 + 64] = b"\xff" * 64
+        path.write_bytes(bytes(data))
+    with pytest.raises(FileError, match=r"rows.parquet: not a readable Parquet file after row \d+"):
+        list(iter_raw(path))
+
+
+def test_over_long_jsonl_row_is_skipped_in_bounded_memory(tmp_path):
+    path = tmp_path / "long.jsonl"
+    with open(path, "wb") as fh:
+        fh.write(b'{"instruction": "' + b"x" * 20_000_000 + b'", "output": "y"}\n')
+        fh.write(b'{"instruction": "a", "output": "b"}\n')
+    tracemalloc.start()
+    got = canonical(path, "alpaca", max_row_bytes=1 << 20)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert got[0].reason == ds.ROW_TOO_LARGE
+    assert f"{path} row 1: is 20000034 bytes, over data.max_row_bytes (1048576)" in got[0].message()
+    assert got[1] == {"instruction": "a", "input": "", "output": "b"}
+    assert peak < 6_000_000  # a couple of 1 MiB pieces, not the 20 MB row
+    array = tmp_path / "long.json"
+    array.write_bytes(b'[{"instruction": "' + b"x" * 5_000_000 + b'", "output": "y"}]')
+    with pytest.raises(FileError, match=r"row 1: longer than data.max_row_bytes \(1048576\)"):
+        list(iter_raw(array, max_row_bytes=1 << 20))

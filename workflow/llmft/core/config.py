@@ -16,6 +16,7 @@ from typing import Any
 
 import jsonschema
 import yaml
+from llmft.core.io import path_problem
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
 BUILTIN_MODEL = "builtin:tiny"
@@ -264,6 +265,11 @@ def _check_source(i: int, src: dict, base_dir: Path) -> None:
             )
         return
     full = Path(path) if Path(path).is_absolute() else base_dir / path
+    problem = path_problem(full)
+    if problem == "not found":
+        raise ConfigError(f"config key data.sources[{i}].path: dataset file not found: {full}")
+    if problem:
+        raise ConfigError(f"config key data.sources[{i}].path: {full} {problem}")
     if full.is_dir():
         # A folder counts only when datasets' save_to_disk wrote it (a Dataset or a DatasetDict).
         if not ((full / "state.json").is_file() or (full / "dataset_dict.json").is_file()):
@@ -272,8 +278,6 @@ def _check_source(i: int, src: dict, base_dir: Path) -> None:
                 "datasets' save_to_disk (no state.json or dataset_dict.json)"
             )
         return
-    if not full.is_file():
-        raise ConfigError(f"config key data.sources[{i}].path: dataset file not found: {full}")
     if full.stat().st_size == 0:
         raise ConfigError(f"config key data.sources[{i}].path: {full} is empty")
     if full.suffix not in (".json", ".jsonl", ".parquet"):

@@ -5,9 +5,11 @@ A killed job never leaves a half-written file that a later run would trust.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -82,3 +84,27 @@ def read_optional(path: Path, default=None):
         return read_json(path)
     except (OSError, ValueError):
         return default
+
+
+def path_problem(path: str | Path) -> str | None:
+    """Why `path` is not a regular file or folder to read, or None when it is one.
+
+    Checked before opening: a FIFO blocks the open until a writer comes, and a device (/dev/zero)
+    never ends, so both are refused by kind; a symlink loop is named, not reported as missing."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "is a symlink loop"
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "not found"
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        kind = "a FIFO (named pipe)"
+    elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        kind = "a device"
+    else:
+        kind = "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+    return f"is {kind}, not a regular file (never opened: reading it could block or never end)"

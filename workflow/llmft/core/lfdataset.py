@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from llmft.core.io import path_problem
+
 # LLaMA-Factory's DatasetAttr defaults (data/parser.py), used when an entry has no `columns`/`tags`.
 COLUMN_DEFAULTS = {
     "prompt": "instruction",
@@ -171,6 +173,9 @@ def _check_entry(entry: object, key: str, what: str, where: str) -> str:
 
 def _check_data_file(data_full: Path, file_name: str, key: str, what: str) -> None:
     """Whether the entry's file is one file llmft reads: not a folder, nor a missing, odd or empty file."""
+    problem = path_problem(data_full)
+    if problem and problem != "not found":
+        raise LFDatasetError(f"{key}: {what}: file_name {file_name!r} {problem} ({data_full})")
     if data_full.is_dir():
         raise LFDatasetError(
             f"{key}: {what} names a folder ({data_full}); llmft reads one file per entry: give each file "
@@ -184,7 +189,21 @@ def _check_data_file(data_full: Path, file_name: str, key: str, what: str) -> No
         raise LFDatasetError(f"{key}: {what}: {data_full} is empty")
 
 
+# Raw columns that other LLaMA-Factory stages read (media, preference, KTO, pretraining text): kept
+# in the view when the entry maps nothing to them, so the row checks refuse them by name.
+OTHER_STAGE_COLUMNS = ("images", "videos", "audios", "chosen", "rejected", "label", "text")
+
+
 def view(raw: object, attr: dict) -> object:
+    """_view, plus the OTHER_STAGE_COLUMNS the entry does not map."""
+    out = _view(raw, attr)
+    if isinstance(raw, dict):
+        used = {v for v in attr.values() if isinstance(v, str)}
+        out.update({c: raw[c] for c in OTHER_STAGE_COLUMNS if c in raw and c not in used and c not in out})
+    return out
+
+
+def _view(raw: object, attr: dict) -> object:
     """A raw row as LLaMA-Factory's converter for `attr` reads it, in llmft's own spelling (alpaca
     instruction/input/output/system/history/tools; sharegpt conversations of from/value with
     human/gpt/observation/function_call/system), so the ordinary checks apply. Fields the entry does

@@ -15,6 +15,7 @@ new held-out row is its near-duplicate: it leaves train, it never moves to held-
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -177,6 +178,7 @@ class _Preparer:
         self.started = time.perf_counter()
         self.rows_read = 0
         self.clean_text = True  # config data.clean_text
+        self.max_row_bytes = None  # config data.max_row_bytes (None: the schema's default)
 
     def _open(self, name: str):
         return open(self.tmp / name, "w", encoding="utf-8")
@@ -190,7 +192,7 @@ class _Preparer:
         self.sources.append(stats)
         chunk: list[tuple[int, dict]] = []
         try:
-            for number, raw in iter_raw(path, src.get("split", "train")):
+            for number, raw in iter_raw(path, src.get("split", "train"), self.max_row_bytes):
                 stats.rows += 1
                 self.rows_read += 1
                 if attr is not None:
@@ -466,6 +468,7 @@ def prepare(
     max_dropped: float = 1.0,
     clean_text: bool = True,
     tokenizer_check: str = "fail",
+    max_row_bytes: int | None = None,
 ) -> dict:
     """Run the whole preparation; write train/heldout JSONL, the tokenized dataset, rejected.jsonl,
     dataset_info.json and stats.json into `out_dir`.
@@ -479,6 +482,10 @@ def prepare(
     LLaMA-Factory reads them.
     `tokenizer_check` (config data.tokenizer_check): fail or warn when the loaded tokenizer encodes
     the probes differently from its tokenizer.json.
+    `max_row_bytes` (config data.max_row_bytes; None = its schema default): a longer JSON row is a
+    bad row, never read whole.
+
+    On failure nothing is written into `out_dir`, and an empty `out_dir` is removed.
     """
     from llmft.core.chat_templates import resolved as resolved_template
     from llmft.core.pretokenize import SFTEncoder
@@ -498,14 +505,22 @@ def prepare(
     run.template_info = (template, why)
     run.tokenizer_check = tokenizer_check
     run.clean_text = bool(clean_text)
+    run.max_row_bytes = max_row_bytes
+    stats = None
     try:
         for index, src in enumerate(sources):
             run.run_source(index, src)
         run.drain()
         _check_losses(run, cutoff_len, max_dropped)
-        return _conclude(run, out_dir, cutoff_len, heldout_fraction)
+        stats = _conclude(run, out_dir, cutoff_len, heldout_fraction)
+        return stats
     finally:
         run.close()
+        if stats is None:
+            # An empty data folder (Snakemake makes it before the job starts) reads as a started
+            # run; rmdir removes it only when empty: other files are not this stage's to clear.
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()
 
 
 def _check_losses(run: _Preparer, cutoff_len: int, max_dropped: float) -> None:
@@ -517,10 +532,11 @@ def _check_losses(run: _Preparer, cutoff_len: int, max_dropped: float) -> None:
     read = max(1, run.rows_read)
     too_long = sum(s.too_long for s in run.sources)
     if too_long / read > max_dropped:
+        # length_counts counts every distinct row, the dropped ones too: its top is the longest row.
         longest = int(np.flatnonzero(run.length_counts).max()) if run.length_counts.any() else 0
         raise DataError(
             f"{too_long} of {run.rows_read} rows exceed data.cutoff_len {cutoff_len} (tokens with the "
-            f"template; the longest kept row has {longest}): raise data.cutoff_len, or allow the loss "
+            f"template; the longest row has {longest}): raise data.cutoff_len, or allow the loss "
             f"with data.max_dropped_fraction (now {max_dropped:g})"
         )
     if run.policy == "drop" and run.invalid_total / read > max_dropped:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmft.core.io import path_problem
 from llmft.core.text import clean_text
 
 # Reason codes, as counted in stats.json.
@@ -35,6 +36,9 @@ UNKNOWN_ROLE = "unknown_role"
 ROLE_ORDER = "role_order"
 BAD_TOOLS = "bad_tools"
 BAD_FUNCTION_CALL = "bad_function_call"
+NUL_CHARACTER = "nul_character"
+UNUSED_COLUMN = "unused_column"
+ROW_TOO_LARGE = "row_too_large"
 
 FORMATS = ("alpaca", "sharegpt")
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
@@ -44,7 +48,31 @@ TOOL_ROLES = {"function_call": "function", "observation": "observation"}
 OTHER_TOOL_ROLES = {"function", "tool"}
 
 _BLOCK = 1 << 20
-_MAX_ROW = 64 << 20
+
+# Columns LLaMA-Factory reads for other stages or for media, which llmft's SFT stage would drop
+# without a word (the rows would train as plain text): refused by name, with the stage that uses them.
+_MEDIA = "llmft's SFT stage trains on text only and would drop them, leaving any <{tag}> placeholder as text"
+_PREFERENCE = (
+    "a preference pair, for LLaMA-Factory's dpo/rm stage (dataset_info ranking: true); llmft's SFT "
+    "stage does not train on it"
+)
+UNUSED_COLUMNS = {
+    "images": f"holds images, for a multimodal model (LLaMA-Factory's columns.images); {_MEDIA}",
+    "videos": f"holds videos (LLaMA-Factory's columns.videos); {_MEDIA}",
+    "audios": f"holds audio (LLaMA-Factory's columns.audios); {_MEDIA}",
+    "chosen": f"holds {_PREFERENCE}",
+    "rejected": f"holds {_PREFERENCE}",
+}
+_KTO = (
+    "holds a KTO label (desirable or not), for LLaMA-Factory's kto stage (columns.kto_tag); llmft's "
+    "SFT stage would drop it and train on every answer, the undesirable ones too"
+)
+_PRETRAINING = (
+    "is pretraining text (LLaMA-Factory's pt stage reads a 'text' column); llmft's SFT stage needs "
+    "instruction and output (alpaca) or conversations (sharegpt)"
+)
+# The fields of an SFT row: a row with none of them but a `text` is pretraining text.
+_SFT_FIELDS = ("instruction", "input", "output", "conversations", "messages")
 _WS = re.compile(r"[ \t\n\r]*")
 
 
@@ -110,6 +138,10 @@ def _text(value, field: str, required: bool) -> str:
         raise _Invalid(WRONG_TYPE, f"must be a string, got {type(value).__name__}", field)
     if not _valid_utf8(value):
         raise _Invalid(BAD_ENCODING, "is not valid UTF-8", field)
+    if "\x00" in value:
+        at = value.index("\x00") + 1
+        detail = f"holds a NUL character (at character {at}): binary or corrupt text"
+        raise _Invalid(NUL_CHARACTER, detail, field)
     if _CLEAN.get():
         value = clean_text(value)
         if required and not value:
@@ -124,10 +156,22 @@ def _text(value, field: str, required: bool) -> str:
 # -- row formats
 
 
+def _refuse_unused(raw: dict) -> None:
+    """A column another LLaMA-Factory stage reads (preference, KTO, media) or pretraining text."""
+    for col, why in UNUSED_COLUMNS.items():
+        if raw.get(col) not in (None, [], "", {}):
+            raise _Invalid(UNUSED_COLUMN, why.format(tag=col.rstrip("s")), col)
+    if isinstance(raw.get("label"), bool):
+        raise _Invalid(UNUSED_COLUMN, _KTO, "label")
+    if raw.get("text") is not None and all(raw.get(f) is None for f in _SFT_FIELDS):
+        raise _Invalid(UNUSED_COLUMN, _PRETRAINING, "text")
+
+
 def check_alpaca(raw: object) -> dict:
     """instruction and output required; input, system, history, tools optional (null = empty)."""
     if not isinstance(raw, dict):
         raise _Invalid(NOT_AN_OBJECT, f"expected an object, got {type(raw).__name__}")
+    _refuse_unused(raw)
     row = {
         "instruction": _text(raw.get("instruction"), "instruction", True),
         "input": _text(raw.get("input"), "input", False),
@@ -196,7 +240,7 @@ def _tools(value) -> str:
     try:
         decoded = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise _Invalid(BAD_TOOLS, f"is not valid JSON ({exc.msg})", "tools") from None
+        raise _Invalid(BAD_TOOLS, f"is not valid JSON ({_where(exc, exc.pos + 1)})", "tools") from None
     if isinstance(decoded, dict) and not decoded:
         return text  # empty, as "[]": LLaMA-Factory writes an empty tool text (and a system block)
     if not isinstance(decoded, list):
@@ -235,6 +279,7 @@ def check_sharegpt(raw: object) -> dict:
     their messages (with LLaMA-Factory's role names) and their tools (see conversation.py)."""
     if not isinstance(raw, dict):
         raise _Invalid(NOT_AN_OBJECT, f"expected an object, got {type(raw).__name__}")
+    _refuse_unused(raw)
     field, role_key, content_key = _spelling(raw)
     conv = raw[field]
     if not isinstance(conv, list):
@@ -400,22 +445,68 @@ def container(path: str | Path) -> str:
     raise FileError(f"{path}: not a .json, .jsonl or .parquet file nor a save_to_disk folder")
 
 
-def iter_raw(path: str | Path, split: str = "train") -> Iterator[tuple[int, object]]:
-    """(row number from 1, raw row or RowError) for every row of a dataset file or folder."""
+def iter_raw(
+    path: str | Path, split: str = "train", max_row_bytes: int | None = None
+) -> Iterator[tuple[int, object]]:
+    """(row number from 1, raw row or RowError) for every row of a dataset file or folder.
+
+    `max_row_bytes` (config data.max_row_bytes; None = its schema default): a longer JSON row is
+    never held in memory whole."""
+    max_row_bytes = max_row_bytes or default_max_row_bytes()
+    problem = path_problem(path)
+    if problem:
+        raise FileError(f"{path} {problem}")
     kind = container(path)
     if kind == "jsonl":
-        return _iter_jsonl(Path(path))
+        return _iter_jsonl(Path(path), max_row_bytes)
     if kind == "json":
-        return _iter_json(Path(path))
+        return _iter_json(Path(path), max_row_bytes)
     if kind == "parquet":
         return _iter_parquet(Path(path))
     return _iter_arrow_folder(Path(path), split)
 
 
-def _iter_jsonl(path: Path) -> Iterator[tuple[int, object]]:
+def default_max_row_bytes() -> int:
+    """The schema's default of data.max_row_bytes, for callers without a validated config."""
+    from llmft.core.config import load_schema
+
+    return load_schema()["properties"]["data"]["properties"]["max_row_bytes"]["default"]
+
+
+def _json_error(exc: json.JSONDecodeError, text: str, start: int = 0) -> str:
+    """The decoder's reason with where it stopped, counted from the row's start in `text` (its `msg`
+    alone ends mid-sentence: "Invalid control character at")."""
+    at = exc.pos - start + 1
+    if exc.msg.startswith("Invalid control character") and text[exc.pos : exc.pos + 1] == "\x00":
+        return f"not valid JSON (a NUL byte at character {at} of the row: binary or corrupt data)"
+    if exc.msg == "Extra data":
+        return f"not valid JSON (more data after the row's value, at character {at})"
+    return f"not valid JSON ({_where(exc, at)} of the row)"
+
+
+def _where(exc: json.JSONDecodeError, at: int) -> str:
+    # Some decoder reasons end in "at" (the position follows in str(exc)): "Invalid control character at".
+    return f"{exc.msg.removesuffix(' at')} at character {at}"
+
+
+def _iter_jsonl(path: Path, max_row_bytes: int) -> Iterator[tuple[int, object]]:
     loads = json.loads
+    number = 0
     with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, 1):
+        while raw := fh.readline(max_row_bytes + 1):
+            number += 1
+            if len(raw) > max_row_bytes and not raw.endswith(b"\n"):
+                size = len(raw)
+                while raw and not raw.endswith(b"\n"):  # skip the rest in bounded pieces
+                    raw = fh.readline(_BLOCK)
+                    size += len(raw)
+                size -= raw.endswith(b"\n")  # the row's bytes, not its line end
+                detail = (
+                    f"is {size} bytes, over data.max_row_bytes ({max_row_bytes}); longer rows are not "
+                    "read (raise the key if the row is meant)"
+                )
+                yield number, RowError(str(path), number, ROW_TOO_LARGE, detail)
+                continue
             # surrogateescape keeps undecodable bytes visible to validation, which names the field.
             line = raw.decode("utf-8", "surrogateescape")
             if not line.strip():
@@ -423,16 +514,16 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, object]]:
             try:
                 yield number, loads(line)
             except json.JSONDecodeError as exc:
-                yield number, RowError(str(path), number, BAD_JSON, f"not valid JSON ({exc.msg})")
+                yield number, RowError(str(path), number, BAD_JSON, _json_error(exc, line))
 
 
-def _iter_json(path: Path) -> Iterator[tuple[int, object]]:
+def _iter_json(path: Path, max_row_bytes: int) -> Iterator[tuple[int, object]]:
     """A JSON array read element by element, 1 MiB at a time; a .json file that is not an array is
     read as JSON Lines, as `datasets` does."""
     with open(path, "rb") as fh:
         head = fh.read(64).lstrip()
     if not head.startswith(b"["):
-        yield from _iter_jsonl(path)
+        yield from _iter_jsonl(path, max_row_bytes)
         return
     decoder = json.JSONDecoder()
     utf8 = codecs.getincrementaldecoder("utf-8")("surrogateescape")
@@ -472,11 +563,17 @@ def _iter_json(path: Path) -> Iterator[tuple[int, object]]:
             try:
                 value, end = decoder.raw_decode(buf, pos)
             except json.JSONDecodeError as exc:
-                # Read on while the row may just be cut by the block edge; a row can't be 64 MiB.
-                if len(buf) - pos < _MAX_ROW and more():
+                # Read on while the row may just be cut by the block edge, up to the row cap.
+                if len(buf) - pos <= max_row_bytes and more():
                     continue
+                if len(buf) - pos > max_row_bytes:
+                    raise FileError(
+                        f"{path} row {number + 1}: longer than data.max_row_bytes ({max_row_bytes}); "
+                        "the rest of the array is not read (raise the key if the row is meant)"
+                    ) from None
+                why = _json_error(exc, buf, pos)
                 raise FileError(
-                    f"{path} row {number + 1}: not valid JSON ({exc.msg}); the rest of the file is unreadable"
+                    f"{path} row {number + 1}: {why}; the rest of the file is unreadable"
                 ) from None
             if isinstance(value, (int, float)) and len(buf) - end < 64 and more():
                 continue  # a number near the block edge may be cut ("1.5e" parses as 1.5): read on
@@ -492,33 +589,77 @@ def _iter_json(path: Path) -> Iterator[tuple[int, object]]:
 
 
 def _iter_parquet(path: Path) -> Iterator[tuple[int, object]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     number = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=2048):
-        for row in batch.to_pylist():
-            number += 1
-            yield number, row
+    try:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=2048):
+            for row in batch.to_pylist():
+                number += 1
+                yield number, row
+    except (pa.ArrowException, OSError) as exc:
+        raise FileError(f"{path}: not a readable Parquet file after row {number} ({exc})") from None
 
 
 def _iter_arrow_folder(path: Path, split: str) -> Iterator[tuple[int, object]]:
     """The Arrow files of a save_to_disk folder, read batch by batch with plain reads: a memory map
-    would count every page read as resident and grow with the dataset."""
+    would count every page read as resident and grow with the dataset. The metadata is checked
+    first: it may only name regular files inside the folder."""
     import pyarrow as pa
 
-    if (path / "dataset_dict.json").is_file():
-        splits = json.loads((path / "dataset_dict.json").read_text())["splits"]
+    if (path / "dataset_dict.json").exists():
+        splits = _metadata(path / "dataset_dict.json").get("splits")
+        if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
+            raise FileError(f"{path / 'dataset_dict.json'}: 'splits' must be a list of split names")
         if split not in splits:
             raise FileError(f"{path}: no split {split!r} in this DatasetDict (has {sorted(splits)})")
-        path = path / split
-    state = json.loads((path / "state.json").read_text())
+        path = _inside(path, split, "dataset_dict.json", "split", folder=True)
+    files = _metadata(path / "state.json").get("_data_files")
+    if not isinstance(files, list) or not all(isinstance(f, dict) for f in files):
+        raise FileError(f"{path / 'state.json'}: '_data_files' must be a list of {{filename: ...}} objects")
     number = 0
-    for data_file in state["_data_files"]:
-        with pa.OSFile(str(path / data_file["filename"])) as fh:
-            for batch in pa.ipc.open_stream(fh):
-                for row in batch.to_pylist():
-                    number += 1
-                    yield number, row
+    for data_file in files:
+        file = _inside(path, data_file.get("filename"), "state.json", "_data_files filename")
+        try:
+            with pa.OSFile(str(file)) as fh:
+                for batch in pa.ipc.open_stream(fh):
+                    for row in batch.to_pylist():
+                        number += 1
+                        yield number, row
+        except (pa.ArrowException, OSError) as exc:
+            raise FileError(f"{file}: not a readable Arrow stream after row {number} ({exc})") from None
+
+
+def _metadata(file: Path) -> dict:
+    """A save_to_disk metadata file (state.json, dataset_dict.json) as an object, or a FileError."""
+    problem = path_problem(file)
+    if problem:
+        raise FileError(f"{file} {problem}")
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise FileError(f"{file}: not valid JSON metadata ({exc})") from None
+    if not isinstance(value, dict):
+        raise FileError(f"{file}: must hold a JSON object")
+    return value
+
+
+def _inside(base: Path, name: object, meta: str, what: str, folder: bool = False) -> Path:
+    """The file (or split folder) that `meta` of `base` names, refused unless it is a plain name
+    whose real path stays inside `base` and is a regular file (a folder for a split)."""
+    where = f"{base / meta}: {what} {name!r}"
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise FileError(f"{where} is not a plain name inside {base}")
+    target = base / name
+    problem = path_problem(target)
+    if problem:
+        raise FileError(f"{where}: {target} {problem}")
+    if not target.resolve().is_relative_to(base.resolve()):
+        raise FileError(f"{where}: {target} leads outside {base}")
+    if target.is_dir() != folder:
+        raise FileError(f"{where}: {target} is {'not ' if folder else ''}a folder")
+    return target
 
 
 class DataError(ValueError):
