@@ -121,14 +121,9 @@ def test_a_hung_rank_fails_within_the_collective_timeout_and_is_named(stage):
     assert "rank 0 on node" not in out
 
 
-@reliability(
-    fault="newest checkpoint half-written (a shard truncated after the save)",
-    seen="a warning names the checkpoint and the file; training resumes from the one before",
-    steps_lost="the steps between the two checkpoints (< sft.save_steps)",
-    data_lost="none: the bad checkpoint is kept aside as incomplete-checkpoint-N",
-)
-def test_a_half_written_newest_checkpoint_is_set_aside(stage):
-    name = "halfsaved"
+def stop_at_the_third_save(stage: Path, name: str) -> tuple[str, Path, Path, Path]:
+    """Train past checkpoint-20, stop (a checkpoint now): (overrides, work, the newest checkpoint, its
+    largest file)."""
     overrides, work, proc = start(stage, name, {"max_steps": 30, "save_steps": SAVE})
     wait_for_step(proc, work, 2 * SAVE + 2)
     os.kill(proc.pid, signal.SIGUSR1)  # a checkpoint now, then stop
@@ -138,19 +133,55 @@ def test_a_half_written_newest_checkpoint_is_set_aside(stage):
     newest = work / f"checkpoint-{stopped}"
     assert (newest / "llmft_complete.json").is_file()  # sealed by every rank's save
     shard = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    return overrides, work, newest, shard
+
+
+def resumed_from_the_one_before(stage: Path, overrides: str, name: str, work: Path, newest: Path, why: str):
+    rerun, summary = resume_to_the_end(stage, overrides, name, work, 30)
+    assert (
+        f"[llmft] WARNING: {newest.name} is not trusted: {why}; moved to incomplete-{newest.name}" in rerun
+    ), rerun[-3000:]
+    assert "[llmft] WARNING: resuming from checkpoint-20, the newest written whole" in rerun
+    assert attempts(work) == [0, 20]
+    assert (work / f"incomplete-{newest.name}").is_dir()  # kept, not deleted
+    assert summary["attempt"]["resumed_from_step"] == 20
+
+
+@reliability(
+    fault="newest checkpoint half-written (a shard truncated after the save)",
+    seen="a warning names the checkpoint and the file; training resumes from the one before",
+    steps_lost="the steps between the two checkpoints (< sft.save_steps)",
+    data_lost="none: the bad checkpoint is kept aside as incomplete-checkpoint-N",
+)
+def test_a_half_written_newest_checkpoint_is_set_aside(stage):
+    name = "halfsaved"
+    overrides, work, newest, shard = stop_at_the_third_save(stage, name)
     size = shard.stat().st_size
     with open(shard, "r+b") as fh:
         fh.truncate(size // 2)
-    rerun, summary = resume_to_the_end(stage, overrides, name, work, 30)
-    rel = shard.relative_to(newest)
-    assert (
-        f"[llmft] WARNING: checkpoint-{stopped} is not trusted: {rel} has {size // 2} bytes, not the "
-        f"{size} sealed; moved to incomplete-checkpoint-{stopped}"
-    ) in rerun, rerun[-3000:]
-    assert "[llmft] WARNING: resuming from checkpoint-20, the newest written whole" in rerun
-    assert attempts(work) == [0, 20]
-    assert (work / f"incomplete-checkpoint-{stopped}").is_dir()  # kept, not deleted
-    assert summary["attempt"]["resumed_from_step"] == 20
+    why = f"{shard.relative_to(newest)} has {size // 2} bytes, not the {size} sealed"
+    resumed_from_the_one_before(stage, overrides, name, work, newest, why)
+
+
+@reliability(
+    fault="newest checkpoint corrupted in place, its sizes unchanged (bytes flipped in its largest shard)",
+    seen="a warning names the checkpoint and the file whose content no longer matches its seal's "
+    "hash; training resumes from the one before and finishes",
+    steps_lost="the steps between the two checkpoints (< sft.save_steps)",
+    data_lost="none: the bad checkpoint is kept aside as incomplete-checkpoint-N",
+)
+def test_a_newest_checkpoint_corrupted_in_place_is_set_aside(stage):
+    name = "bitrot"
+    overrides, work, newest, shard = stop_at_the_third_save(stage, name)
+    size = shard.stat().st_size
+    with open(shard, "r+b") as fh:
+        fh.seek(size // 2)
+        block = fh.read(4096)
+        fh.seek(size // 2)
+        fh.write(bytes(b ^ 0xFF for b in block))
+    assert shard.stat().st_size == size
+    why = f"{shard.relative_to(newest)} no longer has the content sealed (changed in place after the save)"
+    resumed_from_the_one_before(stage, overrides, name, work, newest, why)
 
 
 def _mount_tmpfs(path: Path, size_mb: int) -> str | None:
