@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -91,17 +92,17 @@ def test_a_killed_rank_fails_the_attempt_and_the_rerun_resumes(stage):
     fault="one training rank hung (SIGSTOP) in a collective",
     seen="the job fails after sft.collective_timeout_minutes; llmft names the rank, its node and "
     "pid, and the step it stopped at",
-    steps_lost="the steps since the last save",
-    data_lost="none",
+    steps_lost="the steps since the last save (< sft.save_steps)",
+    data_lost="none: the rerun resumes from the last checkpoint and finishes",
 )
 def test_a_hung_rank_fails_within_the_collective_timeout_and_is_named(stage):
     name = "hung"
     # 0.25 min = 15 s: the workers' collectives give up after that; torchrun then waits 30 s for
     # the stopped rank to take its SIGTERM before it sends SIGKILL.
     overrides, work, proc = start(
-        stage, name, {"max_steps": 200, "save_steps": SAVE, "collective_timeout_minutes": 0.25}
+        stage, name, {"max_steps": 30, "save_steps": SAVE, "collective_timeout_minutes": 0.25}
     )
-    wait_for_step(proc, work, 4)
+    wait_for_step(proc, work, SAVE + 3)
     victim = heartbeat(work, 1)
     t0 = time.monotonic()
     os.kill(victim["pid"], signal.SIGSTOP)
@@ -119,6 +120,12 @@ def test_a_hung_rank_fails_within_the_collective_timeout_and_is_named(stage):
     assert f"rank 1 on node {host} (pid {victim['pid']}) stopped responding at step" in out, out[-3000:]
     assert "sft.collective_timeout_minutes (0.25)" in out
     assert "rank 0 on node" not in out
+    assert "[llmft] a rerun resumes from checkpoint-10" in out, out[-3000:]
+    lost = steps_done(work)[-1] - SAVE
+    assert 0 < lost < SAVE
+    rerun, summary = resume_to_the_end(stage, overrides, name, work, 30)
+    assert "not trusted" not in rerun
+    assert attempts(work) == [0, SAVE] and summary["attempt"]["steps_lost"] == lost
 
 
 def stop_at_the_third_save(stage: Path, name: str) -> tuple[str, Path, Path, Path]:
@@ -211,7 +218,10 @@ def test_a_full_disk_during_a_save_loses_only_that_save(stage):
         overrides, work, proc = start(stage, name, {"max_steps": 30, "save_steps": SAVE}, work_root="small")
         out = finish(proc, 240)
         assert proc.returncode not in (0, 75), out[-3000:]
-        assert "[llmft] the work folder's filesystem is full" in out, out[-3000:]
+        full = re.search(
+            r"\[llmft\] the work folder's filesystem is full \((\d+) MiB free of ([\d,]+) MiB\)", out
+        )
+        assert full and int(full.group(1)) < 1 and full.group(2) == "16", out[-3000:]
         assert "[llmft] a rerun resumes from checkpoint-10" in out
         subprocess.run(["mount", "-o", "remount,size=256m", str(small)], check=True)
         rerun, summary = resume_to_the_end(stage, overrides, name, work, 30)
