@@ -147,7 +147,7 @@ def runtime(train: dict) -> dict:
     }
 
 
-def _runtime_text(rt: dict) -> str:
+def _runtime_text(rt: dict) -> str | float | None:
     return f"{fmt(rt['seconds'])} ({rt['note']})" if rt["note"] else rt["seconds"]
 
 
