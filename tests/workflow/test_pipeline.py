@@ -213,10 +213,14 @@ def test_a_failed_forced_sft_rerun_leaves_no_current_page(demo):
     run = work / "results/demo"
     config = run / "sft/config.json"
     good = config.read_text()
-    config.write_text("{")  # the job's first step cannot read it: sft fails
+    bad = json.loads(good)
+    bad["sft"]["learning_rat"] = 1e-4  # the job's first step refuses it: sft fails
+    config.write_text(json.dumps(bad))
     proc = snakemake(work, "-R", "sft")
     log = proc.stderr + proc.stdout
     assert proc.returncode != 0 and "sft" in rules_run(log), log[-3000:]
+    # the failed job's own lines, as Snakemake prints its log (profile: show-failed-logs)
+    assert "unknown key(s) ['learning_rat']" in log, log[-3000:]
     assert not (run / "sft/model").exists()
     assert not (run / "report/index.html").exists() and not (run / "report/summary.json").exists()
     config.write_text(good)

@@ -57,9 +57,10 @@ rule pack_data:
 # to logs/sft.log, which is not the declared log: Snakemake deletes a job's declared log before the
 # job starts, and a job refused because another still trains (a rerun beside a killed Snakemake's
 # job, --nolock) must not erase that job's log. The declared log (logs/sft.job.log, what Snakemake
-# names on an error) says where the output is. The run's page and summary.json go first: they
-# describe the model this job replaces (Snakemake has deleted it), so a failed sft leaves no page
-# that looks current; the report rule writes both again after a success.
+# prints on an error) says where the output is and, on exit, gets the last lines this job wrote
+# there. The run's page and summary.json go first: they describe the model this job replaces
+# (Snakemake has deleted it), so a failed sft leaves no page that looks current; the report rule
+# writes both again after a success.
 rule sft:
     input:
         config="results/{run}/sft/config.json",
@@ -93,6 +94,8 @@ rule sft:
     shell:
         """
         echo "[llmft] sft job started $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname): output in" {params.out:q} | tee {log:q} >>{params.out:q}
+        from=$(stat -c %s {params.out:q})
+        trap 'tail -c +$((from + 1)) {params.out:q} | tail -n 60 >>{log:q}' EXIT
         rm -f {params.page:q}
         {params.python:q} -m llmft sft check --config {input.config:q} --yaml {input.yaml:q} --verify {input.verify:q} >>{params.out:q} 2>&1
         {params.launcher} {params.python:q} -m llmft sft launch --config {input.config:q} --yaml {input.yaml:q} >>{params.out:q} 2>&1
