@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -91,17 +92,17 @@ def test_a_killed_rank_fails_the_attempt_and_the_rerun_resumes(stage):
     fault="one training rank hung (SIGSTOP) in a collective",
     seen="the job fails after sft.collective_timeout_minutes; llmft names the rank, its node and "
     "pid, and the step it stopped at",
-    steps_lost="the steps since the last save",
-    data_lost="none",
+    steps_lost="the steps since the last save (< sft.save_steps)",
+    data_lost="none: the rerun resumes from the last checkpoint and finishes",
 )
 def test_a_hung_rank_fails_within_the_collective_timeout_and_is_named(stage):
     name = "hung"
     # 0.25 min = 15 s: the workers' collectives give up after that; torchrun then waits 30 s for
     # the stopped rank to take its SIGTERM before it sends SIGKILL.
     overrides, work, proc = start(
-        stage, name, {"max_steps": 200, "save_steps": SAVE, "collective_timeout_minutes": 0.25}
+        stage, name, {"max_steps": 30, "save_steps": SAVE, "collective_timeout_minutes": 0.25}
     )
-    wait_for_step(proc, work, 4)
+    wait_for_step(proc, work, SAVE + 3)
     victim = heartbeat(work, 1)
     t0 = time.monotonic()
     os.kill(victim["pid"], signal.SIGSTOP)
@@ -119,6 +120,38 @@ def test_a_hung_rank_fails_within_the_collective_timeout_and_is_named(stage):
     assert f"rank 1 on node {host} (pid {victim['pid']}) stopped responding at step" in out, out[-3000:]
     assert "sft.collective_timeout_minutes (0.25)" in out
     assert "rank 0 on node" not in out
+    assert "[llmft] a rerun resumes from checkpoint-10" in out, out[-3000:]
+    lost = steps_done(work)[-1] - SAVE
+    assert 0 < lost < SAVE
+    rerun, summary = resume_to_the_end(stage, overrides, name, work, 30)
+    assert "not trusted" not in rerun
+    assert attempts(work) == [0, SAVE] and summary["attempt"]["steps_lost"] == lost
+
+
+def stop_at_the_third_save(stage: Path, name: str) -> tuple[str, Path, Path, Path]:
+    """Train past checkpoint-20, stop (a checkpoint now): (overrides, work, the newest checkpoint, its
+    largest file)."""
+    overrides, work, proc = start(stage, name, {"max_steps": 30, "save_steps": SAVE})
+    wait_for_step(proc, work, 2 * SAVE + 2)
+    os.kill(proc.pid, signal.SIGUSR1)  # a checkpoint now, then stop
+    out = finish(proc, 180)
+    assert proc.returncode == 75, out[-3000:]
+    stopped = json.loads((work / "llmft_preempted.json").read_text())["step"]
+    newest = work / f"checkpoint-{stopped}"
+    assert (newest / "llmft_complete.json").is_file()  # sealed by every rank's save
+    shard = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    return overrides, work, newest, shard
+
+
+def resumed_from_the_one_before(stage: Path, overrides: str, name: str, work: Path, newest: Path, why: str):
+    rerun, summary = resume_to_the_end(stage, overrides, name, work, 30)
+    assert (
+        f"[llmft] WARNING: {newest.name} is not trusted: {why}; moved to incomplete-{newest.name}" in rerun
+    ), rerun[-3000:]
+    assert "[llmft] WARNING: resuming from checkpoint-20, the newest written whole" in rerun
+    assert attempts(work) == [0, 20]
+    assert (work / f"incomplete-{newest.name}").is_dir()  # kept, not deleted
+    assert summary["attempt"]["resumed_from_step"] == 20
 
 
 @reliability(
@@ -129,28 +162,33 @@ def test_a_hung_rank_fails_within_the_collective_timeout_and_is_named(stage):
 )
 def test_a_half_written_newest_checkpoint_is_set_aside(stage):
     name = "halfsaved"
-    overrides, work, proc = start(stage, name, {"max_steps": 30, "save_steps": SAVE})
-    wait_for_step(proc, work, 2 * SAVE + 2)
-    os.kill(proc.pid, signal.SIGUSR1)  # a checkpoint now, then stop
-    out = finish(proc, 180)
-    assert proc.returncode == 75, out[-3000:]
-    stopped = json.loads((work / "llmft_preempted.json").read_text())["step"]
-    newest = work / f"checkpoint-{stopped}"
-    assert (newest / "llmft_complete.json").is_file()  # sealed by every rank's save
-    shard = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    overrides, work, newest, shard = stop_at_the_third_save(stage, name)
     size = shard.stat().st_size
     with open(shard, "r+b") as fh:
         fh.truncate(size // 2)
-    rerun, summary = resume_to_the_end(stage, overrides, name, work, 30)
-    rel = shard.relative_to(newest)
-    assert (
-        f"[llmft] WARNING: checkpoint-{stopped} is not trusted: {rel} has {size // 2} bytes, not the "
-        f"{size} sealed; moved to incomplete-checkpoint-{stopped}"
-    ) in rerun, rerun[-3000:]
-    assert "[llmft] WARNING: resuming from checkpoint-20, the newest written whole" in rerun
-    assert attempts(work) == [0, 20]
-    assert (work / f"incomplete-checkpoint-{stopped}").is_dir()  # kept, not deleted
-    assert summary["attempt"]["resumed_from_step"] == 20
+    why = f"{shard.relative_to(newest)} has {size // 2} bytes, not the {size} sealed"
+    resumed_from_the_one_before(stage, overrides, name, work, newest, why)
+
+
+@reliability(
+    fault="newest checkpoint corrupted in place, its sizes unchanged (bytes flipped in its largest shard)",
+    seen="a warning names the checkpoint and the file whose content no longer matches its seal's "
+    "hash; training resumes from the one before and finishes",
+    steps_lost="the steps between the two checkpoints (< sft.save_steps)",
+    data_lost="none: the bad checkpoint is kept aside as incomplete-checkpoint-N",
+)
+def test_a_newest_checkpoint_corrupted_in_place_is_set_aside(stage):
+    name = "bitrot"
+    overrides, work, newest, shard = stop_at_the_third_save(stage, name)
+    size = shard.stat().st_size
+    with open(shard, "r+b") as fh:
+        fh.seek(size // 2)
+        block = fh.read(4096)
+        fh.seek(size // 2)
+        fh.write(bytes(b ^ 0xFF for b in block))
+    assert shard.stat().st_size == size
+    why = f"{shard.relative_to(newest)} no longer has the content sealed (changed in place after the save)"
+    resumed_from_the_one_before(stage, overrides, name, work, newest, why)
 
 
 def _mount_tmpfs(path: Path, size_mb: int) -> str | None:
@@ -180,7 +218,10 @@ def test_a_full_disk_during_a_save_loses_only_that_save(stage):
         overrides, work, proc = start(stage, name, {"max_steps": 30, "save_steps": SAVE}, work_root="small")
         out = finish(proc, 240)
         assert proc.returncode not in (0, 75), out[-3000:]
-        assert "[llmft] the work folder's filesystem is full" in out, out[-3000:]
+        full = re.search(
+            r"\[llmft\] the work folder's filesystem is full \((\d+) MiB free of ([\d,]+) MiB\)", out
+        )
+        assert full and int(full.group(1)) < 1 and full.group(2) == "16", out[-3000:]
         assert "[llmft] a rerun resumes from checkpoint-10" in out
         subprocess.run(["mount", "-o", "remount,size=256m", str(small)], check=True)
         rerun, summary = resume_to_the_end(stage, overrides, name, work, 30)

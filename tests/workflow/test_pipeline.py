@@ -5,6 +5,8 @@ One module-scoped run of the embedded default; later tests reuse its results.
 
 import json
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -154,6 +156,87 @@ def test_second_run_with_nothing_changed_runs_no_job(demo):
     assert proc.returncode == 0
     assert rules_run(proc.stderr + proc.stdout) == []
     assert "Nothing to be done" in proc.stderr + proc.stdout
+
+
+def as_if_finished(work: Path) -> None:
+    """Every output of the run present and recorded as made (`snakemake --touch`), no job run."""
+    plan = snakemake(work, "-n", "--forceall")
+    outputs = {o.strip() for line in re.findall(r"output: (.*)", plan.stdout) for o in line.split(",")}
+    assert "results/demo/sft/model" in outputs, plan.stdout[-3000:]
+    for out in outputs:
+        path = work / out
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir() if Path(out).suffix == "" else path.write_text("")
+    touched = snakemake(work, "--touch")
+    assert touched.returncode == 0, touched.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    "kind,promised", [("full", "sft/model"), ("lora", "sft/model"), ("lora", "sft/adapter")]
+)
+def test_a_missing_published_output_is_planned_again(tmp_path, kind, promised):
+    """The DAG alone, in seconds: a promised output missing from a finished run makes sft (and what
+    reads the model) run again, not "Nothing to be done"."""
+    work = make_workdir(tmp_path, sft__finetuning_type=kind)
+    as_if_finished(work)
+    shutil.rmtree(work / "results/demo" / promised)
+    plan = snakemake(work, "-n")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    assert {"sft", "evaluate", "report"} <= set(re.findall(r"^rule (\w+):", plan.stdout, re.M)), plan.stdout
+
+
+@reliability(
+    fault="the published model (sft/model) deleted after a finished run",
+    seen="the rerun publishes it again from the finished training without training again, then "
+    "evaluates it and rebuilds the page",
+    steps_lost="none",
+    data_lost="none",
+)
+def test_a_deleted_published_model_is_made_again(demo):
+    work, _ = demo
+    run = work / "results/demo"
+    before = json.loads((run / "sft/train_summary.json").read_text())
+    shutil.rmtree(run / "sft/model")
+    proc = snakemake(work)
+    log = proc.stderr + proc.stdout
+    assert proc.returncode == 0, log[-3000:]
+    assert {"sft", "evaluate", "report"} <= set(rules_run(log)) and "Nothing to be done" not in log
+    assert (run / "sft/model/config.json").is_file() and list((run / "sft/model").glob("*.safetensors"))
+    sft_log = (run / "logs/sft.log").read_text()
+    assert "had finished: publishing it again, not training" in sft_log
+    summary = json.loads((run / "sft/train_summary.json").read_text())
+    assert summary["attempt"]["republished_without_training"]
+    assert summary["steps"] == before["steps"] and summary["final_loss"] == before["final_loss"]
+
+
+@reliability(
+    fault="a forced sft rerun (`snakemake -R sft`) that fails",
+    seen="the run's page and summary.json are removed with the model they described, not left "
+    "looking current; the next run makes the model and the page again",
+    steps_lost="none",
+    data_lost="none",
+)
+def test_a_failed_forced_sft_rerun_leaves_no_current_page(demo):
+    work, _ = demo
+    run = work / "results/demo"
+    config = run / "sft/config.json"
+    good = config.read_text()
+    bad = json.loads(good)
+    bad["sft"]["learning_rat"] = 1e-4  # the job's first step refuses it: sft fails
+    config.write_text(json.dumps(bad))
+    proc = snakemake(work, "-R", "sft")
+    log = proc.stderr + proc.stdout
+    assert proc.returncode != 0 and "sft" in rules_run(log), log[-3000:]
+    # the failed job's own lines, as Snakemake prints its log (profile: show-failed-logs)
+    assert "unknown key(s) ['learning_rat']" in log, log[-3000:]
+    assert not (run / "sft/model").exists()
+    assert not (run / "report/index.html").exists() and not (run / "report/summary.json").exists()
+    config.write_text(good)
+    proc = snakemake(work)
+    log = proc.stderr + proc.stdout
+    assert proc.returncode == 0, log[-3000:]
+    assert {"sft", "report"} <= set(rules_run(log))
+    assert (run / "sft/model/config.json").is_file() and (run / "report/index.html").is_file()
 
 
 def test_training_param_change_reruns_only_downstream(demo):

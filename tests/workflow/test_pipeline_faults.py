@@ -65,10 +65,13 @@ def trained_steps(work: Path) -> int:
     data_lost="none",
 )
 @reliability(
-    fault="Snakemake killed (SIGKILL) mid-training; its sft job keeps running",
-    seen="the rerun (after `snakemake --unlock`, as Snakemake says) refuses to train beside the "
-    "running job, naming its pid; stopped with `kill PID`, it saves a checkpoint; the next rerun "
-    "redoes the stage from it",
+    fault="Snakemake killed (SIGKILL) mid-training; its sft job keeps running; the rerun made with "
+    "`--nolock`",
+    seen="the rerun's sft job refuses to train beside the running one, naming its pid, and that "
+    "job's log is kept; stopped with `kill PID`, the running job saves a checkpoint; after "
+    "`snakemake --unlock` (as Snakemake says) the next rerun redoes the stage from it; "
+    "train_summary.json lists both attempts' starting steps and a runtime over both, longer than "
+    "the last attempt's",
     steps_lost="none (the stopped job saved a checkpoint)",
     data_lost="none",
 )
@@ -93,15 +96,17 @@ def test_snakemake_killed_mid_training_and_a_second_snakemake(tmp_path):
         at_kill = trained_steps(work)
         res = snakemake(work, TARGET, timeout=120)
         assert res.returncode != 0 and "--unlock" in res.stdout + res.stderr
-        assert snakemake(work, "--unlock", timeout=120).returncode == 0
 
-        # The killed Snakemake's sft job still trains: the rerun must not train beside it.
-        res = snakemake(work, TARGET, timeout=300)
+        # The killed Snakemake's sft job still trains: a rerun that ignores Snakemake's lock must
+        # not train beside it, nor erase its log (Snakemake deletes a job's declared log first).
+        res = snakemake(work, "--nolock", TARGET, timeout=300)
         log = res.stdout + res.stderr
-        assert res.returncode != 0, log[-3000:]
+        assert res.returncode != 0 and "sft" in rules_run(log), log[-3000:]
         sft_log = (work / "results/killed/logs/sft.log").read_text()
         m = re.search(r"another sft launcher \(pid (\d+) on \S+ since [^)]*\)", sft_log)
         assert m, sft_log[-3000:]
+        # the running job's own lines come first, then the refused job's
+        assert 0 <= sft_log.find("Initializing 2 distributed tasks") < m.start(), sft_log[-3000:]
         assert trained_steps(work) > at_kill  # ... and it was not disturbed
         orphan = int(m.group(1))
         os.kill(orphan, signal.SIGTERM)  # what the message advises: it saves, then stops
@@ -116,6 +121,7 @@ def test_snakemake_killed_mid_training_and_a_second_snakemake(tmp_path):
             next((work / "results/killed/work").glob("sft-*/llmft_preempted.json")).read_text()
         )
 
+        assert snakemake(work, "--unlock", timeout=120).returncode == 0
         res = snakemake(work, TARGET, timeout=600)
         log = res.stdout + res.stderr
         assert res.returncode == 0, log[-4000:]
@@ -124,6 +130,8 @@ def test_snakemake_killed_mid_training_and_a_second_snakemake(tmp_path):
         assert summary["steps"] == RUN["sft__max_steps"]
         assert summary["attempt"]["resumed_from_step"] == stopped["step"]
         assert summary["attempt"]["steps_lost"] == 0
+        assert summary["attempt"]["starts"] == [0, stopped["step"]]
+        assert summary["attempt"]["runtime_s"] > summary["train_runtime_s"]
     finally:
         try:
             os.killpg(first.pid, signal.SIGKILL)

@@ -9,6 +9,7 @@
 """
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -200,7 +201,8 @@ def test_stop_signal_saves_and_the_rerun_resumes_without_losing_steps(stage, sig
 @pytest.mark.parametrize("kind", ["full", "lora"])
 @reliability(
     fault="training diverges (NaN loss)",
-    seen="training stops at the first bad step with a diagnosis naming the learning rate and precision",
+    seen="training stops at the first step whose loss is not finite, before any save, with a "
+    "diagnosis naming sft.learning_rate as the likely cause",
     steps_lost="the diverged run (by design)",
     data_lost="none: no model is published",
 )
@@ -218,13 +220,22 @@ def test_absurd_learning_rate_stops_at_the_first_nan_with_a_diagnosis(stage, kin
     out = finish(proc)
     assert proc.returncode == 3, out[-3000:]
     diagnosis = json.loads((work / "llmft_divergence.json").read_text())
-    assert diagnosis["step"] < 10 and "nan" in diagnosis["what"].lower()
+    step = diagnosis["step"]
+    assert step < 10 and "nan" in diagnosis["what"].lower()
+    # the first bad step: every step before it was logged (logging_steps 1) with a finite loss,
+    # and no step ran after it
+    recent = diagnosis["recent"]
+    assert [h["step"] for h in recent] == list(range(max(1, step - 10), step))
+    assert all(math.isfinite(h["loss"]) for h in recent)
+    assert steps_done(work)[-1] == step
     assert any(
         c.startswith("learning rate: sft.learning_rate=1e+30") and f"for {kind} fine-tuning" in c
         for c in diagnosis["causes"]
     )
+    assert diagnosis["causes"][0].startswith("learning rate: ")  # the likely cause, first
     assert "Likely causes" in out  # the launcher prints it into the sft log
     assert not (work / "model.safetensors").exists() and not (work / "adapter_model.safetensors").exists()
+    assert not list(work.glob("checkpoint-*"))
     # nothing to publish from a diverged run: finalize refuses
     proc = llmft(
         "sft", "finalize", "--overrides", overrides, "--yaml", f"diverge_{kind}.yaml",

@@ -51,9 +51,16 @@ LAYOUT = layout(CFG)
 
 
 def final_outputs():
+    """What a run promises: the page, its summary, the published model (and LoRA's adapter). Each is
+    a target, so one deleted after a finished run is made again: a missing input of a job whose own
+    outputs are current is not rebuilt by Snakemake."""
+    published = [f"results/{RUN}/sft/model"]
+    if CFG["sft"]["finetuning_type"] == "lora":
+        published.append(f"results/{RUN}/sft/adapter")
     return [
         f"results/{RUN}/report/index.html",
         f"results/{RUN}/report/summary.json",
+        *published,
     ]
 
 

@@ -53,7 +53,14 @@ rule pack_data:
 # Snakemake deletes a failed job's outputs, and a retried or requeued job must resume from them.
 # LoRA also publishes the adapter (sft/adapter); sft/model is then the base with it merged in.
 # Three steps, each reading the config render_sft_config wrote: check (the verify_env gate), launch
-# (once per node), finalize (publish); bash stops at the first that fails.
+# (once per node), finalize (publish); bash stops at the first that fails. Their output is appended
+# to logs/sft.log, which is not the declared log: Snakemake deletes a job's declared log before the
+# job starts, and a job refused because another still trains (a rerun beside a killed Snakemake's
+# job, --nolock) must not erase that job's log. The declared log (logs/sft.job.log, what Snakemake
+# prints on an error) says where the output is and, on exit, gets the last lines this job wrote
+# there. The run's page and summary.json go first: they describe the model this job replaces
+# (Snakemake has deleted it), so a failed sft leaves no page that looks current; the report rule
+# writes both again after a success.
 rule sft:
     input:
         config="results/{run}/sft/config.json",
@@ -69,7 +76,7 @@ rule sft:
         model=directory("results/{run}/sft/model"),
         summary="results/{run}/sft/train_summary.json",
     log:
-        "results/{run}/logs/sft.log",
+        "results/{run}/logs/sft.job.log",
     benchmark:
         "results/{run}/benchmarks/sft.tsv"
     container:
@@ -79,9 +86,18 @@ rule sft:
     params:
         launcher=per_node_launcher,
         python=stage_python(),
+        out=lambda wildcards: f"results/{wildcards.run}/logs/sft.log",
+        page=lambda wildcards: [
+            f"results/{wildcards.run}/report/{name}"
+            for name in ("index.html", "summary.json")
+        ],
     shell:
         """
-        {params.python:q} -m llmft sft check --config {input.config:q} --yaml {input.yaml:q} --verify {input.verify:q} >{log:q} 2>&1
-        {params.launcher} {params.python:q} -m llmft sft launch --config {input.config:q} --yaml {input.yaml:q} >>{log:q} 2>&1
-        {params.python:q} -m llmft sft finalize --config {input.config:q} --yaml {input.yaml:q} --model-out {output.model:q} --summary-out {output.summary:q} >>{log:q} 2>&1
+        echo "[llmft] sft job started $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname): output in" {params.out:q} | tee {log:q} >>{params.out:q}
+        from=$(stat -c %s {params.out:q})
+        trap 'tail -c +$((from + 1)) {params.out:q} | tail -n 60 >>{log:q}' EXIT
+        rm -f {params.page:q}
+        {params.python:q} -m llmft sft check --config {input.config:q} --yaml {input.yaml:q} --verify {input.verify:q} >>{params.out:q} 2>&1
+        {params.launcher} {params.python:q} -m llmft sft launch --config {input.config:q} --yaml {input.yaml:q} >>{params.out:q} 2>&1
+        {params.python:q} -m llmft sft finalize --config {input.config:q} --yaml {input.yaml:q} --model-out {output.model:q} --summary-out {output.summary:q} >>{params.out:q} 2>&1
         """

@@ -205,3 +205,39 @@ def test_the_verdict_shows_the_data_behind_it_and_warns_when_it_is_thin():
     caution = verdict_caution(stats, 4)
     assert "only 4 held-out rows" in caution and "96% of the rows were dropped" in caution
     assert verdict_caution({"rows_read": 3000, "duplicates": 416}, 263) == ""
+
+
+def _minimal_run(tmp_path, train: dict):
+    """The inputs a run page needs (the others are optional), with this train_summary.json."""
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "eval/tuned").mkdir(parents=True)
+    (tmp_path / "eval/tuned/metrics.json").write_text(json.dumps({"rows": 2, "exact_match": 0.5}))
+    (tmp_path / "eval/tuned/predictions.jsonl").write_text("")
+    (tmp_path / "sft/train_summary.json").write_text(json.dumps(train))
+    return tmp_path
+
+
+def test_a_resumed_run_shows_the_runtime_of_every_attempt_and_says_it_resumed(tmp_path):
+    from llmft.report.page import build_report
+
+    # attempt 1 trained 0 -> 12 in 22 s and was killed; attempt 2 resumed from 10, LLaMA-Factory timed 30 s
+    train = {"train_runtime_s": 30.0, "attempt": {"attempts": 2, "starts": [0, 10], "runtime_s": 52.0}}
+    run = _minimal_run(tmp_path, train)
+    summary = build_report({"run": "r"}, str(run), str(run / "report"))
+    assert (summary["train_runtime_s"], summary["train_runtime_s_last_attempt"]) == (52.0, 30.0)
+    assert (summary["attempts"], summary["attempt_starts"]) == (2, [0, 10])
+    page = (run / "report/index.html").read_text()
+    assert (
+        "train runtime (s), all attempts</td><td>52 (resumed: 2 attempts, started at steps 0, 10; "
+        "the last attempt alone 30 s)"
+    ) in page
+
+
+def test_a_run_in_one_attempt_shows_its_runtime_alone(tmp_path):
+    from llmft.report.page import build_report
+
+    train = {"train_runtime_s": 30.0, "attempt": {"attempts": 1, "starts": [0], "runtime_s": 29.0}}
+    run = _minimal_run(tmp_path, train)
+    summary = build_report({"run": "r"}, str(run), str(run / "report"))
+    assert (summary["train_runtime_s"], summary["attempts"], summary["attempt_starts"]) == (30.0, 1, [0])
+    assert "resumed" not in (run / "report/index.html").read_text()

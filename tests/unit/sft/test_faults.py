@@ -50,6 +50,34 @@ def test_only_checkpoints_written_whole_are_resumed_from(tmp_path):
     assert faults.set_aside_unsealed(tmp_path) == []
 
 
+def test_a_checkpoint_changed_in_place_with_its_sizes_kept_is_not_trusted(tmp_path):
+    for step in (10, 20):
+        checkpoint(tmp_path, step)
+        faults.seal(tmp_path / f"checkpoint-{step}")
+    weights = tmp_path / "checkpoint-20/model.safetensors"
+    with open(weights, "r+b") as fh:  # bit rot, a bad copy: the same size, other bytes
+        fh.seek(37)
+        fh.write(b"\xff\x00")
+    assert weights.stat().st_size == 100
+    assert faults.seal_problem(tmp_path / "checkpoint-20") == (
+        "model.safetensors no longer has the content sealed (changed in place after the save)"
+    )
+    assert faults.last_whole_step(tmp_path) == 10
+    assert faults.set_aside_unsealed(tmp_path) == [
+        "checkpoint-20 is not trusted: model.safetensors no longer has the content sealed (changed in "
+        "place after the save); moved to incomplete-checkpoint-20",
+        "resuming from checkpoint-10, the newest written whole",
+    ]
+
+
+def test_a_seal_without_content_hashes_is_checked_by_size(tmp_path):
+    path = checkpoint(tmp_path, 10)
+    (path / faults.SEAL_FILE).write_text(json.dumps({"files": {"model.safetensors": 100}}))
+    assert faults.seal_problem(path) is None
+    (path / "model.safetensors").write_bytes(b"x" * 99)
+    assert faults.seal_problem(path) == "model.safetensors has 99 bytes, not the 100 sealed"
+
+
 def test_no_whole_checkpoint_means_step_zero(tmp_path):
     checkpoint(tmp_path, 5)
     assert (

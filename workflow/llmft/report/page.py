@@ -131,6 +131,26 @@ def finetuning_rows(train: dict) -> list[list]:
     return rows
 
 
+def runtime(train: dict) -> dict:
+    """Training time over every attempt, and whether the run resumed. After a stop, a preemption or a
+    failure, LLaMA-Factory's train_runtime is the last attempt's alone; llmft's steps file times each
+    attempt (attempts_summary in sft/publish.py)."""
+    attempt = train.get("attempt") or {}
+    starts = attempt.get("starts") or []
+    if len(starts) < 2 or attempt.get("runtime_s") is None:
+        return {"seconds": train.get("train_runtime_s"), "attempts": len(starts) or 1, "note": None}
+    return {
+        "seconds": attempt["runtime_s"],
+        "attempts": len(starts),
+        "note": f"resumed: {len(starts)} attempts, started at steps {', '.join(map(str, starts))}; "
+        f"the last attempt alone {fmt(train.get('train_runtime_s'))} s",
+    }
+
+
+def _runtime_text(rt: dict) -> str | float | None:
+    return f"{fmt(rt['seconds'])} ({rt['note']})" if rt["note"] else rt["seconds"]
+
+
 def _mb(nbytes) -> float | None:
     return round(nbytes / 1e6, 1) if isinstance(nbytes, (int, float)) else None
 
@@ -508,7 +528,7 @@ def throughput_rows(r: LoadedRun) -> list[list]:
         + [
             ["world size (processes)", r.world],
             ["optimizer steps", train.get("steps")],
-            ["train runtime (s)", train.get("train_runtime_s")],
+            ["train runtime (s), all attempts", _runtime_text(runtime(train))],
             ["train tokens (all processes, incl. padding)", train.get("train_tokens")],
             [f"tokens/s per {r.unit} (steady state, mean)", r.tps_gpu],
             ["parameters (the tuned model's files)", r.n_params],
@@ -648,7 +668,11 @@ def report_summary(r: LoadedRun, generated: str, git: dict) -> dict:
         "world_size": r.world,
         "device": "gpu" if r.on_gpu else "cpu",
         "n_params": r.n_params,
-        "train_runtime_s": train.get("train_runtime_s"),
+        # over every attempt; the attempts and the step each started from say whether it resumed
+        "train_runtime_s": runtime(train)["seconds"],
+        "train_runtime_s_last_attempt": train.get("train_runtime_s"),
+        "attempts": runtime(train)["attempts"],
+        "attempt_starts": (train.get("attempt") or {}).get("starts") or [0],
         "peak_vram_gib": train.get("peak_vram_gib"),
         "eval_generate_seconds": tuned.get("generate_seconds"),
         "eval_new_tokens_per_second": tuned.get("new_tokens_per_second"),

@@ -17,7 +17,9 @@ ADAPTER_DIR = "adapter"
 def attempts_summary(records: list[dict]) -> dict:
     """What the last attempt that trained did, from llmft_steps.jsonl: the step it resumed from, the
     steps it trained, the steps an earlier attempt computed past its last checkpoint (lost), and
-    tokens/s over this attempt's own steps (resumed ones are not counted in it)."""
+    tokens/s over this attempt's own steps (resumed ones are not counted in it). Over all attempts:
+    the step each started from and the training time they took together (each from its start to its
+    last step: LLaMA-Factory's train_runtime is the last attempt's alone)."""
     attempts, current = [], None
     for r in records:
         if "attempt_start" in r:
@@ -44,6 +46,8 @@ def attempts_summary(records: list[dict]) -> dict:
         rate = (end["tokens"] - last["tok0"]) / (end["time"] - last["t0"])
     return {
         "attempts": len(attempts),
+        "starts": [a["start"] for a in attempts],
+        "runtime_s": round(sum(a["steps"][-1]["time"] - a["t0"] for a in trained), 3),
         "resumed_from_step": last["start"],
         "steps_trained": end["step"] - last["start"],
         "steps_lost": lost,
