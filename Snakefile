@@ -24,6 +24,7 @@ include: "workflow/rules/env.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/sft.smk"
 include: "workflow/rules/eval.smk"
+include: "workflow/rules/benchmarks.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -31,3 +32,4 @@ rule all:
     default_target: True
     input:
         final_outputs(),
+        benchmark_outputs(),

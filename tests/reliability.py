@@ -29,6 +29,7 @@ MODULES = [
     "tests.unit.core.test_chat_templates",
     "tests.workflow.test_pipeline",
     "tests.workflow.test_profile_check",
+    "tests.workflow.test_benchmarks",
 ]
 BEGIN = "<!-- reliability table: python -m tests.reliability -->"
 END = "<!-- end of reliability table -->"

@@ -203,6 +203,23 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from llmft.benchmarks.run import run_benchmarks
+
+    run_benchmarks(_cfg(args), args.model, args.out, args.cache_dir, threads=args.threads)
+    return 0
+
+
+def cmd_bench_fetch(args) -> int:
+    from pathlib import Path
+
+    from llmft.benchmarks.tasks import fetch
+
+    cache = fetch(_cfg(args)["eval"], Path.cwd())
+    print(f"the data of every task in eval.benchmarks is in {cache}")
+    return 0
+
+
 def cmd_report(args) -> int:
     from llmft.report.page import build_report
 
@@ -316,6 +333,9 @@ def _later_commands(sub, add) -> None:
     p = add("evaluate", cmd_evaluate, "model", "heldout", "out-dir", "label")
     p.add_argument("--processes", type=int, default=0, help="0 = one per GPU (one on CPU)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per process (0 = torch default)")
+    p = add("bench", cmd_bench, "model", "out", "cache-dir", help="eval.benchmarks (lm-eval) on one model")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch default)")
+    add("bench-fetch", cmd_bench_fetch, help="fill the datasets cache for eval.benchmarks (needs internet)")
     add("report", cmd_report, "run-dir", "out-dir", "results-dir:opt")
     p = sub.add_parser("trend", help="held-out metrics and throughput of every run under --results-dir")
     p.add_argument("--results-dir", default="results")
