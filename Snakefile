@@ -32,4 +32,3 @@ rule all:
     default_target: True
     input:
         final_outputs(),
-        benchmark_outputs(),

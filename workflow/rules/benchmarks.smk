@@ -13,11 +13,14 @@ except ConfigError as exc:
     sys.exit(f"llmft config error: {exc}")
 
 
-def benchmark_outputs():
+def benchmark_inputs(wildcards):
+    """The two benchmark scores the run's report compares; none without benchmarks."""
     if not CFG["eval"]["benchmarks"]:
         return []
     return expand(
-        "results/{run}/bench/{which}/scores.json", run=RUN, which=("base", "tuned")
+        "results/{run}/bench/{which}/scores.json",
+        run=wildcards.run,
+        which=("base", "tuned"),
     )
 
 
