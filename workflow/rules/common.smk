@@ -62,7 +62,12 @@ def final_outputs():
 
 # The eval keys of the benchmark jobs: in the slice of a stage that reads them only (benchmarks=True),
 # so adding a benchmark reruns neither evaluate nor, without benchmarks, the report.
-BENCH_KEYS = ("benchmarks", "benchmark_include_path", "benchmark_data_cache")
+BENCH_KEYS = (
+    "benchmarks",
+    "benchmark_backend",
+    "benchmark_include_path",
+    "benchmark_data_cache",
+)
 
 
 def cfg_arg(*keys, benchmarks=False):

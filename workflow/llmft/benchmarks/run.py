@@ -35,6 +35,7 @@ def content_key(model_dir: Path, ecfg: dict, include: list[str], precision: str)
 
     h = hashlib.sha256()
     settings = {"tasks": ecfg["benchmarks"], "precision": precision, "lm_eval": version("lm_eval")}
+    settings["backend"] = ecfg["benchmark_backend"]
     h.update(json.dumps(settings, sort_keys=True).encode())
     _files_digest(h, model_dir)
     for folder in include:
@@ -79,11 +80,15 @@ def _task_scores(res: dict, bench: dict) -> dict:
 def evaluate_tasks(model_dir: Path, ecfg: dict, tm, device: str, dtype: str, threads: int) -> dict:
     import torch
     from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
+
+    if ecfg["benchmark_backend"] == "llmft":
+        from llmft.benchmarks.backend import LlmftLM as Model
+    else:
+        from lm_eval.models.huggingface import HFLM as Model
 
     if threads:
         torch.set_num_threads(threads)
-    lm = HFLM(pretrained=str(model_dir), device=device, dtype=dtype, batch_size=ecfg["batch_size"])
+    lm = Model(pretrained=str(model_dir), device=device, dtype=dtype, batch_size=ecfg["batch_size"])
     scores = {}
     for bench in ecfg["benchmarks"]:
         t0 = time.perf_counter()
@@ -127,6 +132,7 @@ def run_benchmarks(cfg: dict, model_dir: str, out: str, cache_dir: str, threads:
         "key": key,
         "device": device,
         "dtype": dtype,
+        "backend": ecfg["benchmark_backend"],
         "seconds": round(time.perf_counter() - t0, 2),
         "tasks": tasks,
     }
