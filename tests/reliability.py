@@ -30,6 +30,7 @@ MODULES = [
     "tests.workflow.test_pipeline",
     "tests.workflow.test_profile_check",
     "tests.workflow.test_benchmarks",
+    "tests.unit.benchmarks.test_run",
 ]
 BEGIN = "<!-- reliability table: python -m tests.reliability -->"
 END = "<!-- end of reliability table -->"

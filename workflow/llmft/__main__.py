@@ -204,9 +204,13 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from llmft.benchmarks.run import run_benchmarks
+    from llmft.benchmarks.run import BenchmarkError, run_benchmarks
 
-    run_benchmarks(_cfg(args), args.model, args.out, args.cache_dir, threads=args.threads)
+    try:
+        run_benchmarks(_cfg(args), args.model, args.out, args.cache_dir, threads=args.threads)
+    except BenchmarkError as exc:
+        print(f"llmft: benchmark error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -21,6 +21,10 @@ log = logging.getLogger("llmft.benchmarks")
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 
 
+class BenchmarkError(RuntimeError):
+    """A task that failed in the job: named with its config key and the model, no traceback."""
+
+
 def _files_digest(h, folder: Path) -> None:
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         h.update(str(path.relative_to(folder)).encode() + b"\0")
@@ -90,17 +94,23 @@ def evaluate_tasks(model_dir: Path, ecfg: dict, tm, device: str, dtype: str, thr
         torch.set_num_threads(threads)
     lm = Model(pretrained=str(model_dir), device=device, dtype=dtype, batch_size=ecfg["batch_size"])
     scores = {}
-    for bench in ecfg["benchmarks"]:
+    for i, bench in enumerate(ecfg["benchmarks"]):
         t0 = time.perf_counter()
-        res = simple_evaluate(
-            model=lm,
-            tasks=[bench["task"]],
-            num_fewshot=bench["num_fewshot"],
-            limit=bench["limit"],
-            apply_chat_template=bench["chat_template"],
-            task_manager=tm,
-            log_samples=False,
-        )
+        try:
+            res = simple_evaluate(
+                model=lm,
+                tasks=[bench["task"]],
+                num_fewshot=bench["num_fewshot"],
+                limit=bench["limit"],
+                apply_chat_template=bench["chat_template"],
+                task_manager=tm,
+                log_samples=False,
+            )
+        except Exception as exc:  # lm-eval and a task's own code raise anything: name the task
+            raise BenchmarkError(
+                f"config key eval.benchmarks[{i}]: task {bench['task']!r} failed on {model_dir}: "
+                f"{type(exc).__name__}: {str(exc)[:500]}"
+            ) from None
         scores.update(_task_scores(res, bench))
         log.info("%s: %.1f s", bench["task"], time.perf_counter() - t0)
     return scores
