@@ -47,6 +47,32 @@ def content_key(model_dir: Path, ecfg: dict, include: list[str], precision: str)
     return h.hexdigest()[:16]
 
 
+class ContextCheck:
+    """Before lm-eval's model (hf or llmft) scores a task: refuse prompts longer than the model's
+    context, which lm-eval would otherwise cut from the left without a word (few-shot examples
+    lost, scores of another task)."""
+
+    def _too_long(self, need: int, what: str) -> None:
+        if need > self.max_length:
+            raise ValueError(
+                f"its {what} need up to {need} tokens but the model's context is {self.max_length} "
+                "(max_position_embeddings): use fewer few-shot examples (num_fewshot) or a model with "
+                "a longer context"
+            )
+
+    def _loglikelihood_tokens(self, requests, *args, **kwargs):
+        # a rolling window may hold max_length + 1 tokens: the last one is only predicted
+        self._too_long(max((len(c) + len(x) for _, c, x in requests), default=0) - 1, "prompts")
+        return super()._loglikelihood_tokens(requests, *args, **kwargs)
+
+    def generate_until(self, requests, *args, **kwargs):
+        for req in requests:
+            context, gen = req.args
+            room = (gen or {}).get("max_gen_toks", self.max_gen_toks)
+            self._too_long(len(self.tok_encode(context)) + room, "prompts and answers")
+        return super().generate_until(requests, *args, **kwargs)
+
+
 def _device_and_dtype(precision: str) -> tuple[str, str]:
     import torch
 
@@ -86,9 +112,11 @@ def evaluate_tasks(model_dir: Path, ecfg: dict, tm, device: str, dtype: str, thr
     from lm_eval import simple_evaluate
 
     if ecfg["benchmark_backend"] == "llmft":
-        from llmft.benchmarks.backend import LlmftLM as Model
+        from llmft.benchmarks.backend import LlmftLM as Backend
     else:
-        from lm_eval.models.huggingface import HFLM as Model
+        from lm_eval.models.huggingface import HFLM as Backend
+
+    Model = type(f"Checked{Backend.__name__}", (ContextCheck, Backend), {})
 
     if threads:
         torch.set_num_threads(threads)
