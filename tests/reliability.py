@@ -36,6 +36,8 @@ MODULES = [
     "tests.workflow.test_shell_values",
     "tests.unit.nightly.test_run",
     "tests.unit.repo.test_skip_gate",
+    "tests.workflow.test_benchmarks",
+    "tests.unit.benchmarks.test_run",
 ]
 BEGIN = "<!-- reliability table: python -m tests.reliability -->"
 END = "<!-- end of reliability table -->"

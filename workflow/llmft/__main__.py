@@ -237,6 +237,27 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from llmft.benchmarks.run import BenchmarkError, run_benchmarks
+
+    try:
+        run_benchmarks(_cfg(args), args.model, args.out, args.cache_dir, threads=args.threads)
+    except BenchmarkError as exc:
+        print(f"llmft: benchmark error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_bench_fetch(args) -> int:
+    from pathlib import Path
+
+    from llmft.benchmarks.tasks import fetch
+
+    cache = fetch(_cfg(args)["eval"], Path.cwd())
+    print(f"the data of every task in eval.benchmarks is in {cache}")
+    return 0
+
+
 def cmd_report(args) -> int:
     from llmft.report.page import build_report
 
@@ -422,6 +443,16 @@ def _later_commands(sub, add) -> None:
     )
     p.add_argument("--processes", type=int, default=0, help="0 = one per GPU (one on CPU)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per process (0 = torch default)")
+    p = add(
+        "bench",
+        cmd_bench,
+        "model=the model folder to score",
+        "out=the results.json to write",
+        "cache-dir=the content-addressed score cache (results/.bench-cache)",
+        help="eval.benchmarks (lm-eval) on one model",
+    )
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch default)")
+    add("bench-fetch", cmd_bench_fetch, help="fill the datasets cache for eval.benchmarks (needs internet)")
     add(
         "report",
         cmd_report,

@@ -64,7 +64,17 @@ def final_outputs():
     ]
 
 
-def cfg_arg(*keys):
+# The eval keys of the benchmark jobs: in the slice of a stage that reads them only (benchmarks=True),
+# so adding a benchmark reruns neither evaluate nor, without benchmarks, the report.
+BENCH_KEYS = (
+    "benchmarks",
+    "benchmark_backend",
+    "benchmark_include_path",
+    "benchmark_data_cache",
+)
+
+
+def cfg_arg(*keys, benchmarks=False):
     """`--config-json '<subset>'`: the config keys a rule depends on, and only those.
 
     Snakemake reruns a job when its params change, so each stage sees just its own slice; a new
@@ -78,6 +88,10 @@ def cfg_arg(*keys):
             src = src[part]
             dst = dst.setdefault(part, {})
         dst[parts[-1]] = src[parts[-1]]
+    if not benchmarks and isinstance(subset.get("eval"), dict):
+        subset["eval"] = {
+            k: v for k, v in subset["eval"].items() if k not in BENCH_KEYS
+        }
     return f"--config-json {shlex.quote(json.dumps(subset, sort_keys=True))}"
 
 

@@ -13,6 +13,7 @@ rule report:
         tuned="results/{run}/eval/tuned/metrics.json",
         base_predictions="results/{run}/eval/base/predictions.jsonl",
         predictions="results/{run}/eval/tuned/predictions.jsonl",
+        benchmarks=benchmark_inputs,
     output:
         html=report(
             "results/{run}/report/index.html",
@@ -80,7 +81,16 @@ rule report:
     container:
         stage_container()
     params:
-        cfg=cfg_arg("run", "hardware", "model", "data", "sft", "verify", "eval"),
+        cfg=cfg_arg(
+            "run",
+            "hardware",
+            "model",
+            "data",
+            "sft",
+            "verify",
+            "eval",
+            benchmarks=bool(CFG["eval"]["benchmarks"]),
+        ),
     shell:
         "python -m llmft report {params.cfg} --run-dir results/{wildcards.run}"
         " --out-dir results/{wildcards.run}/report --results-dir results > {log:q} 2>&1"

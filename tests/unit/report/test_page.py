@@ -223,7 +223,7 @@ def test_a_resumed_run_shows_the_runtime_of_every_attempt_and_says_it_resumed(tm
     # attempt 1 trained 0 -> 12 in 22 s and was killed; attempt 2 resumed from 10, LLaMA-Factory timed 30 s
     train = {"train_runtime_s": 30.0, "attempt": {"attempts": 2, "starts": [0, 10], "runtime_s": 52.0}}
     run = _minimal_run(tmp_path, train)
-    summary = build_report({"run": "r"}, str(run), str(run / "report"))
+    summary = build_report(validate({"run": "r"}), str(run), str(run / "report"))
     assert (summary["train_runtime_s"], summary["train_runtime_s_last_attempt"]) == (52.0, 30.0)
     assert (summary["attempts"], summary["attempt_starts"]) == (2, [0, 10])
     page = (run / "report/index.html").read_text()
@@ -238,6 +238,6 @@ def test_a_run_in_one_attempt_shows_its_runtime_alone(tmp_path):
 
     train = {"train_runtime_s": 30.0, "attempt": {"attempts": 1, "starts": [0], "runtime_s": 29.0}}
     run = _minimal_run(tmp_path, train)
-    summary = build_report({"run": "r"}, str(run), str(run / "report"))
+    summary = build_report(validate({"run": "r"}), str(run), str(run / "report"))
     assert (summary["train_runtime_s"], summary["attempts"], summary["attempt_starts"]) == (30.0, 1, [0])
     assert "resumed" not in (run / "report/index.html").read_text()

@@ -161,8 +161,8 @@ def current_allocation(env: dict[str, str] | None = None) -> Allocation:
 
 
 # The stages that run on GPU nodes when the config has GPUs (verify_env probes them, sft trains,
-# evaluate generates); every other stage is a CPU job.
-GPU_STAGES = ("verify_env", "sft", "evaluate")
+# evaluate generates, benchmarks runs lm-eval); every other stage is a CPU job.
+GPU_STAGES = ("verify_env", "sft", "evaluate", "benchmarks")
 
 
 def gpus_requested(resources: dict) -> int | None:

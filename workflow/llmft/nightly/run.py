@@ -110,6 +110,31 @@ def gate(new: dict, current: dict | None, metric: str, tolerance: float) -> tupl
     )
 
 
+def benchmark_gate(new: dict, current: dict | None, budget: dict) -> tuple[bool, str]:
+    """Refuse a model whose benchmark score fell below the promoted model's by more than the task's
+    budget (nightly.max_benchmark_drop); a task the promoted model was not scored on is not gated."""
+    if not budget or current is None:
+        return True, ""
+    ours = (new.get("benchmarks") or {}).get("tasks", {})
+    theirs = current.get("benchmarks") or {}
+    over, checked = [], 0
+    for task, row in ours.items():
+        limit = budget.get(task, budget.get("*"))
+        ref = theirs.get(task)
+        if limit is None or ref is None or ref.get("metric") != row["metric"]:
+            continue
+        checked += 1
+        drop = (ref["tuned"] - row["tuned"]) if row["higher_is_better"] else (row["tuned"] - ref["tuned"])
+        if drop > limit:
+            over.append(
+                f"{task} {row['metric']} {row['tuned']:.4f} vs current {ref['tuned']:.4f}: "
+                f"dropped {drop:.4f}, budget {limit}"
+            )
+    if over:
+        return False, f"rejected: benchmark forgetting (run {current['run']}): " + "; ".join(over)
+    return True, f"benchmarks within budget ({checked} task(s))"
+
+
 def _run_logged(cmd: list[str], log_path: Path) -> int:
     """Run a command, logged; forward SIGTERM as SIGINT (Snakemake ignores TERM while jobs run)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -144,7 +169,10 @@ def promote(results: Path, run: str, summary: dict, reason: str) -> None:
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(run, target_is_directory=True)
     os.replace(tmp, results / "current")
-    write_json(results / "current.json", {"run": run, "reason": reason, "tuned": summary["tuned"]})
+    record = {"run": run, "reason": reason, "tuned": summary["tuned"]}
+    if summary.get("benchmarks"):  # the promoted model's scores, for the next night's forgetting budget
+        record["benchmarks"] = summary["benchmarks"]["tasks"]
+    write_json(results / "current.json", record)
 
 
 def retain(results: Path, state: dict, keep: int) -> list[str]:
@@ -261,9 +289,12 @@ def _judge(cfg: dict, results: Path, run: str, night: dict, state: dict) -> None
     current = read_json(results / "current.json") if (results / "current.json").exists() else None
     current_summary = None
     if current:
-        current_summary = {"run": current["run"], "tuned": current["tuned"]}
+        current_summary = {k: current.get(k) for k in ("run", "tuned", "benchmarks")}
     metric, tol = cfg["nightly"]["metric"], cfg["nightly"]["tolerance"]
     ok, reason = gate(summary, current_summary, metric, tol)
+    if ok:
+        ok, why = benchmark_gate(summary, current_summary, cfg["nightly"]["max_benchmark_drop"])
+        reason = why if not ok else "; ".join(filter(None, [reason, why]))
     night.update(
         status="promoted" if ok else "rejected",
         reason=reason,

@@ -13,6 +13,7 @@ import yaml
 from llmft.core import flops
 from llmft.core.io import read_json, read_jsonl, read_optional, write_json, write_text
 from llmft.core.platform import Platform
+from llmft.report import bench
 from llmft.report.draw import CSP, STYLE, esc, fmt, svg_bars, svg_lines, table, tsv
 from llmft.report.trend import build_trend
 
@@ -692,12 +693,15 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
     figures = report_figures(r)
     metrics = metric_rows(r)
     samples = pick_samples(r.base_pred, r.tuned_pred)
+    # eval.benchmarks: only a run configured with them shows them (a stale bench/ folder is not read)
+    benchmarks = bench.load(r.run) if cfg["eval"]["benchmarks"] else None
     git = git_state()
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     page = "".join(
         [
             overview_section(r, results_dir),
             heldout_section(r, metrics),
+            bench.section(benchmarks),
             curves_section(figures),
             throughput_section(r, figures),
             samples_section(samples),
@@ -707,6 +711,8 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
         ]
     )
     summary = report_summary(r, generated, git)
+    if benchmarks:
+        summary["benchmarks"] = benchmarks
     write_text(out / "index.html", page)
     write_json(out / "summary.json", summary)
     for name in FIGURES:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from llmft.core.config import RESERVED_RUNS, is_run_name
 from llmft.core.io import read_optional, write_text
+from llmft.report.bench import trend_section
 from llmft.report.draw import CSP, STYLE, esc, svg_lines, table
 
 log = logging.getLogger("llmft.trend")
@@ -142,6 +143,7 @@ def build_trend(results_dir: str | Path, out_html: str | Path) -> list[dict]:
             rows,
         )
     }
+{trend_section(runs)}
 <h2>Run reports</h2><ul>{"".join(links)}</ul>
 </body></html>
 """

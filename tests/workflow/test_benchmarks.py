@@ -1,0 +1,138 @@
+"""Standard benchmarks (eval.benchmarks, lm-eval-harness) base vs tuned: the jobs, the refusals
+before any job, and the two project tasks under tests/bench_tasks run on the demo's tiny model."""
+
+import json
+import math
+import re
+from importlib.metadata import version
+
+import pytest
+
+from tests.conftest import REPO, make_workdir, rules_run, snakemake
+from tests.reliability import reliability
+
+pytestmark = pytest.mark.workflow
+
+TASKS = str(REPO / "tests" / "bench_tasks")
+OURS = [{"task": "llmft_category"}, {"task": "llmft_first_word"}]
+
+
+def _shell_lines(proc, rule: str) -> list[str]:
+    """The commands `snakemake -n -p` prints for one rule's jobs."""
+    out, lines = [], (proc.stdout + proc.stderr).splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() == f"rule {rule}:" or line.strip() == f"localrule {rule}:":
+            cmd = next((x for x in lines[i + 1 :] if "python -m llmft" in x), "")
+            out.append(cmd.strip().removeprefix("Shell command: "))
+    return out
+
+
+def test_no_benchmarks_no_jobs_and_evaluate_never_sees_the_keys(tmp_path):
+    plain = snakemake(make_workdir(tmp_path / "plain"), "-n", "-p")
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert "benchmarks" not in rules_run(plain.stdout + plain.stderr)
+    with_bench = snakemake(
+        make_workdir(tmp_path / "bench", eval__benchmarks=OURS, eval__benchmark_include_path=[TASKS]),
+        "-n",
+        "-p",
+    )
+    assert with_bench.returncode == 0, with_bench.stderr[-3000:]
+    # a benchmark added reruns neither evaluate nor training: same commands; without benchmarks no
+    # stage's command names them (the DAG is as before the key existed)
+    for rule in ("evaluate", "sft"):
+        assert _shell_lines(plain, rule) == _shell_lines(with_bench, rule) != []
+    for rule in ("evaluate", "report", "sft", "prepare_data"):
+        assert all("benchmark" not in cmd for cmd in _shell_lines(plain, rule))
+    assert '"benchmarks": [{' in _shell_lines(with_bench, "report")[0]
+    bench = _shell_lines(with_bench, "benchmarks")
+    assert len(bench) == 2 and all(
+        cmd.startswith("HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 python -m llmft bench") for cmd in bench
+    )
+    assert {re.search(r"--out (\S+)", c).group(1) for c in bench} == {
+        "results/demo/bench/base/scores.json",
+        "results/demo/bench/tuned/scores.json",
+    }
+
+
+def _refused(proc, *needles):
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("llmft config error: config key eval.benchmarks[0].task"), proc.stderr[-2000:]
+    for needle in needles:
+        assert needle in last
+    assert "Traceback" not in proc.stderr and rules_run(proc.stderr + proc.stdout) == []
+
+
+@reliability(
+    fault="an lm-eval task name with a typo in eval.benchmarks (`arc_eazy`)",
+    seen="refused before any job (`snakemake -n` too), naming the key, the task and its close matches",
+    steps_lost="none",
+    data_lost="none",
+)
+def test_an_unknown_task_is_refused_with_close_matches(tmp_path):
+    work = make_workdir(tmp_path, eval__benchmarks=[{"task": "arc_eazy"}])
+    _refused(snakemake(work, "-n"), "no task 'arc_eazy'", "did you mean", "arc_easy")
+
+
+@reliability(
+    fault="a benchmark whose data is not on this (offline) machine: `arc_easy` with an empty datasets cache",
+    seen="refused before any job (`snakemake -n` too), naming the task, its dataset and the cache folder",
+    steps_lost="none",
+    data_lost="none",
+)
+def test_a_task_whose_data_is_missing_offline_is_refused_with_the_cache_path(tmp_path):
+    cache = tmp_path / "hf datasets"
+    cache.mkdir()
+    work = make_workdir(
+        tmp_path / "w", eval__benchmarks=[{"task": "arc_easy"}], eval__benchmark_data_cache=str(cache)
+    )
+    _refused(snakemake(work, "-n"), "task 'arc_easy' cannot run offline", "allenai/ai2_arc", str(cache))
+
+
+@pytest.fixture(scope="module")
+def benched(tmp_path_factory):
+    """The demo pipeline with the two project tasks as benchmarks: the tiny model is trained on the
+    demo's word tasks, which teach both (the category of a word, the first word of a list)."""
+    work = make_workdir(
+        tmp_path_factory.mktemp("bench"), eval__benchmarks=OURS, eval__benchmark_include_path=[TASKS]
+    )
+    proc = snakemake(work, timeout=1800)  # the whole demo plus four benchmark runs on 2 busy cores
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return work
+
+
+def _scores(work, which: str, run: str = "demo") -> dict:
+    return json.loads((work / f"results/{run}/bench/{which}/scores.json").read_text())
+
+
+def test_the_tuned_model_scores_higher_on_both_tasks(benched):
+    base, tuned = _scores(benched, "base"), _scores(benched, "tuned")
+    assert base["lm_eval"] == tuned["lm_eval"] == version("lm_eval")
+    assert base["dtype"] == "float32" and base["reused_from"] is None
+    for task, metric in (("llmft_category", "acc"), ("llmft_first_word", "first_word")):
+        b, t = base["tasks"][task], tuned["tasks"][task]
+        assert b["samples"] == t["samples"] == 40
+        # beyond lm-eval's own noise: two standard errors of the difference
+        noise = 2 * math.hypot(b["stderr"][metric], t["stderr"][metric])
+        assert t["metrics"][metric] - b["metrics"][metric] > max(noise, 0.3), (task, b, t)
+    # on the page and in summary.json: both tasks, lm-eval's stderr, and a verdict naming no task
+    summary = json.loads((benched / "results/demo/report/summary.json").read_text())["benchmarks"]
+    assert summary["regressed"] == [] and summary["verdict"].startswith("no benchmark regressed")
+    row = summary["tasks"]["llmft_category"]
+    assert row["base"] == base["tasks"]["llmft_category"]["metrics"]["acc"]
+    assert row["tuned_stderr"] == tuned["tasks"]["llmft_category"]["stderr"]["acc"] > 0
+    page = (benched / "results/demo/report/index.html").read_text()
+    assert (
+        "Standard benchmarks: base vs tuned" in page
+        and f"{row['tuned']:.4f} ± {row['tuned_stderr']:.4f}" in page
+    )
+
+
+def test_another_run_with_the_same_base_model_reuses_its_scores(benched):
+    target = "results/second/bench/base/scores.json"
+    proc = snakemake(benched, target, "--config", "run=second")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(rules_run(proc.stderr + proc.stdout)) == {"base_model", "benchmarks"}
+    again, first = _scores(benched, "base", "second"), _scores(benched, "base")
+    assert again["reused_from"] and again["key"] == first["key"] and again["tasks"] == first["tasks"]
+    assert "reusing" in (benched / "results/second/logs/benchmarks_base.log").read_text()

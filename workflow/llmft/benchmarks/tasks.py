@@ -1,0 +1,129 @@
+"""The configured lm-eval tasks, checked where the config is checked: a name lm-eval does not know
+(with its close matches) and a task whose data is not on this machine are refused before any job,
+because benchmark jobs run offline (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE)."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+from llmft.core.config import ConfigError
+
+# datasets' packaged builders read local files named in data_files; anything else is a Hub dataset.
+LOCAL_BUILDERS = {"json", "csv", "parquet", "text", "arrow", "pandas"}
+
+
+def include_paths(ecfg: dict, base_dir: Path) -> list[str]:
+    """eval.benchmark_include_path as absolute folders (relative ones to the working directory)."""
+    return [str((base_dir / p).resolve()) for p in ecfg["benchmark_include_path"]]
+
+
+def data_cache(ecfg: dict) -> Path:
+    """The datasets cache the jobs read: eval.benchmark_data_cache, else datasets' own default."""
+    if ecfg["benchmark_data_cache"]:
+        return Path(ecfg["benchmark_data_cache"]).expanduser().resolve()
+    env = os.environ.get("HF_DATASETS_CACHE")
+    if env:
+        return Path(env).expanduser().resolve()
+    hf_home = os.environ.get("HF_HOME") or "~/.cache/huggingface"
+    return (Path(hf_home).expanduser() / "datasets").resolve()
+
+
+def task_manager(ecfg: dict, base_dir: Path):
+    for folder in include_paths(ecfg, base_dir):
+        if not Path(folder).is_dir():
+            raise ConfigError(f"config key eval.benchmark_include_path: {folder} is not a folder")
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=include_paths(ecfg, base_dir) or None)
+
+
+def leaf_configs(tm, name: str, seen: frozenset = frozenset()) -> list[tuple[str, dict]]:
+    """(task name, its YAML config) of every task a task, group or tag name runs."""
+    from lm_eval.tasks._index import Kind
+
+    entry = tm.task_index.get(name)
+    if entry is None or name in seen:
+        return []
+    seen = seen | {name}
+    if entry.kind == Kind.TAG:
+        return [
+            leaf for e in tm.task_index.values() if name in e.tags for leaf in leaf_configs(tm, e.name, seen)
+        ]
+    if entry.kind == Kind.GROUP:
+        out = []
+        for sub in (entry.cfg or {}).get("task", []):
+            if isinstance(sub, str):
+                out += leaf_configs(tm, sub, seen)
+            elif isinstance(sub, dict):  # an inline task: its own keys over the task it names
+                base = dict(tm.task_index[sub["task"]].cfg or {}) if sub.get("task") in tm.task_index else {}
+                out.append((str(sub.get("task")), {**base, **sub}))
+        return out
+    return [(name, entry.cfg or {})]
+
+
+def missing_data(task: str, cfg: dict, cache: Path) -> str | None:
+    """Why the task's data is not here, or None. Tasks that load their own documents
+    (custom_dataset) are trusted: their code reads whatever it reads."""
+    if cfg.get("custom_dataset") or not cfg.get("dataset_path"):
+        return None
+    path = str(cfg["dataset_path"])
+    if path in LOCAL_BUILDERS:
+        files = (cfg.get("dataset_kwargs") or {}).get("data_files") or []
+        if isinstance(files, dict):
+            files = [f for v in files.values() for f in ([v] if isinstance(v, str) else v)]
+        elif isinstance(files, str):
+            files = [files]
+        gone = [f for f in files if not Path(f).exists()]
+        return f"its data file(s) {gone} do not exist" if gone else None
+    if Path(path).is_dir():
+        return None
+    # datasets caches a Hub dataset owner/name under <cache>/owner___name/
+    folder = cache / path.replace("/", "___")
+    if folder.is_dir() or any(p.name.lower() == folder.name.lower() for p in _children(cache)):
+        return None
+    return (
+        f"its dataset {path} is not in the datasets cache {cache} (expected {folder}); fill the cache "
+        "on a machine with internet: python -m llmft bench-fetch, with the same eval.benchmark_data_cache"
+    )
+
+
+def _children(folder: Path) -> list[Path]:
+    return list(folder.iterdir()) if folder.is_dir() else []
+
+
+def check(ecfg: dict, base_dir: Path) -> None:
+    """Refuse, naming the task, an unknown task (with close matches) or one whose data is missing."""
+    if not ecfg["benchmarks"]:
+        return
+    tm = task_manager(ecfg, base_dir)
+    cache = data_cache(ecfg)
+    for i, bench in enumerate(ecfg["benchmarks"]):
+        name, where = bench["task"], f"config key eval.benchmarks[{i}].task"
+        if name not in tm.task_index:
+            close = difflib.get_close_matches(name, tm.all_tasks, n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"{where}: lm-eval has no task {name!r}{hint}")
+        for task, cfg in leaf_configs(tm, name):
+            why = missing_data(task, cfg, cache)
+            if why:
+                raise ConfigError(f"{where}: task {task!r} cannot run offline: {why}")
+
+
+def fetch(ecfg: dict, base_dir: Path) -> Path:
+    """On a machine with internet (a login node): build every configured task once, which makes
+    datasets download its data into the cache the jobs read; then check it is all there."""
+    cache = data_cache(ecfg)
+    os.environ["HF_DATASETS_CACHE"] = str(cache)
+    tm = task_manager(ecfg, base_dir)
+    for i, bench in enumerate(ecfg["benchmarks"]):
+        try:
+            tm.load([bench["task"]])
+        except Exception as exc:  # lm-eval and datasets raise many kinds; the task and cache are what matter
+            raise ConfigError(
+                f"config key eval.benchmarks[{i}].task: could not fetch the data of {bench['task']!r} "
+                f"into {cache}: {type(exc).__name__}: {str(exc)[:300]}"
+            ) from None
+    check(ecfg, base_dir)
+    return cache
