@@ -183,7 +183,8 @@ def test_sbatch_lines_are_the_production_profiles(whole_run):
     _, log = whole_run
     lines = sbatch_lines(log)
     sft = lines["sft"]
-    for flag in ("-p mi300x", "--gres=gpu:mi300x:8", "--nodes=2", "--ntasks=2", "--exclusive", "-A llm-ft"):
+    flags = ("-p mi300x", "--gres=gpu:mi300x:8", "--nodes=2", "--ntasks=2", "--exclusive", "-A llm-ft")
+    for flag in (*flags, "--signal=USR1@600"):
         assert flag in sft, sft
     assert "--ntasks-per-gpu" not in sft  # tasks_per_gpu: 0, or the job would pend forever
     assert "-p cpu" in lines["prepare_data"] and "--gres" not in lines["prepare_data"]

@@ -1,7 +1,8 @@
 """Planning from a login node without GPUs, for MI300X nodes: the plan comes from the nodes' facts.
 
 The submit host here has no GPU and a CPU torch build. verify_env runs as a two-node Slurm job whose
-nodes report recorded facts of an 8 x MI300X node (tests/fixtures/facts_mi300x.json), injected in
+nodes report hand-written facts of an 8 x MI300X node (tests/fixtures/facts_mi300x.json: written from
+ROCm's documented formats, never recorded on an MI300X; see tests/fixtures/README.md), injected in
 place of the probe's output by llmft's test-only switch LLMFT_TEST_NODE_FACTS (env/verify.py). The
 rendered YAML must be the MI300X plan, identical to the plan made from those facts directly, and a
 node that reports another GPU than the one the config declares must fail verify_env, naming both.

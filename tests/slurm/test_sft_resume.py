@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import make_workdir
 from tests.reliability import reliability
-from tests.slurm.test_cluster import SMALL_RUN, _cluster_problem, cluster_start, submissions
+from tests.slurm.test_cluster import SMALL_RUN, _cluster_problem, cluster_start, sbatch_lines, submissions
 
 pytestmark = pytest.mark.slurm
 
@@ -64,7 +64,7 @@ def test_signalled_sft_job_saves_requeues_and_resumes(tmp_path):
         "sft__tracking": ["tensorboard", "mlflow", "wandb"],
     }
     work = make_workdir(tmp_path, **run)
-    proc = cluster_start(work, tmp_path / "snakemake.log")
+    proc = cluster_start(work, tmp_path / "snakemake.log", "--verbose")
     work_root = work / "results/preempt/work"
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None and len(trained_steps(work_root)) < 10:
@@ -88,7 +88,9 @@ def test_signalled_sft_job_saves_requeues_and_resumes(tmp_path):
     history = [json.loads(x) for x in (sft_dir / "trainer_log.jsonl").read_text().splitlines()]
     logged = [e["current_steps"] for e in history if "loss" in e]
     assert logged[0] == 1 and logged[-1] == STEPS and saved in logged
-    # Slurm requeued the same job: Snakemake submitted sft once and waited for it
+    # Slurm was asked for the signal this test sent by hand, and requeued the same job: Snakemake
+    # submitted sft once and waited for it
+    assert "--signal=USR1@600" in sbatch_lines(text)["sft"]
     assert len(submissions(text).get("sft", [])) == 1
     sft_log = (work / "results/preempt/logs/sft.log").read_text()
     assert f"Resuming training from {sft_dir.relative_to(work)}/checkpoint-{saved}" in sft_log
