@@ -4,26 +4,6 @@
 # under a key of its files, the tasks and their settings, and lm-eval's version; a rerun with the
 # same base model reuses them. `--forcerun benchmarks` reruns both jobs and nothing else (delete
 # results/.bench-cache to score a model again from scratch).
-from llmft.benchmarks.tasks import check as check_benchmarks
-
-try:
-    # An unknown task (with close matches) or one whose data is not here stops the run before any job.
-    check_benchmarks(CFG["eval"], Path.cwd())
-except ConfigError as exc:
-    sys.exit(f"llmft config error: {exc}")
-
-
-def benchmark_inputs(wildcards):
-    """The two benchmark scores the run's report compares; none without benchmarks."""
-    if not CFG["eval"]["benchmarks"]:
-        return []
-    return expand(
-        "results/{run}/bench/{which}/scores.json",
-        run=wildcards.run,
-        which=("base", "tuned"),
-    )
-
-
 rule benchmarks:
     input:
         model=eval_model,
@@ -31,6 +11,8 @@ rule benchmarks:
         scores="results/{run}/bench/{which}/scores.json",
     log:
         "results/{run}/logs/benchmarks_{which}.log",
+    benchmark:
+        "results/{run}/benchmarks/benchmarks_{which}.tsv"
     container:
         stage_container()
     params:

@@ -182,3 +182,24 @@ def eval_model(wildcards):
     if wildcards.which == "tuned":
         return f"results/{wildcards.run}/sft/model"
     return base_model_dir(wildcards)
+
+
+# -- eval.benchmarks (rules/benchmarks.smk) -------------------------------------------------------
+from llmft.benchmarks.tasks import check as check_benchmarks
+
+try:
+    # An unknown task (with close matches) or one whose data is not here stops the run before any job.
+    check_benchmarks(CFG["eval"], Path.cwd())
+except ConfigError as exc:
+    sys.exit(f"llmft config error: {exc}")
+
+
+def benchmark_inputs(wildcards):
+    """The two benchmark scores the run's report compares; none without benchmarks."""
+    if not CFG["eval"]["benchmarks"]:
+        return []
+    return expand(
+        "results/{run}/bench/{which}/scores.json",
+        run=wildcards.run,
+        which=("base", "tuned"),
+    )
