@@ -17,15 +17,17 @@ from lm_eval.models.huggingface import HFLM
 def continuation_logprobs(model, seqs: list[tuple[list[int], list[int]]], pad_id: int, device):
     """(sum of log-probabilities, all greedy) of each continuation after its context tokens.
 
-    Each row is context + continuation without its last token (what predicts the continuation);
-    rows are left-padded so every continuation ends in the last column, and only the last
+    Each row is context + continuation without its last token (what predicts the continuation).
+    Rows that are the same tokens (a multiple-choice question's one-token choices all are) run once.
+    Rows are left-padded so every continuation ends in the last column, and only the last
     (longest continuation) columns of logits are computed.
     """
     import torch
 
-    inputs = [(ctx + cont)[:-1] for ctx, cont in seqs]
+    inputs = [tuple((ctx + cont)[:-1]) for ctx, cont in seqs]
+    row_of = {row: i for i, row in enumerate(dict.fromkeys(inputs))}
     keep = max(len(cont) for _, cont in seqs)
-    ids, mask = left_pad(inputs, pad_id)
+    ids, mask = left_pad([list(row) for row in row_of], pad_id)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(
         input_ids=ids.to(device),
@@ -35,8 +37,8 @@ def continuation_logprobs(model, seqs: list[tuple[list[int], list[int]]], pad_id
     ).logits
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     out = []
-    for j, (_, cont) in enumerate(seqs):
-        rows = logprobs[j, keep - len(cont) :]
+    for row, (_, cont) in zip(inputs, seqs, strict=True):
+        rows = logprobs[row_of[row], keep - len(cont) :]
         target = torch.tensor(cont, device=rows.device)
         picked = rows.gather(-1, target[:, None])[:, 0]
         out.append((float(picked.sum()), bool((rows.argmax(-1) == target).all())))
@@ -49,23 +51,25 @@ class LlmftLM(HFLM):
         import torch
 
         size = override_bs or (self.batch_size if isinstance(self.batch_size, int) else 64)
+        # Each request's model input, after HFLM's left truncation; requests with the same input (the
+        # choices of a multiple-choice question) share one row, and a batch holds `size` rows.
+        seqs: dict[tuple, list[int]] = {}
+        split = []
+        for i, (_, ctx, cont) in enumerate(requests):
+            whole = (ctx + cont)[-(self.max_length + 1) :]
+            split.append((whole[: len(whole) - len(cont)], cont))
+            seqs.setdefault(tuple(whole[:-1]), []).append(i)
         # longest first, so each batch holds rows of similar length (little padding)
-        order = sorted(range(len(requests)), key=lambda i: -len(requests[i][1]) - len(requests[i][2]))
+        rows = sorted(seqs, key=len, reverse=True)
         out: list = [None] * len(requests)
+        pad = self.tokenizer.pad_token_id or 0
         with torch.inference_mode():
-            for k in range(0, len(order), size):
-                idx = order[k : k + size]
-                seqs = []
-                for i in idx:
-                    _, ctx, cont = requests[i]
-                    whole = (ctx + cont)[-(self.max_length + 1) :]  # HFLM's left truncation
-                    seqs.append((whole[: len(whole) - len(cont)], cont))
-                pad = self.tokenizer.pad_token_id or 0
-                for i, got in zip(
-                    idx, continuation_logprobs(self.model, seqs, pad, self.device), strict=True
-                ):
-                    out[i] = got
-                    self.cache_hook.add_partial("loglikelihood", requests[i][0], got)
+            for k in range(0, len(rows), size):
+                idx = [i for row in rows[k : k + size] for i in seqs[row]]
+                got = continuation_logprobs(self.model, [split[i] for i in idx], pad, self.device)
+                for i, result in zip(idx, got, strict=True):
+                    out[i] = result
+                    self.cache_hook.add_partial("loglikelihood", requests[i][0], result)
         return out
 
     def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs):
