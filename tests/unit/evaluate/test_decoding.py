@@ -3,6 +3,7 @@ cache in fp32 on CPU, pads short batches without changing any row, and falls bac
 the static path fails."""
 
 import pytest
+from llmft.core import decode
 from llmft.core.config import validate
 from llmft.core.io import read_json, read_jsonl, write_jsonl
 from llmft.data.assets import build_tiny_model, synthetic_rows
@@ -53,8 +54,8 @@ def test_graphs_leaves_generation_config_processors_to_generate(setup, monkeypat
     by generate, which applies it, with a warning, not by the loop, which would not."""
     from transformers import GenerationConfig
 
-    assert worker.greedy_changers(GenerationConfig()) == []
-    assert worker.greedy_changers(GenerationConfig(repetition_penalty=1.3, min_new_tokens=2)) == [
+    assert decode.greedy_changers(GenerationConfig()) == []
+    assert decode.greedy_changers(GenerationConfig(repetition_penalty=1.3, min_new_tokens=2)) == [
         "repetition_penalty",
         "min_new_tokens",
     ]

@@ -10,8 +10,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from llmft.core.decode import greedy_changers, greedy_graphs  # noqa: F401 - evaluate's names for them
-from llmft.core.decode import left_pad as _left_pad
+from llmft.core.decode import greedy_graphs, left_pad
 
 log = logging.getLogger("llmft.evaluate")
 
@@ -238,7 +237,7 @@ def _generate(model, prompts: list[list[int]], job: ShardJob, device, decoding: 
 
     if decoding == "graphs":
         return _generate_graphs(model, prompts, job, device)
-    ids, attn = _left_pad(prompts, job.pad_id)
+    ids, attn = left_pad(prompts, job.pad_id)
     width = ids.shape[1]
     extra = {}
     if decoding == "static":
