@@ -178,6 +178,19 @@ def sft_adapter_output():
     return {"adapter": directory("results/{run}/sft/adapter")}
 
 
+def sft_output_log(wildcards):
+    """Where sft's steps append their output: not its declared log, which Snakemake deletes first."""
+    return f"results/{wildcards.run}/logs/sft.log"
+
+
+def run_page(wildcards):
+    """The run's page and summary.json, which sft removes before it replaces their model."""
+    return [
+        f"results/{wildcards.run}/report/{name}"
+        for name in ("index.html", "summary.json")
+    ]
+
+
 def eval_model(wildcards):
     if wildcards.which == "tuned":
         return f"results/{wildcards.run}/sft/model"

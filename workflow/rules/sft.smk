@@ -86,11 +86,8 @@ rule sft:
     params:
         launcher=per_node_launcher,
         python=stage_python(),
-        out=lambda wildcards: f"results/{wildcards.run}/logs/sft.log",
-        page=lambda wildcards: [
-            f"results/{wildcards.run}/report/{name}"
-            for name in ("index.html", "summary.json")
-        ],
+        out=sft_output_log,
+        page=run_page,
     shell:
         """
         echo "[llmft] sft job started $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname): output in" {params.out:q} | tee {log:q} >>{params.out:q}
