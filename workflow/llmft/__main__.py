@@ -241,7 +241,9 @@ def cmd_bench(args) -> int:
     from llmft.benchmarks.run import BenchmarkError, run_benchmarks
 
     try:
-        run_benchmarks(_cfg(args), args.model, args.out, args.cache_dir, threads=args.threads)
+        run_benchmarks(
+            _cfg(args), args.model, args.out, args.cache_dir, threads=args.threads, processes=args.processes
+        )
     except BenchmarkError as exc:
         print(f"llmft: benchmark error: {exc}", file=sys.stderr)
         return 2
@@ -452,6 +454,13 @@ def _later_commands(sub, add) -> None:
         help="eval.benchmarks (lm-eval) on one model",
     )
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch default)")
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=0,
+        help="lm-eval processes, each scoring a share of the documents (0 = one per GPU of the job, "
+        "1 on CPU; more than 1 on CPU: CPU processes over gloo)",
+    )
     add("bench-fetch", cmd_bench_fetch, help="fill the datasets cache for eval.benchmarks (needs internet)")
     add(
         "report",

@@ -1,6 +1,8 @@
 # Standard benchmarks (eval.benchmarks: lm-eval-harness tasks) on the base and the tuned model, one
-# job each, offline: task data comes from eval.benchmark_include_path and the datasets cache. With
-# no benchmarks configured there are no such jobs. A model's scores are kept in results/.bench-cache/
+# job each, offline: task data comes from eval.benchmark_include_path and the datasets cache. A job
+# on a node with several GPUs runs one lm-eval process per GPU it was given (torchrun over
+# llmft.benchmarks.worker), each scoring a share of the documents. With no benchmarks configured
+# there are no such jobs. A model's scores are kept in results/.bench-cache/
 # under a key of its files, the tasks and their settings, and lm-eval's version; a rerun with the
 # same base model reuses them. `--forcerun benchmarks` reruns both jobs and nothing else (delete
 # results/.bench-cache to score a model again from scratch).

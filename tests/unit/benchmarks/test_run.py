@@ -5,18 +5,21 @@ import os
 import subprocess
 import sys
 
+import pytest
 from llmft.data.assets import build_tiny_model
 
 from tests.conftest import REPO
 from tests.reliability import reliability
 
 
-def _bench(tmp_path, bench: list, tasks: list):
-    """`python -m llmft bench` (the benchmarks job's command) on tmp_path/model."""
-    overrides = {"eval": {"benchmarks": bench, "benchmark_include_path": tasks}}
+def _bench(tmp_path, bench: list, tasks: list, name: str = "", backend: str = "hf", processes: int = 1):
+    """`python -m llmft bench` (the benchmarks job's command) on tmp_path/model, into
+    tmp_path/<name>scores.json with the score cache tmp_path/<name>cache."""
+    overrides = {"eval": {"benchmarks": bench, "benchmark_include_path": tasks, "benchmark_backend": backend}}
     cmd = [sys.executable, "-m", "llmft", "bench", "--config", str(REPO / "config" / "config.yaml")]
     cmd += ["--overrides", json.dumps(overrides), "--model", str(tmp_path / "model")]
-    cmd += ["--out", str(tmp_path / "scores.json"), "--cache-dir", str(tmp_path / "cache")]
+    cmd += ["--out", str(tmp_path / f"{name}scores.json"), "--cache-dir", str(tmp_path / f"{name}cache")]
+    cmd += ["--processes", str(processes)]
     env = dict(os.environ, PYTHONPATH=str(REPO / "workflow"))
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
 
@@ -27,11 +30,14 @@ def _bench(tmp_path, bench: list, tasks: list):
     steps_lost="none",
     data_lost="none: no scores are written, to the run or to the cache",
 )
-def test_a_task_failing_in_the_job_is_named_and_nothing_is_written(tmp_path):
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_task_failing_in_the_job_is_named_and_nothing_is_written(tmp_path, processes):
+    """With 2 processes (torchrun, gloo) too: the rank's error is the job's, without torchrun's
+    own traceback of a failed child."""
     build_tiny_model(tmp_path / "model", seed=5)
     tasks = [str(REPO / "tests" / "bench_tasks"), str(REPO / "tests" / "bench_tasks_bad")]
     bench = [{"task": "llmft_category", "limit": 5}, {"task": "llmft_broken"}]
-    proc = _bench(tmp_path, bench, tasks)
+    proc = _bench(tmp_path, bench, tasks, processes=processes)
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(
@@ -61,3 +67,27 @@ def test_a_context_too_short_for_the_few_shot_prompts_is_named(tmp_path):
         "but the model's context is 40 (max_position_embeddings)" in last and "Traceback" not in proc.stderr
     )
     assert not (tmp_path / "scores.json").exists()
+
+
+def test_two_processes_score_exactly_as_one_with_both_backends(tmp_path):
+    """A job over 2 CPU processes (torchrun, gloo; on a GPU node one per GPU) shards each task's
+    documents and gathers them: the scores are exactly one process's, with lm-eval's `hf` backend and
+    llmft's. The limits are odd, so the ranks get unequal shares (lm-eval pads the shorter one)."""
+    build_tiny_model(tmp_path / "model", seed=5)
+    bench = [{"task": "llmft_category", "limit": 39}, {"task": "llmft_first_word", "limit": 9}]
+    tasks = [str(REPO / "tests" / "bench_tasks")]
+    runs = {}
+    for backend, processes in (("hf", 1), ("hf", 2), ("llmft", 2)):
+        name = f"{backend}{processes}-"
+        proc = _bench(tmp_path, bench, tasks, name, backend, processes)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = json.loads((tmp_path / f"{name}scores.json").read_text())
+    one, hf2, ours2 = runs.values()
+    # the world size lm-eval's model ran with: 2 means each rank scored only its share
+    assert (one["processes"], hf2["processes"], ours2["processes"]) == (1, 2, 2)
+    assert (
+        one["tasks"]["llmft_category"]["samples"] == 39 and one["tasks"]["llmft_first_word"]["samples"] == 9
+    )
+    assert one["tasks"]["llmft_category"]["metrics"]["acc"] > 0  # a decided score, not an empty one
+    assert hf2["tasks"] == one["tasks"] and ours2["tasks"] == one["tasks"]
+    assert hf2["key"] == one["key"]  # the process count is not part of the content key

@@ -3,6 +3,11 @@
 The scores of a model are kept under a key made of the model's files (their bytes), the task set and
 its settings, the task files of eval.benchmark_include_path, the precision and lm-eval's version: a
 second run with the same base model reuses its base scores instead of running the tasks again.
+
+On a node with several GPUs the job runs one lm-eval process per GPU (torchrun; llmft.benchmarks.
+worker): lm-eval gives each rank every world_size-th document of a task and gathers the per-document
+metrics on rank 0, which writes the scores. The scores do not depend on the number of processes
+(tests/unit/benchmarks/test_run.py), so it is not part of the key.
 """
 
 from __future__ import annotations
@@ -73,6 +78,36 @@ class ContextCheck:
         return super().generate_until(requests, *args, **kwargs)
 
 
+class Sharded:
+    """lm-eval's data parallelism (the evaluator shards each task's documents by `rank` and gathers
+    with `all_gather`, `gather_object` and `barrier`) over the torch.distributed group torchrun
+    started. HFLM sets rank and world size itself only when it sees several GPUs (through
+    Accelerate); here they come from the group, so CPU processes (gloo) shard the same way."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
+
+    def all_gather(self, tensor):
+        if self.world_size <= 1:
+            return tensor
+        import torch
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.stack(parts) if tensor.ndim == 0 else torch.cat(parts)
+
+    def barrier(self):
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+
 def _device_and_dtype(precision: str) -> tuple[str, str]:
     import torch
 
@@ -116,7 +151,7 @@ def evaluate_tasks(model_dir: Path, ecfg: dict, tm, device: str, dtype: str, thr
     else:
         from lm_eval.models.huggingface import HFLM as Backend
 
-    Model = type(f"Checked{Backend.__name__}", (ContextCheck, Backend), {})
+    Model = type(f"Checked{Backend.__name__}", (ContextCheck, Sharded, Backend), {})
 
     if threads:
         torch.set_num_threads(threads)
@@ -139,13 +174,19 @@ def evaluate_tasks(model_dir: Path, ecfg: dict, tm, device: str, dtype: str, thr
                 f"config key eval.benchmarks[{i}]: task {bench['task']!r} failed on {model_dir}: "
                 f"{type(exc).__name__}: {str(exc)[:500]}"
             ) from None
-        scores.update(_task_scores(res, bench))
+        if res is not None:  # rank 0 of several processes holds the gathered results; the others None
+            scores.update(_task_scores(res, bench))
         log.info("%s: %.1f s", bench["task"], time.perf_counter() - t0)
-    return scores
+    return {"tasks": scores, "processes": lm.world_size}
 
 
-def run_benchmarks(cfg: dict, model_dir: str, out: str, cache_dir: str, threads: int = 0) -> dict:
-    """Score the model on eval.benchmarks into `out` (JSON), reusing earlier scores of the same key."""
+def run_benchmarks(
+    cfg: dict, model_dir: str, out: str, cache_dir: str, threads: int = 0, processes: int = 0
+) -> dict:
+    """Score the model on eval.benchmarks into `out` (JSON), reusing earlier scores of the same key.
+
+    processes: 0 = one per GPU of the job (one on CPU); more than one on CPU shards over CPU
+    processes (the tests' way to run the multi-process path without GPUs)."""
     from llmft.benchmarks.tasks import data_cache, include_paths, task_manager
 
     ecfg = cfg["eval"]
@@ -163,16 +204,23 @@ def run_benchmarks(cfg: dict, model_dir: str, out: str, cache_dir: str, threads:
         return scores
     from importlib.metadata import version
 
+    from llmft.benchmarks.worker import launch, process_count
+
     t0 = time.perf_counter()
-    tasks = evaluate_tasks(Path(model_dir), ecfg, task_manager(ecfg, base), device, dtype, threads)
+    n = process_count(processes, device)
+    if n > 1:
+        done = launch(cfg, model_dir, device, dtype, threads, n)
+    else:
+        done = evaluate_tasks(Path(model_dir), ecfg, task_manager(ecfg, base), device, dtype, threads)
     scores = {
         "lm_eval": version("lm_eval"),
         "key": key,
         "device": device,
         "dtype": dtype,
         "backend": ecfg["benchmark_backend"],
+        "processes": done["processes"],
         "seconds": round(time.perf_counter() - t0, 2),
-        "tasks": tasks,
+        "tasks": done["tasks"],
     }
     write_json(cached, scores)
     write_json(out, {**scores, "model": model_dir, "reused_from": None})
