@@ -1,5 +1,6 @@
 """llmft's lm-eval backend against lm-eval's own `hf` backend: same requests, same numbers (fp32, CPU,
-the demo's tiny model) on the two project tasks, a multiple-choice one and a generation one."""
+the demo's tiny model) on the project tasks of each of lm-eval's request types: multiple choice
+(log-likelihood), generation, and perplexity (rolling log-likelihood)."""
 
 import pytest
 from llmft.data.assets import build_tiny_model
@@ -8,7 +9,7 @@ from lm_eval.tasks import TaskManager
 
 from tests.conftest import REPO
 
-TASKS = ["llmft_category", "llmft_first_word"]
+TASKS = ["llmft_category", "llmft_first_word", "llmft_words_ppl"]
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +77,19 @@ def test_the_same_greedy_generations_as_lm_evals_hf_backend(runs):
     assert any(t.strip() for t in texts)  # it generated words, not only end-of-sequence
     assert len({len(t) for t in texts}) > 1  # rows ended at different steps
     assert runs["hf"]["results"]["llmft_first_word"] == runs["llmft"]["results"]["llmft_first_word"]
+
+
+def test_the_same_rolling_loglikelihoods_as_lm_evals_hf_backend(runs):
+    """A perplexity task: lm-eval cuts each document into windows and calls the backend's batched
+    loss pass with its own batch size (override_bs)."""
+    hf, ours = runs["hf"]["samples"]["llmft_words_ppl"], runs["llmft"]["samples"]["llmft_words_ppl"]
+    assert len(hf) == len(ours) == 40
+    for a, b in zip(hf, ours, strict=True):
+        [[lp_a]], [[lp_b]] = a["resps"], b["resps"]
+        assert lp_a < 0 and abs(lp_a - lp_b) < 1e-4 * abs(lp_a), (a["doc"], lp_a, lp_b)
+    got, want = (
+        {k: v for k, v in r["results"]["llmft_words_ppl"].items() if k.endswith("perplexity,none")}
+        for r in (runs["llmft"], runs["hf"])
+    )
+    assert len(want) == 2 and got.keys() == want.keys()
+    assert all(abs(got[k] - want[k]) <= 1e-4 * abs(want[k]) for k in want), (got, want)
