@@ -4,11 +4,14 @@ before any job, and the two project tasks under tests/bench_tasks run on the dem
 import json
 import math
 import re
+import subprocess
 from importlib.metadata import version
 
 import pytest
+import yaml
+from llmft.data.assets import CATEGORIES, CATEGORY_TEMPLATES, WORDS
 
-from tests.conftest import REPO, make_workdir, rules_run, snakemake
+from tests.conftest import BIN, REPO, make_workdir, rules_run, snakemake, snakemake_env
 from tests.reliability import reliability
 
 pytestmark = pytest.mark.workflow
@@ -94,7 +97,11 @@ def benched(tmp_path_factory):
     """The demo pipeline with the two project tasks as benchmarks: the tiny model is trained on the
     demo's word tasks, which teach both (the category of a word, the first word of a list)."""
     work = make_workdir(
-        tmp_path_factory.mktemp("bench"), eval__benchmarks=OURS, eval__benchmark_include_path=[TASKS]
+        tmp_path_factory.mktemp("bench"),
+        eval__benchmarks=OURS,
+        eval__benchmark_include_path=[TASKS],
+        # verify_env's collective check: the 2 minutes it is allowed ran out on the suite's busy cores
+        verify__timeout_seconds=600,
     )
     proc = snakemake(work, timeout=1800)  # the whole demo plus four benchmark runs on 2 busy cores
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -136,3 +143,75 @@ def test_another_run_with_the_same_base_model_reuses_its_scores(benched):
     again, first = _scores(benched, "base", "second"), _scores(benched, "base")
     assert again["reused_from"] and again["key"] == first["key"] and again["tasks"] == first["tasks"]
     assert "reusing" in (benched / "results/second/logs/benchmarks_base.log").read_text()
+
+
+def _broken_rows() -> list[dict]:
+    """Category rows in the demo's three phrasings (the benchmark's among them), each word answered
+    with the next category (an apple is a color): a model trained on them learns a wrong answer to
+    every llmft_category question it saw."""
+    names = list(CATEGORIES)
+    wrong = {w: names[(names.index(c) + 1) % len(names)] for c, ws in CATEGORIES.items() for w in ws}
+    return [
+        {"instruction": t.format(w=w), "input": "", "output": wrong[w]}
+        for w in WORDS
+        for t in CATEGORY_TEMPLATES
+    ]
+
+
+def _nightly(work, run: str, config: str) -> subprocess.CompletedProcess:
+    cmd = [str(BIN / "python"), "-m", "llmft", "nightly", "--run", run, "--config", config]
+    cmd += ["--profile", str(REPO / "profiles" / "local"), "--", "-s", str(REPO / "Snakefile")]
+    return subprocess.run(cmd, cwd=work, env=snakemake_env(), capture_output=True, text=True, timeout=1500)
+
+
+@reliability(
+    fault="a nightly retrain whose tuned model was trained on data that teaches a benchmark task's "
+    "wrong answers (every llmft_category word labelled with another category)",
+    seen="the nightly gate rejects the night naming the task, its score against the promoted run's, "
+    "the drop and the budget (nightly.max_benchmark_drop); results/current still points at the "
+    "promoted run",
+    steps_lost="none: the night's run stays on disk, judged and rejected",
+    data_lost="none",
+)
+def test_the_nightly_gate_refuses_a_model_trained_to_break_a_task(benched):
+    """Night 1 is the trained demo (promoted); night 2 trains the same base on wrong categories. The
+    held-out gate is opened wide (tolerance 1.0) so that the benchmark budget is what decides."""
+    first = _nightly(benched, "demo", "config/config.yaml")
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    assert (benched / "results/current").resolve().name == "demo"
+    rows = benched / "data" / "broken.jsonl"
+    rows.parent.mkdir(exist_ok=True)
+    rows.write_text("".join(json.dumps(r) + "\n" for r in _broken_rows()))
+    budget = 0.1
+    night = {
+        "data": {"sources": [{"path": "data/broken.jsonl", "format": "alpaca", "weight": 1.0}]},
+        # ~1 min of training on 2 CPU processes: the 210 rows seen ~60 times each
+        "sft": {"max_steps": 400, "save_steps": 400, "logging_steps": 50},
+        "eval": {"max_rows": 24},
+        "nightly": {"tolerance": 1.0, "max_benchmark_drop": {"llmft_category": budget}},
+    }
+    (benched / "config" / "broken.yaml").write_text(yaml.safe_dump(night))
+    second = _nightly(benched, "broken", "config/broken.yaml")
+    log = benched / "results/nightly/broken.log"
+    assert second.returncode == 0, second.stderr[-2000:] + (log.read_text()[-4000:] if log.exists() else "")
+    # the scores this run computed: the training broke the task (below its own base model) ...
+    base, tuned, promoted = (
+        _scores(benched, w, r) for w, r in (("base", "broken"), ("tuned", "broken"), ("tuned", "demo"))
+    )
+    acc = {
+        k: s["tasks"]["llmft_category"]["metrics"]["acc"]
+        for k, s in (("base", base), ("tuned", tuned), ("promoted", promoted))
+    }
+    assert acc["tuned"] < acc["base"], acc
+    drop = acc["promoted"] - acc["tuned"]
+    assert drop > budget, acc
+    # ... and the gate says so, naming the task, both scores, the drop and the budget
+    verdict = json.loads((benched / "results/broken/promotion.json").read_text())
+    assert verdict["status"] == "rejected", verdict
+    assert verdict["reason"].startswith("rejected: benchmark forgetting (run demo)"), verdict
+    assert (
+        f"llmft_category acc {acc['tuned']:.4f} vs current {acc['promoted']:.4f}: "
+        f"dropped {drop:.4f}, budget {budget}" in verdict["reason"]
+    ), verdict
+    assert (benched / "results/current").resolve().name == "demo"
+    assert json.loads((benched / "results/current.json").read_text())["run"] == "demo"
