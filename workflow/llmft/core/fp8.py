@@ -105,6 +105,11 @@ def decide(sft: dict, platform) -> tuple[bool, str]:
     if blocker:
         return False, f"{SETTING_KEY}: auto -> off: {blocker}"
     if not platform.fp8_canary:
+        if not platform.hosts:  # declared by the config: no node measured, no canary run
+            return False, (
+                f"{SETTING_KEY}: auto -> off: {why} has FP8, but no node is measured yet (verify_env runs "
+                "the canary's FP8 leg on each)"
+            )
         return False, (
             f"{SETTING_KEY}: auto -> off: {why} has FP8, but the numerics canary's FP8 leg did not pass on "
             "every node (verify_env's canary finding says why)"
