@@ -326,7 +326,7 @@ def node_facts(out: Path) -> Path:
             # The device machine's memory is a balloon that grows as it is used: MemTotal reads low
             # at first. Its lent size (128 GiB) is what a job can fill.
             facts["host_memory_gib"] = max(facts.get("host_memory_gib") or 0, 125.0)
-            path.write_text(json.dumps(facts))
+        path.write_text(json.dumps(facts))
     return path
 
 
