@@ -89,6 +89,34 @@ LORA_HAND = {
     "gradient_checkpointing": False,
     "gradient_accumulation_steps": 1,
 }
+# FP8 (issue 33, bench/sft_fp8_bench.py reports these; one H200: BENCH_GPUS=1). llmft `auto`
+# (FP8 where the node's canary FP8 leg passed: BENCH_CANARY=1 puts the canary in the facts) against
+# the hand-tuned bf16 run, LLaMA-Factory's own `fp8: true` on the hand-tuned settings (LF_YAML) and, for
+# full fine-tuning, llmft's own bf16 plan. Every baseline pins sft.fp8: false.
+BF16 = {"fp8": False}
+EVAL = {"eval_strategy": "steps", "eval_steps": 100}  # held-out loss at steps 100, 200, 300
+FP8_VARIANTS = {
+    "fp8_lora_auto_1b": ("1b", {**LORA, "tokens_per_step": 16384, "fp8": "auto"}, 24, 5),
+    "fp8_lora_hand_1b": ("1b", {**LORA_HAND, **BF16, "per_device_train_batch_size": 8}, 24, 5),
+    "fp8_lora_lf_1b": ("1b", {**LORA_HAND, **BF16, "per_device_train_batch_size": 8}, 24, 5),
+    "fp8_lora_auto_8b": ("8b", {**LORA, "tokens_per_step": 8192, "fp8": "auto"}, 12, 3),
+    "fp8_lora_hand_8b": ("8b", {**LORA_HAND, **BF16, "per_device_train_batch_size": 4}, 12, 3),
+    "fp8_lora_lf_8b": ("8b", {**LORA_HAND, **BF16, "per_device_train_batch_size": 4}, 12, 3),
+    "fp8_full_auto_1b": ("1b", {"fp8": "auto"}, 24, 5),
+    "fp8_full_bf16_1b": ("1b", {**BF16}, 24, 5),
+    "fp8_full_hand_1b": ("1b", {**HAND_1B, **BF16}, 24, 5),
+    # accuracy: 300 steps, the same data order and tokens per step, FP8 (true) against bf16
+    "acc_full_bf16_1b": ("1b", {**BF16, "tokens_per_step": 16384, "extra": EVAL}, 300, 5),
+    "acc_full_fp8_1b": ("1b", {"fp8": True, "tokens_per_step": 16384, "extra": EVAL}, 300, 5),
+    "acc_lora_bf16_1b": ("1b", {**LORA, **BF16, "tokens_per_step": 16384, "extra": EVAL}, 300, 5),
+    "acc_lora_fp8_1b": ("1b", {**LORA, "fp8": True, "tokens_per_step": 16384, "extra": EVAL}, 300, 5),
+}  # fmt: skip
+# LLaMA-Factory arguments written into a variant's rendered YAML after render (llmft refuses them in
+# sft.extra): LLaMA-Factory's own FP8, as a user would turn it on.
+LF_YAML = {n: {"fp8": True, "fp8_backend": "torchao"} for n in FP8_VARIANTS if "_lf_" in n}
+# Variants that train to their end (held-out evaluation, the final save) instead of being stopped
+# once their last step is logged: their throughput comes from the step times all the same.
+RUN_TO_END = {n for n in FP8_VARIANTS if n.startswith("acc_")}
 VARIANTS = {
     "lora_recipe_1b": ("1b", LORA_RECIPE, 8, 3),
     "lora_hand_1b": ("1b", {**LORA_HAND, "per_device_train_batch_size": 8}, 24, 5),
@@ -155,6 +183,7 @@ VARIANTS = {
     # data order, and the measured run finds the kernel cache warm.
     "warm_1b": ("1b", {}, 25, 5),
     "warm_8b": ("8b", {"tokens_per_step": 16384}, 6, 3),
+    **FP8_VARIANTS,
 }  # fmt: skip
 # Where LLaMA-Factory 0.9.5's example DeepSpeed configs differ from llmft's rendering: the recipe and
 # hand-tuned runs are LLaMA-Factory as its users run it. Every one keeps DeepSpeed's bf16 overflow
@@ -291,12 +320,27 @@ def node_facts(out: Path) -> Path:
         cmd = [sys.executable, "-m", "llmft.env.nodefacts", "--out", str(path)]  # imports all: Liger too
         subprocess.run(cmd, capture_output=True, text=True, env=llmft_env(), cwd=REPO, timeout=300)
         facts = json.loads(path.read_text())
+        if os.environ.get("BENCH_CANARY"):
+            facts["canary"] = _canary(out, path)
         if facts.get("devices"):
             # The device machine's memory is a balloon that grows as it is used: MemTotal reads low
             # at first. Its lent size (128 GiB) is what a job can fill.
             facts["host_memory_gib"] = max(facts.get("host_memory_gib") or 0, 125.0)
-            path.write_text(json.dumps(facts))
+        path.write_text(json.dumps(facts))
     return path
+
+
+def _canary(out: Path, facts: Path) -> dict:
+    """The numerics canary verify_env runs on a node, with its FP8 leg (sft.fp8: auto), so that the
+    plans' `auto` decides FP8 from it as the workflow does."""
+    result = out / "canary.json"
+    cfg = json.dumps({"hardware": {"gpus_per_node": 1}, "sft": {"fp8": "auto", "precision": "bf16"}})
+    cmd = [sys.executable, "-m", "llmft.env.canary", "--facts", str(facts), "--config-json", cfg]
+    proc = subprocess.run([*cmd, "--out", str(result)], capture_output=True, text=True, env=llmft_env(),
+                          cwd=REPO, timeout=600)  # fmt: skip
+    if proc.returncode != 0 or not result.exists():
+        return {"ok": False, "message": f"canary failed: {proc.stderr[-800:]}"}
+    return json.loads(result.read_text())
 
 
 def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> dict:
@@ -334,6 +378,9 @@ def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> di
     if failed:
         return failed
     args = yaml.safe_load((rd / "llamafactory.yaml").read_text())
+    if name in LF_YAML:
+        args.update(LF_YAML[name])
+        (rd / "llamafactory.yaml").write_text(yaml.safe_dump(args, sort_keys=False))
     if name in DS_LF and args.get("deepspeed"):
         ds = lf_deepspeed(name, json.loads(Path(args["deepspeed"]).read_text()))
         Path(args["deepspeed"]).write_text(json.dumps(ds, indent=2))
@@ -356,7 +403,7 @@ def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> di
             done = [
                 e for e in _read_jsonl(work / "llmft_steps.jsonl") if e.get("step") == steps and "loss" in e
             ]
-            if done:
+            if done and name not in RUN_TO_END:
                 time.sleep(2)  # LLaMA-Factory's log thread writes trainer_log.jsonl
                 status = "ok"
                 break
@@ -374,7 +421,7 @@ def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> di
     stop.set()
     sampler.join(timeout=5)
     profiles = [p.name for p in work.glob("llmft_profile_rank*.txt")]
-    for f in ("llmft_steps.jsonl", "trainer_log.jsonl", "llmft_divergence.json", *profiles):
+    for f in ("llmft_steps.jsonl", "trainer_log.jsonl", "llmft_divergence.json", "llmft_fp8.json", *profiles):
         if (work / f).exists():
             (rd / f).write_text((work / f).read_text())
     subprocess.run(["rm", "-rf", str(work)])

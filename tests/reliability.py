@@ -38,6 +38,7 @@ MODULES = [
     "tests.unit.repo.test_skip_gate",
     "tests.workflow.test_benchmarks",
     "tests.unit.benchmarks.test_run",
+    "tests.unit.core.test_fp8",
 ]
 BEGIN = "<!-- reliability table: python -m tests.reliability -->"
 END = "<!-- end of reliability table -->"

@@ -114,3 +114,28 @@ def test_the_def_tests_the_imports_a_stage_needs(vendor):
     test = sections(ENVS / "apptainer" / f"{vendor}.def")["test"]
     for module in ("torch", "deepspeed", "llamafactory.train.tuner", "llmft"):
         assert re.search(rf"^import {re.escape(module)}\b", test, re.M), module
+
+
+def test_rocm_image_runs_the_bare_metal_torch_build():
+    """One torch + ROCm build on ROCm: the image installs envs/rocm.txt's torch wheels from their index
+    over a base image of the same ROCm minor (the wheel's ROCm compiles flash-attn there)."""
+    defn = sections(ENVS / "apptainer" / "rocm.def")
+    post = code(defn["post"])
+    assert "grep -E '^(torch|torchaudio)==' envs/rocm.txt" in post and '--index-url "$INDEX"' in post
+    torch = requirement_pins(ENVS / "rocm.txt")["torch"]
+    wheel_rocm = torch.partition("+")[2]  # rocm7.1
+    image_rocm = re.match(r"rocm/pytorch:(rocm[\d.]+)_", base_image(defn)).group(1)  # rocm7.1.1
+    assert image_rocm == wheel_rocm or image_rocm.startswith(wheel_rocm + "."), (image_rocm, torch)
+    assert 'torch.__version__ == pins["torch"]' in defn["test"]
+
+
+@pytest.mark.parametrize("env", ["cpu", "cuda", "rocm"])
+def test_torchao_pin_works_with_the_pinned_peft_and_torch(env):
+    """Every environment pins a torchao that verify_env's package rules accept beside its peft and
+    torch (torchao 0.18 breaks peft 0.18.1's LoRA; each torchao loads its kernels on its own torch)."""
+    from llmft.core.fp8 import package_conflicts
+
+    pins = requirement_pins(ENVS / f"{env}.txt")
+    assert "torchao" in pins, f"envs/{env}.txt pins no torchao (FP8 training)"
+    versions = {k: pins[k] for k in ("torchao", "peft", "torch")}
+    assert package_conflicts(versions) == [], versions

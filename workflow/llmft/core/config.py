@@ -55,6 +55,9 @@ OWN_KEYS_EXTRA = {
 # type, they would be silently ignored.
 LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_target", "quantization_bit")
 FREEZE_KEYS = ("freeze_trainable_layers",)
+# LLaMA-Factory's FP8 arguments: its `fp8: true` goes through Accelerate, which falls back to bf16
+# without an error on our stack (issue 33); sft.fp8 applies FP8 in llmft's training entry instead.
+FP8_EXTRA = ("fp8", "fp8_backend", "fp8_enable_fsdp_float8_all_gather")
 # sft.extra arguments that would run Python code shipped in the model folder (a remote-code model
 # of a type transformers lacks also stops a job at transformers' interactive [y/N] prompt).
 REMOTE_CODE_EXTRA = ("trust_remote_code",)
@@ -365,6 +368,13 @@ def _check_lf_names(cfg: dict) -> None:
             "would stop at transformers' [y/N] prompt or run the folder's code); remove the key and use a "
             "model type transformers has built in"
         )
+    fp8 = [k for k in FP8_EXTRA if k in cfg["sft"]["extra"]]
+    if fp8:
+        raise ConfigError(
+            f"config key sft.extra.{fp8[0]}: LLaMA-Factory's FP8 flag falls back to bf16 without an error "
+            "(Accelerate reports fp8 enabled: False); remove it and set sft.fp8 (true or auto), which "
+            "llmft applies itself with torchao float8"
+        )
     own = sorted(OWN_KEYS_EXTRA & set(cfg["sft"]["extra"]))
     if own:
         raise ConfigError(
@@ -437,6 +447,12 @@ def _finetuning_checks(sft: dict, on_cpu: bool = False) -> None:
             "config key sft.freeze_trainable_layers: 0 trains nothing; n > 0 trains the last n decoder "
             "layers, n < 0 the first -n"
         )
+    if sft["fp8"] is True:
+        from llmft.core.fp8 import config_blocker
+
+        blocker = config_blocker(sft)
+        if blocker:
+            raise ConfigError(f"config key sft.fp8: true but {blocker}; set sft.fp8: auto or false")
     if sft["quantization_bit"] == 8 and sft["zero_stage"] == 3:
         raise ConfigError(
             "config key sft.quantization_bit: 8-bit bitsandbytes models do not train under ZeRO-3 "

@@ -71,6 +71,8 @@ class Platform:
     """The collective library's environment (RCCL/NCCL/Gloo preset) for these nodes."""
     host_cpus: int = 0
     """CPU cores a training job gets per node (0 = not known); DeepSpeed's CPU Adam runs on them."""
+    fp8_canary: bool = False
+    """The numerics canary's FP8 leg passed on every node (llmft.env.canary); sft.fp8: auto needs it."""
 
     @property
     def on_gpu(self) -> bool:
@@ -176,7 +178,9 @@ class Platform:
             raise ConfigError(gpu_mismatch(declared, first.get("name", key), hosts[0]))
         arch = first.get("arch", "").split(":")[0]
         mem = min(float(d.get("total_gib") or 0) for d in devices)
-        return cls._of(cfg, vendor, key, mem, arch, torch, kernels, liger, host_mem, source, hosts, cpus)
+        fp8_ok = all(((f.get("canary") or {}).get("fp8") or {}).get("ok") is True for f in nodes)
+        plat = cls._of(cfg, vendor, key, mem, arch, torch, kernels, liger, host_mem, source, hosts, cpus)
+        return dataclasses.replace(plat, fp8_canary=fp8_ok)
 
     @classmethod
     def declared(cls, cfg: dict, vendor: str = "") -> Platform:

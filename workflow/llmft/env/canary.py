@@ -23,6 +23,13 @@ parts too: the optimizer settings (the learning rate) are.
 DeepSpeed's ZeRO is not part of it: on one process ZeRO-2/3 change where states live, not what a
 step computes, and the collective check covers the communication.
 
+FP8 leg: where sft.fp8 is true, or auto on a GPU with FP8 matmuls (llmft.core.fp8), the canary also
+trains the planned path with the decoder's linear layers in torchao float8, as sft will. The leg fails,
+naming FP8, when no layer became float8 (FP8 asked for but not applied; llmft.core.fp8.SKIP_ENV makes
+that happen, test only), or its curve drifts from this node's bf16 curve by more than FP8_TOLERANCE, or
+from golden/canary_fp8.json where that is recorded (`--record --precision fp8`, on a GPU). With sft.fp8:
+true a failed leg fails the canary; with auto it keeps FP8 off (the plan says why).
+
 LLMFT_CANARY_PERTURB (test only) makes one component wrong on purpose: `attention` scales the
 planned attention kernel's output, `rmsnorm_grad` scales the planned RMSNorm's input gradient,
 `lr` multiplies the learning rate by 1000. The reference reruns never carry the first two, as a real
@@ -66,6 +73,11 @@ SUSPECTS = {
     "precision": "the precision (bf16)",
     "optimizer": "the optimizer kernel (fused AdamW)",
 }
+# The FP8 leg against this node's bf16 curve: mean relative distance of the loss curves. Measured
+# 2.2 % (FP8 tensorwise against bf16 autocast, 40 steps on a CPU, torch 2.13, torchao 0.17); the
+# tolerance leaves room for GPU kernels rounding differently, and a golden FP8 curve recorded on the
+# GPU (with its own measured tolerance) judges the leg as well where it exists.
+FP8_TOLERANCE = 0.05
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,11 @@ class CanaryPath:
     plain_norm: bool  # llmft's plain fp32 RMSNorm in place of the planned one (the reference)
     precision: str  # bf16 | fp32
     optimizer: str  # fused | foreach | plain
+    fp8: bool = False  # the decoder's linear layers in torchao float8 (llmft.core.fp8)
+
+    @property
+    def golden_name(self) -> str:
+        return "fp8" if self.fp8 else self.precision
 
     def reference(self, suspect: str) -> CanaryPath:
         """This path with one component switched to its plain reference."""
@@ -202,6 +219,10 @@ def build_model(path: CanaryPath, device, perturb: str = ""):
             AttentionMaskInterface.register("llmft_canary_wrong", mask_fn)
         attention = "llmft_canary_wrong"
     model.set_attn_implementation(attention)
+    if path.fp8:
+        from llmft.core import fp8
+
+        model.llmft_fp8 = fp8.convert(model)
     return model
 
 
@@ -235,7 +256,10 @@ def train(path: CanaryPath, device: str = "cpu", perturb: str = "") -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0, **kw)
     data = _data(torch, dev)
     losses, grad_norm = [], float("nan")
-    for step in range(STEPS):
+    converted = getattr(model, "llmft_fp8", None)
+    # FP8 asked for and nothing converted: there is no FP8 curve to train
+    steps = 0 if converted is not None and not converted["float8_layers"] else STEPS
+    for step in range(steps):
         batch = _batch(torch, data[step], path)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=path.precision == "bf16"):
             loss = model(**batch).loss
@@ -246,16 +270,20 @@ def train(path: CanaryPath, device: str = "cpu", perturb: str = "") -> dict:
         losses.append(float(loss.detach()))
         if not math.isfinite(losses[-1]):
             break
-    return {
+    out = {
         "path": asdict(path),
         "losses": losses,
         "grad_norm": grad_norm,
         "seconds": round(time.monotonic() - t0, 2),
     }
+    if converted is not None:
+        out["fp8"] = {k: v for k, v in converted.items() if k not in ("float8_names", "bf16_names")}
+    return out
 
 
-def golden(precision: str) -> dict | None:
-    path = GOLDEN_DIR / f"canary_{precision}.json"
+def golden(name: str) -> dict | None:
+    """The golden curve of a precision (fp32, bf16) or of the FP8 leg (fp8)."""
+    path = GOLDEN_DIR / f"canary_{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -287,6 +315,56 @@ def compare(run: dict, gold: dict) -> tuple[bool, str]:
     )
 
 
+def fp8_leg(path: CanaryPath, device: str, bf16_run: dict, perturb: str = "") -> dict:
+    """The FP8 leg: the planned path with float8 linear layers, against this node's bf16 run and the
+    FP8 golden curve where one is recorded. Its verdict names FP8 when it fails."""
+    leg = replace(path, fp8=True)
+    try:
+        run = train(leg, device, perturb)
+    except ImportError as exc:
+        return {"ok": False, "message": f"FP8 did not run: torchao float8 does not import ({exc})"}
+    converted = run["fp8"]
+    out = {"ok": False, "path": asdict(leg), "run": run, "converted": converted["summary"]}
+    if not converted["float8_layers"]:
+        out["message"] = (
+            f"FP8 was asked for but did not run: {converted['summary']} after conversion (torchao "
+            "float8 left the model in bf16)"
+        )
+        return out
+    n = len(bf16_run["losses"])
+    if len(run["losses"]) < n or not all(math.isfinite(x) for x in run["losses"]):
+        out["message"] = f"FP8 diverged: non-finite loss at step {len(run['losses'])}"
+        return out
+    dev = deviation(run["losses"], bf16_run["losses"])
+    ok = dev <= FP8_TOLERANCE
+    message = (
+        f"FP8 ({converted['summary']}) {dev:.2%} off this node's bf16 curve on average "
+        f"(tolerance {FP8_TOLERANCE:.0%})"
+    )
+    gold = golden("fp8")
+    if gold is not None:
+        gold_ok, gold_message = compare(run, gold)
+        ok, message = ok and gold_ok, f"{message}; against the FP8 golden curve: {gold_message}"
+    out.update(ok=ok, message=message if ok else f"FP8 drifts from bf16: {message}")
+    return out
+
+
+def _with_fp8(out: dict, facts: dict, cfg: dict, path: CanaryPath, device: str, perturb: str) -> dict:
+    """Add the FP8 leg where sft would train in FP8 on this node; sft.fp8: true fails on it."""
+    from llmft.core import fp8
+
+    devices = facts.get("devices") or [{}]
+    vendor = facts.get("build", "cpu") if facts.get("devices") else "cpu"
+    if not fp8.canary_wants_fp8(cfg["sft"], vendor, devices[0].get("arch", "")):
+        return out
+    leg = fp8_leg(path, device, out["run"], perturb)
+    out["fp8"] = leg
+    if not leg["ok"] and cfg["sft"]["fp8"] is True:
+        out.update(ok=False, suspect=["fp8"], diagnosis=leg["message"])
+        out["message"] = f"{leg['message']} (sft.fp8: true); bf16 leg: {out.get('message')}"
+    return out
+
+
 def run_canary(facts: dict, cfg: dict, device: str | None = None) -> dict:
     """The canary for one node, with the diagnosis when it fails."""
     perturb = os.environ.get(PERTURB_ENV, "")
@@ -297,12 +375,12 @@ def run_canary(facts: dict, cfg: dict, device: str | None = None) -> dict:
     out = {"path": asdict(path), "run": result, "perturbed": perturb or None}
     if gold is None:
         out.update(ok=None, message=f"no golden curve for {path.precision}: recorded, not judged")
-        return out
+        return _with_fp8(out, facts, cfg, path, device, perturb)
     out["golden"] = {k: gold[k] for k in ("losses", "grad_norm", "tolerance", "recorded_on")}
     ok, message = compare(result, gold)
     out.update(ok=ok, message=message)
     if ok:
-        return out
+        return _with_fp8(out, facts, cfg, path, device, perturb)
     fixed = []
     for suspect in SUSPECTS:
         ref = path.reference(suspect)
@@ -333,10 +411,12 @@ def run_canary(facts: dict, cfg: dict, device: str | None = None) -> dict:
 def record(precision: str, device: str, runs: int, out: Path) -> dict:
     """A golden curve: the mean of `runs` runs of the path, and the tolerance from their spread and
     from the honest differences between kernels that compute the same thing (reference attention,
-    plain RMSNorm, plain AdamW)."""
+    plain RMSNorm, plain AdamW). precision fp8: the bf16 path with float8 linear layers (the FP8 leg)."""
     import importlib.util
 
-    base = CanaryPath("sdpa", False, False, precision, "fused" if device != "cpu" else "foreach")
+    optimizer = "fused" if device != "cpu" else "foreach"
+    fp8 = precision == "fp8"
+    base = CanaryPath("sdpa", False, False, "bf16" if fp8 else precision, optimizer, fp8)
     if device != "cpu":
         from llmft.core import varlen
 
@@ -402,12 +482,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config-json")
     ap.add_argument("--out", required=True)
     ap.add_argument("--record", action="store_true", help="write a golden curve for --precision")
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument(
+        "--precision",
+        default="fp32",
+        choices=["fp32", "bf16", "fp8"],
+        help="fp8: the FP8 leg (bf16 + float8)",
+    )
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--device", default="")
     args = ap.parse_args(argv)
     if args.record:
-        device = args.device or ("cuda" if args.precision == "bf16" else "cpu")
+        device = args.device or ("cpu" if args.precision == "fp32" else "cuda")
         data = record(args.precision, device, args.runs, Path(args.out))
         print(json.dumps({k: data[k] for k in ("recorded_on", "tolerance", "spread")}))
         return 0

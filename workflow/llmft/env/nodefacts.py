@@ -36,6 +36,7 @@ PACKAGES = [
     "trl",
     "liger_kernel",
     "bitsandbytes",
+    "torchao",  # FP8 training (llmft.core.fp8); peft imports it too whenever it is installed
 ]
 # What `import X` must load to prove X works: llamafactory's top level is lazy, and its training
 # entry point is where a broken dependency (torchaudio beside the wrong torch) shows.
@@ -315,7 +316,9 @@ def _torch_devices(torch, hip: bool) -> list[dict]:
 def _import_packages(facts: dict, imports: list[str] | None, step) -> None:
     """Import each installed package (but torch and flash-attn, checked on their own), timed."""
     for pkg in PACKAGES if imports is None else [p for p in PACKAGES if p in imports]:
-        if pkg not in ("torch", "flash_attn") and facts["packages"][pkg] is not None:
+        # torchao: its version is judged (rules.judge_torchao); the canary's FP8 leg imports it where
+        # FP8 may run, so no node pays its import (seconds) for nothing
+        if pkg not in ("torch", "flash_attn", "torchao") and facts["packages"][pkg] is not None:
             step(f"import {IMPORT_MODULE.get(pkg, pkg)}")
             t = time.monotonic()
             ok, err = _importable(pkg)

@@ -148,7 +148,12 @@ def judge_canary(facts: dict) -> list[Finding]:
         return [Finding("canary", True, can.get("message", "not judged"))]
     took = f" in {can['seconds']:g} s" if can.get("seconds") is not None else ""
     if can["ok"]:
-        return [Finding("canary", True, f"training numerics match the golden curve{took}: {can['message']}")]
+        leg = can.get("fp8")
+        verdict = "passed" if leg and leg["ok"] else "failed, FP8 stays off"
+        fp8 = f"; FP8 leg {verdict}: {leg['message']}" if leg else ""
+        return [
+            Finding("canary", True, f"training numerics match the golden curve{took}: {can['message']}{fp8}")
+        ]
     fixes = {
         "attention": "set sft.flash_attn to another kernel (sdpa) and rebuild the failing one for this GPU "
         "(flash-attn with GPU_ARCHS=gfx942 on MI300X; a torch built for this arch)",
@@ -156,6 +161,8 @@ def judge_canary(facts: dict) -> list[Finding]:
         "precision": "train in fp32 to confirm, then update the vendor BLAS / torch build (bf16 kernels)",
         "optimizer": "update torch (its fused AdamW) or set sft.extra: {optim: adamw_torch}",
         "learning_rate": "lower sft.learning_rate, check the scheduler and warm-up",
+        "fp8": "set sft.fp8: auto (FP8 only where the canary's FP8 leg passes) or false; check torchao "
+        "against the envs/ pin (verify_env's torchao finding)",
     }
     suspects = can.get("suspect") or []
     fix = (
@@ -356,6 +363,7 @@ def judge(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
         out.append(_probe_finding(probe_error, vendor))
     out.extend(_judge_packages(facts, cfg, vendor))
     out.extend(judge_bitsandbytes(facts, cfg, vendor))
+    out.extend(judge_torchao(facts, cfg, vendor))
     if "build" not in facts:
         return out  # the probe died before torch loaded: the probe finding says why
     build = _judge_build(facts, vendor)
@@ -369,6 +377,26 @@ def judge(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
         out.extend(_judge_gpu_memory(facts))
     out.extend(_judge_attention(facts, cfg, vendor))
     out.extend(_judge_ds(facts, cfg, vendor))
+    return out
+
+
+def judge_torchao(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
+    """torchao against peft and torch (llmft.core.fp8.package_conflicts), and installed when sft.fp8
+    is true. Without torchao, sft.fp8: auto stays off (the canary's FP8 leg cannot run)."""
+    from llmft.core import fp8
+
+    versions = facts.get("packages", {})
+    out = [Finding("torchao", False, what, fix) for what, fix in fp8.package_conflicts(versions)]
+    if versions.get("torchao") is None and cfg["sft"]["fp8"] is True:
+        pin = fp8._torchao_for(versions.get("torch") or "")
+        out.append(
+            Finding(
+                "torchao",
+                False,
+                f"{fp8.SETTING_KEY}: true converts the model with torchao float8, which is not installed",
+                f"pip install torchao=={pin} (envs/{vendor}.txt), or set {fp8.SETTING_KEY}: auto",
+            )
+        )
     return out
 
 

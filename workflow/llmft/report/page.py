@@ -126,6 +126,8 @@ def finetuning_rows(train: dict) -> list[list]:
             + (f", {adapter['quantization_bit']}-bit base" if adapter.get("quantization_bit") else "")
         )
         rows += [["LoRA adapter", settings], ["adapter size (MB)", _mb(adapter.get("adapter_bytes"))]]
+    if train.get("fp8"):  # counted on the model that trained (llmft.core.fp8), not the setting
+        rows.append(["FP8 matmuls", train["fp8"].get("summary")])
     if train.get("model_bytes"):
         label = "merged model size (MB)" if adapter else "model size (MB)"
         rows.append([label, _mb(train.get("model_bytes"))])
@@ -675,6 +677,9 @@ def report_summary(r: LoadedRun, generated: str, git: dict) -> dict:
         "attempts": runtime(train)["attempts"],
         "attempt_starts": (train.get("attempt") or {}).get("starts") or [0],
         "peak_vram_gib": train.get("peak_vram_gib"),
+        # layers that ran in float8, counted on the model that trained (sft/train_summary.json)
+        "fp8_layers": (train.get("fp8") or {}).get("float8_layers"),
+        "fp8": (train.get("fp8") or {}).get("summary"),
         "eval_generate_seconds": tuned.get("generate_seconds"),
         "eval_new_tokens_per_second": tuned.get("new_tokens_per_second"),
         "data_fingerprint": r.stats.get("fingerprint"),

@@ -27,7 +27,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from llmft.core import flops
+from llmft.core import flops, fp8
 from llmft.core.config import ConfigError
 from llmft.core.platform import Platform, choose_attention
 from llmft.core.shape import ModelShape, model_shape
@@ -64,6 +64,20 @@ ACTIVATION_BYTES = {
 # DDP) 6 fits the measured peaks of the hand-tuned 1.24 B DDP runs, where 10 over-predicted them
 # (bench/results/sft_h200x2_{1b,compile}.json).
 LOGIT_BYTES = {"half": 10, "autocast": 6, "fp32": 12}
+# LoRA keeps one more hidden-sized bf16 tensor per layer and token than the activation table: fitted
+# to the 1.24 B LoRA peaks, which the table alone put up to 6.2 % under (ZeRO-2 23.56 / 23.73 GiB, the
+# checkpointed recipe 4.70 GiB; bench/results/sft_lora_h200x1_1b{,_compile}.json). With it, no LoRA run
+# of those files is under its measured peak by more than 3.5 % (the planner's rule: never more than
+# 5 %); the 8 B ZeRO-2 peaks are over by at most 3.9 %, the hand-tuned DDP runs without checkpointing
+# (which the table already over-predicted) by up to 25 %. Which tensor holds it is not traced.
+LORA_BYTES_PER_HIDDEN = 2
+# FP8 (llmft.core.fp8, torchao float8 tensorwise): while a linear layer computes, the float8 copies of
+# its input and of the gradient flowing in (1 byte an element, widest at the MLP: hidden + intermediate
+# per token) and of its weight and the weight's transpose (the MLP's, the largest) live beside the bf16
+# tensors; the per-tensor scales are a few bytes. torchao saves the bf16 input for backward and casts
+# again, so the saved activations do not change; under torch.compile the casts fuse into the layer's
+# graph. An estimate from torchao's float8 autograd, not yet checked against a measured FP8 peak.
+FP8_CAST_BYTES = 1
 
 
 @dataclass
@@ -224,6 +238,7 @@ def estimate(
     neat_mask: bool = False,
     buckets: tuple[float, float] = (5e8, 5e8),
     trainable: float | None = None,
+    fp8: bool = False,
 ) -> Memory:
     """Per-GPU memory of one configuration (see the module docstring for the model); `trainable`
     overrides trainable_params' defaults (LoRA rank 8 on all linear layers, freeze 2 layers)."""
@@ -239,6 +254,11 @@ def estimate(
         )
     tokens = micro_batch * seq_len
     acts = _activation_bytes(shape, mode, t, tokens, gradient_checkpointing, liger, finetuning_type)
+    if finetuning_type == "lora":
+        acts += tokens * shape.layers * LORA_BYTES_PER_HIDDEN * shape.hidden
+    if fp8:
+        widest = shape.hidden + shape.intermediate
+        acts += tokens * FP8_CAST_BYTES * widest + 2 * shape.hidden * shape.intermediate
     loss = tokens * (8 * shape.hidden if liger else LOGIT_BYTES[mode] * shape.vocab)
     mask = micro_batch * seq_len * seq_len * 2 if neat_mask else 0.0
     return Memory(
@@ -276,6 +296,7 @@ class Plan:
     reasons: list[str] = field(default_factory=list)
     compile: bool = False  # torch.compile each decoder layer (llmft.sft.train)
     step: StepTime | None = None  # the estimated step time of this plan (steptime.py)
+    fp8: bool = False  # torchao float8 on the decoder's linear layers (llmft.core.fp8)
 
     @property
     def predicted_peak_gib(self) -> float:
@@ -401,6 +422,7 @@ class _Space:
     bucket_setting: object
     trainable: float
     tuning: flops.Tuning
+    fp8: bool = False
 
     @property
     def world(self) -> int:
@@ -455,6 +477,7 @@ class _Space:
             neat_mask=self.neat_mask,
             buckets=_bucket_elems(self.buckets(stage)),
             trainable=self.trainable,
+            fp8=self.fp8,
         )
 
     def step(self, cand: Candidate) -> StepTime:
@@ -471,6 +494,7 @@ class _Space:
             trainable=self.trainable,
             precision=self.sft["precision"],
             tuning=self.tuning,
+            fp8=self.fp8,
         )
 
     def host_need(self, cand: Candidate) -> float | None:
@@ -540,6 +564,8 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
     usable = capacity * USABLE_FRACTION - CONTEXT_GIB
     on_gpu = platform.on_gpu
     packing, attention, reasons = _packing_and_attention(sft, platform)
+    use_fp8, fp8_why = fp8.decide(sft, platform)
+    reasons.append(fp8_why)
     space = _Space(
         sft=sft,
         shape=shape,
@@ -550,6 +576,7 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
         bucket_setting=sft["zero_bucket_size"] if on_gpu or sft["zero_bucket_size"] != "auto" else "hf",
         trainable=float(sft_trainable_params(shape, sft)),
         tuning=flops.tuning_of(sft, shape),  # the config's keys are LLaMA-Factory's names
+        fp8=use_fp8,
     )
     fitting, host_refused, smallest = _evaluate(space, usable)
     if not fitting:
@@ -583,6 +610,7 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
         reasons=reasons,
         compile=_use_compile(sft, stage, platform),
         step=estimate_,
+        fp8=use_fp8,
     )
 
 
@@ -696,7 +724,8 @@ def describe(plan: Plan) -> str:
         f"({plan.tokens_per_step} tokens/step), gradient checkpointing "
         f"{'on' if plan.gradient_checkpointing else 'off'}, packing {plan.packing}, attention "
         f"{plan.attention}, liger {'on' if plan.liger else 'off'}"
-        + (", torch.compile per decoder layer" if plan.compile else ""),
+        + (", torch.compile per decoder layer" if plan.compile else "")
+        + (f", FP8 ({fp8.RECIPE} float8) on the decoder's linear layers" if plan.fp8 else ""),
         f"memory per device on {plan.gpu} ({plan.capacity_gib:.0f} GiB, {plan.usable_gib:.0f} usable): "
         f"peak {m.peak:.1f} GiB = weights {m.weights:.1f} + grads {m.gradients:.1f} + optimizer "
         f"{m.optimizer:.1f} + buckets {m.buckets:.1f} + max(activations {m.activations:.1f} + loss "

@@ -129,6 +129,20 @@ def finetuning_summary(args: dict, work: Path, model_out: Path, adapter_out: Pat
     return out
 
 
+def fp8_summary(args: dict, work: Path) -> dict:
+    """What ran in float8, as the training entry counted it on the model that trained (FP8_FILE);
+    bf16 when FP8 was not planned. Planned but not counted is an error, never a guess."""
+    from llmft.core import fp8
+
+    planned = (args.get("llmft") or {}).get("fp8")
+    if not planned:
+        return {"planned": False, "float8_layers": 0, "summary": "bf16: FP8 not planned (sft.fp8)"}
+    report = fp8.read_report(work)
+    if report is None:
+        raise RuntimeError(f"FP8 was planned but training wrote no {fp8.FP8_FILE} in {work}: see the sft log")
+    return {"planned": True, **{k: v for k, v in report.items() if k != "bf16_names"}}
+
+
 def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
     """Publish the trained model atomically and summarise the run from trainer_log.jsonl.
 
@@ -188,6 +202,7 @@ def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
         "eval_loss": results.get("eval_loss"),
         "model_files": structure,
         **finetuning_summary(args, work, model_path, adapter_path),
+        "fp8": fp8_summary(args, work),
         "history": history,
     }
     write_json(summary_out, summary)

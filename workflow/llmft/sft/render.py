@@ -10,7 +10,7 @@ import shlex
 from pathlib import Path
 
 import yaml
-from llmft.core import pretokenize
+from llmft.core import fp8, pretokenize
 from llmft.core.chat_templates import for_config as template_for_config
 from llmft.core.config import BUILTIN_MODEL, ConfigError, lora_settings
 from llmft.core.io import read_json, write_json, write_text
@@ -337,6 +337,8 @@ def render(
         # the same YAML wherever it is written (a login node's preview, the workflow's rule)
         "tracking": tracking.settings(cfg["sft"]["tracking"], f"results/{cfg['run']}/tracking", cfg["run"]),
     }
+    if plan.fp8:  # llmft.sft.train converts the loaded model (LLaMA-Factory's own fp8 flag is refused)
+        args["llmft"]["fp8"] = {"recipe": fp8.RECIPE}
     header = (
         "# Rendered by llmft from config/config.yaml: edit the config, not this file.\n"
         f"# planned for the nodes' facts, {platform.source}:\n"
@@ -344,6 +346,12 @@ def render(
         f"# world size {platform.world_size} = {platform.nodes} node(s) x "
         f"{platform.processes_per_node} process(es)\n"
         + "".join(f"# {line}\n" for line in describe(plan).splitlines())
+        + (
+            f"# FP8 planned: the layers that ran in float8 are counted on the model that trains, in "
+            f"{fp8.FP8_FILE} beside the checkpoints, train_summary.json and the run page\n"
+            if plan.fp8
+            else ""
+        )
         + "# The `llmft:` block is read by llmft's launcher (python -m llmft sft) and removed before\n"
         "# LLaMA-Factory parses the rest; delete it to run this file with plain llamafactory-cli.\n"
     )

@@ -94,6 +94,17 @@ def cpu_adam_params_per_s(platform) -> float:
     return min(cores * CPU_ADAM_PARAMS_PER_S_PER_CORE, HOST_MEMORY_GBS * 1e9 / CPU_ADAM_BYTES_PER_PARAM)
 
 
+def fp8_flops_equivalent(shape, per_token: float, tuning: flops.Tuning) -> float:
+    """bf16-equivalent FLOPs per token with FP8 decoder layers: the output head (forward, input
+    gradient, and its weight gradient when it trains) stays bf16; the rest runs at the decoder layer's
+    measured FP8 speed-up (llmft.core.fp8.LAYER_SPEEDUP, trainable for full, frozen otherwise)."""
+    from llmft.core import fp8
+
+    head = float(shape.vocab * shape.hidden) * (6.0 if tuning.kind == "full" else 4.0)
+    speedup = fp8.LAYER_SPEEDUP["trainable" if tuning.kind == "full" else "frozen"]
+    return head + (per_token - head) / speedup
+
+
 def step_time(
     shape,
     platform,
@@ -107,6 +118,7 @@ def step_time(
     trainable: float,
     precision: str = "bf16",
     tuning: flops.Tuning = flops.FULL,
+    fp8: bool = False,
 ) -> StepTime:
     """The estimate for one candidate plan (see the module docstring)."""
     world = platform.world_size
@@ -117,6 +129,8 @@ def step_time(
     per_token = count.total + (count.forward if gradient_checkpointing else 0.0)
     spec = platform.spec
     peak = (spec.peak_bf16_tflops if spec else CPU_TFLOPS) * 1e12 if platform.on_gpu else CPU_TFLOPS * 1e12
+    if fp8:
+        per_token = fp8_flops_equivalent(shape, per_token, tuning)
     micro_s = tokens * per_token / (peak * efficiency(tokens))
     compute = accumulation * micro_s
 

@@ -12,6 +12,7 @@ block read here and removed before LLaMA-Factory parses the rest:
       finetuning_type: full
       cutoff_len: 2048
       compile_layers: false             # torch.compile each decoder layer (CompileLayers)
+      fp8: {recipe: tensorwise}         # present only when FP8 is planned (llmft.core.fp8)
       liger_loss_only: false            # Liger's fused linear + cross-entropy alone
       tracking: {backends: [tensorboard], dir: results/<run>/tracking, run: <run>}  # tracking.py
 
@@ -101,6 +102,35 @@ def liger_loss_only(model_path: str) -> None:
     log.info("liger: fused linear + cross-entropy only (%s); the decoder layers are compiled", model_type)
 
 
+class FP8NotApplied(RuntimeError):
+    """FP8 was planned but no linear layer of the loaded model became float8."""
+
+
+def install_fp8(recipe: str, output_dir: Path, rank: int) -> None:
+    """Convert the model LLaMA-Factory's SFT workflow loads (adapters attached) to float8 before its
+    trainer wraps it (DeepSpeed, DDP) and before CompileLayers compiles its layers; rank 0 writes what
+    was converted, counted on the model (fp8.FP8_FILE). Nothing converted is an error, not bf16."""
+    from llamafactory.train.sft import workflow
+    from llmft.core import fp8
+
+    original = workflow.load_model
+
+    def load_model(*args, **kwargs):
+        model = original(*args, **kwargs)
+        report = fp8.convert(model, recipe)
+        if report["float8_layers"] == 0:
+            raise FP8NotApplied(
+                f"FP8 was planned (sft.fp8) but {report['summary']}: no decoder linear layer was converted; "
+                "set sft.fp8: false to train in bf16, or rerun verify_env (its canary's FP8 leg)"
+            )
+        log.info("fp8: %s", report["summary"])
+        if rank == 0:
+            fp8.write_report(output_dir, report)
+        return model
+
+    workflow.load_model = load_model
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -124,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             varlen.install()
     if ours.get("liger_loss_only"):
         liger_loss_only(args["model_name_or_path"])
+    if ours.get("fp8"):
+        install_fp8(ours["fp8"]["recipe"], output_dir, int(os.environ.get("RANK", "0")))
     cpu_resume_fix()
     try:
         tracking.set_up(ours.get("tracking") or {}, output_dir, int(os.environ.get("RANK", "0")))
@@ -160,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     except Preempted as exc:
         print(f"[llmft] {exc}", file=sys.stderr, flush=True)
         return _finish(callbacks, EXIT_PREEMPTED)
+    except FP8NotApplied as exc:
+        print(f"[llmft] {exc}", file=sys.stderr, flush=True)
+        return _finish(callbacks, 2)
     return _finish(callbacks, 0)
 
 

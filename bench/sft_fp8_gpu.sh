@@ -1,0 +1,30 @@
+#!/bin/bash
+# FP8 benchmark on one H200 (device kind nvidia-h200), issue 33; each comparison is one call:
+#   bash bench/sft_fp8_gpu.sh lora1b     # LoRA 1.24 B: llmft auto vs hand-tuned bf16 vs LLaMA-Factory fp8: true
+#   bash bench/sft_fp8_gpu.sh lora8b     # the same at 8 B
+#   bash bench/sft_fp8_gpu.sh full1b     # full 1.24 B: llmft auto vs hand-tuned vs llmft's bf16 plan
+#   bash bench/sft_fp8_gpu.sh acc_full   # 300 steps full 1.24 B, FP8 vs bf16: train and held-out loss
+#   bash bench/sft_fp8_gpu.sh acc_lora   # the same for LoRA
+# Carry .whl (with torchao-0.17.0) and bench/work/sft, as bench/sft_gpu.sh needs. BENCH_CANARY=1 runs
+# the numerics canary (with its FP8 leg) into the node facts, so `auto` decides FP8 as the workflow
+# does. Results: $OUT/sft_fp8_h200x1_<which>.json and bench/sft_gpu.sh's own files.
+set -u
+which=${1:?usage: bash bench/sft_fp8_gpu.sh lora1b|lora8b|full1b|acc_full|acc_lora}
+case $which in
+  lora1b) specs="fp8_lora_hand_1b:60 fp8_lora_auto_1b:80 fp8_lora_lf_1b:60" ;;
+  lora8b) specs="fp8_lora_hand_8b:120 fp8_lora_auto_8b:150 fp8_lora_lf_8b:120" ;;
+  full1b) specs="fp8_full_hand_1b:70 fp8_full_bf16_1b:70 fp8_full_auto_1b:90" ;;
+  acc_full) specs="acc_full_bf16_1b:230 acc_full_fp8_1b:230" ;;
+  acc_lora) specs="acc_lora_bf16_1b:200 acc_lora_fp8_1b:200" ;;
+  *) echo "unknown comparison $which" >&2; exit 2 ;;
+esac
+export BENCH_GPUS=1 BENCH_CANARY=1 OUT=${OUT:-/tmp/out} BENCH_OUT=${BENCH_OUT:-/tmp/sft_bench}
+source "$(dirname "$0")/gpu_common.sh"
+if [ -z "${BENCH_DRY_RUN:-}" ] && wheels_missing torchao; then
+  install_wheels "$BENCH_OUT.pip.log" || { tail -20 "$BENCH_OUT.pip.log"; exit 1; }
+fi
+# shellcheck disable=SC2086
+bash "$(dirname "$0")/sft_gpu.sh" $specs
+export PYTHONPATH=/tmp/site:$PWD/workflow
+python3 bench/sft_fp8_bench.py report "$BENCH_OUT" --json "$OUT/sft_fp8_h200x1_$which.json"
+cp "$BENCH_OUT/canary.json" "$OUT/sft_fp8_h200x1_${which}_canary.json" 2>/dev/null

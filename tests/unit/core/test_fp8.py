@@ -1,0 +1,312 @@
+"""FP8 training applied by llmft (llmft.core.fp8): the scaling recipe, where `auto` turns it on (from
+node facts: the H200's captured by verify_env on the device, the MI300X's and the other ROCm archs'
+hand-written from AMD's documentation, never captured on a node), the package refusals, the plan text,
+the conversion counted on real tiny models (full and LoRA), and the canary's refusal when FP8 silently
+did not apply."""
+
+import copy
+import dataclasses
+import json
+
+import pytest
+from llmft.core import fp8
+from llmft.core.config import ConfigError, validate
+from llmft.core.platform import Platform
+from llmft.env.rules import judge_canary, judge_torchao
+from llmft.sft.plan import describe, resolve
+
+from tests.conftest import REPO
+from tests.reliability import reliability
+
+MI300X = json.loads((REPO / "tests/fixtures/facts_mi300x.json").read_text())
+H200 = json.loads((REPO / "bench/results/pipeline_h200x1_20261201.verify.json").read_text())["nodes"][0]
+
+
+def test_the_recipe_is_the_measured_fastest_for_both_trainable_and_frozen_weights():
+    assert fp8.choose_recipe(fp8.MEASURED_SPEEDUP) == fp8.RECIPE == "tensorwise"
+    assert fp8.LAYER_SPEEDUP == {"trainable": 1.43, "frozen": 1.39}
+    # a recipe fast for one case and slow for the other loses to one fast for both
+    assert (
+        fp8.choose_recipe({"a": {"trainable": 2.0, "frozen": 1.1}, "b": {"trainable": 1.3, "frozen": 1.3}})
+        == "b"
+    )
+
+
+@pytest.mark.parametrize(
+    "vendor, arch, has",
+    [
+        ("cuda", "sm_90", True),  # H200 / H100
+        ("cuda", "sm_89", True),  # Ada
+        ("cuda", "sm_100", True),
+        ("cuda", "sm_80", False),  # A100: no FP8 tensor cores
+        ("rocm", "gfx942", True),  # MI300X (hand-written from AMD's docs)
+        ("rocm", "gfx942:sramecc+:xnack-", True),
+        ("rocm", "gfx950", True),  # MI355X (hand-written)
+        ("rocm", "gfx90a", False),  # MI250X (hand-written)
+        ("cpu", "", False),
+    ],
+)
+def test_fp8_hardware_by_arch(vendor, arch, has):
+    assert fp8.arch_has_fp8(vendor, arch)[0] is has
+
+
+def _facts(base: dict, n: int, fp8_ok) -> list[dict]:
+    nodes = []
+    for i in range(n):
+        f = copy.deepcopy(base)
+        f["host"] = f"n{i + 1}"
+        f["canary"] = {
+            "ok": True,
+            "message": "",
+            **({"fp8": {"ok": fp8_ok, "message": ""}} if fp8_ok is not None else {}),
+        }
+        nodes.append(f)
+    return nodes
+
+
+@pytest.mark.parametrize(
+    "base, gpus, fp8_ok, on, why",
+    [
+        (H200, 1, True, True, "auto -> on: sm_90"),
+        (H200, 1, False, False, "canary's FP8 leg did not pass"),
+        (H200, 1, None, False, "canary's FP8 leg did not pass"),  # an older verify.json: no leg ran
+        (MI300X, 8, True, True, "auto -> on: gfx942"),
+    ],
+)
+def test_auto_is_on_only_on_fp8_hardware_where_the_canary_fp8_leg_passed(base, gpus, fp8_ok, on, why):
+    cfg = validate({"hardware": {"gpus_per_node": gpus, "nodes": 2}, "sft": {"precision": "bf16"}})
+    platform = Platform.from_facts(cfg, _facts(base, 2, fp8_ok))
+    assert platform.fp8_canary is bool(fp8_ok)
+    got, reason = fp8.decide(cfg["sft"], platform)
+    assert got is on and why in reason
+
+
+def test_auto_is_off_on_an_arch_without_fp8_even_when_its_canary_leg_passed():
+    mi250 = copy.deepcopy(MI300X)
+    for d in mi250["devices"]:
+        d["arch"] = "gfx90a:sramecc+:xnack-"
+    cfg = validate({"hardware": {"gpus_per_node": 8}, "sft": {"precision": "bf16", "fp8": "auto"}})
+    platform = Platform.from_facts(cfg, _facts(mi250, 1, True))
+    on, reason = fp8.decide(cfg["sft"], platform)
+    assert not on and "gfx90a has no FP8 matmuls" in reason
+    cfg["sft"]["fp8"] = True
+    with pytest.raises(ConfigError, match=r"config key sft\.fp8: true but gfx90a has no FP8 matmuls"):
+        fp8.decide(cfg["sft"], platform)
+
+
+@reliability(fault="sft.fp8: true with fp32 precision, or LLaMA-Factory's fp8 flag in sft.extra",
+             seen="config check, naming sft.fp8", steps_lost="none", data_lost="none")  # fmt: skip
+def test_config_refuses_fp8_with_fp32_and_llamafactorys_inert_flag():
+    with pytest.raises(ConfigError, match=r"sft\.fp8: true but sft\.precision is fp32"):
+        validate({"sft": {"fp8": True, "precision": "fp32"}})
+    with pytest.raises(
+        ConfigError, match=r"sft\.extra\.fp8: LLaMA-Factory's FP8 flag falls back to bf16.*sft\.fp8"
+    ):
+        validate({"sft": {"extra": {"fp8": True, "fp8_backend": "torchao"}}})
+
+
+def _h200_plan(**sft):
+    hardware = {"vendor": "cuda", "gpus_per_node": 1, "gpu_model": "h200"}
+    return validate({"hardware": hardware, "data": {"cutoff_len": 2048}, "sft": sft})
+
+
+def test_plan_text_says_fp8_why_and_the_recipe_and_fp8_is_estimated_faster(tmp_path):
+    model = tmp_path / "1b"
+    model.mkdir()
+    shape = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                 intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True)  # fmt: skip
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", **shape}))
+    for kind in ("full", "lora"):
+        cfg = _h200_plan(finetuning_type=kind)
+        declared = Platform.declared(cfg)
+        off = resolve(cfg, str(model), declared)  # declared, not measured: no canary has run
+        assert not off.fp8 and any("auto -> off" in r and "canary's FP8 leg" in r for r in off.reasons)
+        on = resolve(cfg, str(model), dataclasses.replace(declared, fp8_canary=True))
+        text = describe(on)
+        assert on.fp8 and "FP8 (tensorwise float8) on the decoder's linear layers" in text
+        assert "sft.fp8: auto -> on: sm_90" in text and "tensorwise 1.43x trainable / 1.39x frozen" in text
+        assert on.step.tokens_per_s_per_gpu > off.step.tokens_per_s_per_gpu
+        # same settings, FP8's casts on top: more memory, never less
+        if (on.micro_batch, on.zero_stage) == (off.micro_batch, off.zero_stage):
+            assert on.memory.activations > off.memory.activations
+    cpu = validate({"hardware": {"gpus_per_node": 0}})
+    assert "auto -> off: CPU processes have no FP8" in fp8.decide(cpu["sft"], Platform.declared(cpu))[1]
+
+
+@pytest.mark.parametrize(
+    "versions, says, fix",
+    [
+        ({"torchao": "0.18.0", "peft": "0.18.1", "torch": "2.11.0"},
+         "torchao 0.18.0 with peft 0.18.1: peft's LoRA imports LinearActivationQuantizedTensor",
+         "torchao==0.17.0"),
+        ({"torchao": "0.17.0", "peft": "0.18.1", "torch": "2.10.0+rocm7.1"},
+         "torchao 0.17.0 with torch 2.10.0+rocm7.1: torchao 0.17.0 is built for torch 2.11 and newer",
+         "torchao==0.16.0"),
+        ({"torchao": "0.16.0", "peft": "0.18.1", "torch": "2.11.0"},
+         "torchao 0.16.0 with torch 2.11.0: torchao 0.16.0 is built for torch 2.10 only", "torchao==0.17.0"),
+    ],
+)  # fmt: skip
+@reliability(
+    fault="torchao that breaks peft's LoRA or its torch",
+    seen="verify_env, naming both versions and the fix",
+    steps_lost="none",
+    data_lost="none",
+)
+def test_verify_env_refuses_torchao_that_breaks_peft_or_torch(versions, says, fix):
+    cfg = validate({})
+    found = judge_torchao({"packages": versions}, cfg, "cuda")
+    assert len(found) == 1 and not found[0].ok and says in found[0].message and fix in found[0].fix
+
+
+@pytest.mark.parametrize(
+    "versions",
+    [{"torchao": "0.17.0", "peft": "0.18.1", "torch": "2.11.0"},
+     {"torchao": "0.17.0", "peft": "0.18.1", "torch": "2.13.0"},
+     {"torchao": "0.16.0", "peft": "0.18.1", "torch": "2.10.0+rocm7.1"},
+     {"torchao": None, "peft": "0.18.1", "torch": "2.13.0"}],
+)  # fmt: skip
+def test_verify_env_accepts_the_pinned_combinations(versions):
+    assert judge_torchao({"packages": versions}, validate({}), "cuda") == []
+
+
+def test_verify_env_judges_the_installed_packages():
+    """The versions nodefacts reads from this environment: torchao (when installed) must pass."""
+    from llmft.env.nodefacts import _version
+
+    versions = {p: _version(p) for p in ("torchao", "peft", "torch")}
+    assert judge_torchao({"packages": versions}, validate({}), "cpu") == []
+    # the installed torchao beside peft: a LoRA model builds (torchao 0.18 fails here, at peft's import)
+    from peft import LoraConfig, get_peft_model
+
+    get_peft_model(_tiny_llama(), LoraConfig(r=8, target_modules="all-linear"))
+    want_fp8 = validate({"sft": {"fp8": True}})
+    missing = judge_torchao({"packages": {**versions, "torchao": None}}, want_fp8, "cpu")
+    assert (
+        missing
+        and "sft.fp8: true converts the model with torchao float8, which is not installed"
+        in missing[0].message
+    )
+
+
+def _tiny_llama(intermediate=176):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=intermediate, vocab_size=256, tie_word_embeddings=False)  # fmt: skip
+    return LlamaForCausalLM(cfg)
+
+
+def test_full_model_converts_every_decoder_linear_but_not_the_head():
+    model = _tiny_llama()
+    report = fp8.convert(model)
+    assert report["summary"] == "14 of 15 linear layers in float8 (tensorwise)"
+    assert report["bf16_names"] == ["lm_head"]
+    assert type(model.model.embed_tokens).__name__ == "Embedding"
+    # a dimension float8 GEMMs cannot take (100 is not a multiple of 16) stays bf16
+    odd = fp8.convert(_tiny_llama(intermediate=100))
+    assert odd["float8_layers"] == 8 and all(("mlp" not in n) for n in odd["float8_names"])
+
+
+def test_lora_converts_the_frozen_base_layers_and_keeps_the_adapters_bf16():
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_tiny_llama(), LoraConfig(r=8, target_modules="all-linear"))
+    report = fp8.convert(model)
+    assert report["float8_layers"] == 14 and all(n.endswith(".base_layer") for n in report["float8_names"])
+    assert sum(".lora_A." in n or ".lora_B." in n for n in report["bf16_names"]) == 28
+    assert report["summary"] == "14 of 43 linear layers in float8 (tensorwise)"
+
+
+@reliability(fault="FP8 asked for but silently not applied", seen="canary, naming FP8",
+             steps_lost="the canary's FP8 leg (seconds)", data_lost="none")  # fmt: skip
+def test_canary_fails_naming_fp8_when_fp8_silently_did_not_apply(monkeypatch):
+    """sft.fp8: true on an H200's facts, the FP8 leg run on this CPU after a bf16 leg that passed: the
+    leg's conversion is switched off (the test-only switch), and the canary fails naming FP8. (The bf16
+    leg itself is test_canary.py's; with nothing converted the FP8 leg never compares curves.)"""
+    from llmft.env import canary
+
+    monkeypatch.setenv(fp8.SKIP_ENV, "1")
+    cfg = validate({"hardware": {"gpus_per_node": 1}, "sft": {"fp8": True}})
+    facts = copy.deepcopy(H200)
+    facts["attention"] = {}  # SDPA: the kernels this CPU runs
+    facts["modules"] = {}
+    path = canary.planned_path(facts, cfg)
+    bf16 = {"ok": True, "message": "bf16 leg on the golden curve", "run": {"losses": [], "grad_norm": 1.0}}
+    out = canary._with_fp8(copy.deepcopy(bf16), facts, cfg, path, "cpu", "")
+    assert out["fp8"]["converted"] == "0 of 15 linear layers in float8 (tensorwise)"
+    assert out["ok"] is False and out["suspect"] == ["fp8"]
+    assert "FP8 was asked for but did not run: 0 of 15 linear layers in float8" in out["message"]
+    finding = judge_canary({"canary": out})[0]
+    assert (
+        not finding.ok and "FP8 was asked for but did not run" in finding.message and "sft.fp8" in finding.fix
+    )
+    # auto on the same node: the failed leg only keeps FP8 off
+    cfg["sft"]["fp8"] = "auto"
+    auto = canary._with_fp8(copy.deepcopy(bf16), facts, cfg, path, "cpu", "")
+    assert auto["ok"] is True and auto["fp8"]["ok"] is False
+
+
+def test_sft_finalize_never_reports_fp8_it_did_not_count(tmp_path):
+    from llmft.sft.publish import fp8_summary
+
+    assert fp8_summary({"llmft": {}}, tmp_path)["planned"] is False
+    with pytest.raises(RuntimeError, match="FP8 was planned but training wrote no llmft_fp8.json"):
+        fp8_summary({"llmft": {"fp8": {"recipe": "tensorwise"}}}, tmp_path)
+    report = {"recipe": "tensorwise", "float8_layers": 14, "linear_layers": 15, "float8_names": [],
+              "bf16_names": ["lm_head"], "summary": "14 of 15"}  # fmt: skip
+    fp8.write_report(tmp_path, report)
+    assert fp8_summary({"llmft": {"fp8": {"recipe": "tensorwise"}}}, tmp_path)["float8_layers"] == 14
+
+
+@pytest.fixture(scope="module")
+def lf_lora_args(tmp_path_factory):
+    """A tiny model folder and LLaMA-Factory's parsed arguments for a LoRA run on it."""
+    from llamafactory.hparams import get_train_args
+    from llmft.data.assets import build_tiny_model
+
+    root = tmp_path_factory.mktemp("fp8_lf")
+    build_tiny_model(root / "model", hidden_size=64, num_heads=4, vocab_size=512)
+    args = {"model_name_or_path": str(root / "model"), "stage": "sft", "do_train": True, "dataset": "unused",
+            "template": "default", "finetuning_type": "lora", "lora_target": "all",
+            "output_dir": str(root / "out")}  # fmt: skip
+    model_args, _, _, finetuning_args, _ = get_train_args(args)
+    return root, model_args, finetuning_args
+
+
+def _load_through_llamafactory(lf_lora_args, monkeypatch):
+    """LLaMA-Factory's SFT workflow's load_model, as llmft.sft.train leaves it patched."""
+    from llamafactory.model import load_tokenizer
+    from llamafactory.train.sft import workflow
+    from llmft.sft import train
+
+    root, model_args, finetuning_args = lf_lora_args
+    monkeypatch.setattr(workflow, "load_model", workflow.load_model)  # restored after the test
+    train.install_fp8("tensorwise", root / "out", rank=0)
+    tokenizer = load_tokenizer(model_args)["tokenizer"]
+    return root, workflow.load_model(tokenizer, model_args, finetuning_args, True)
+
+
+def test_the_training_entry_converts_the_model_llamafactory_loads_and_writes_the_count(
+    lf_lora_args, monkeypatch
+):
+    root, model = _load_through_llamafactory(lf_lora_args, monkeypatch)
+    written = fp8.read_report(root / "out")
+    assert (
+        written["summary"] == "14 of 43 linear layers in float8 (tensorwise)" == fp8.count(model)["summary"]
+    )
+    assert all(n.endswith(".base_layer") for n in written["float8_names"])
+
+
+@reliability(fault="FP8 planned, but the loaded model has no float8 layer",
+             seen="training entry refuses at model load, naming sft.fp8", steps_lost="none (before step 1)",
+             data_lost="none")  # fmt: skip
+def test_the_training_entry_refuses_to_train_in_bf16_when_fp8_was_planned(lf_lora_args, monkeypatch):
+    from llmft.sft.train import FP8NotApplied
+
+    monkeypatch.setenv(fp8.SKIP_ENV, "1")
+    with pytest.raises(
+        FP8NotApplied, match=r"FP8 was planned \(sft\.fp8\) but 0 of 43 linear layers in float8"
+    ):
+        _load_through_llamafactory(lf_lora_args, monkeypatch)

@@ -1,0 +1,231 @@
+"""FP8 training applied by llmft itself: torchao float8 on the decoder's linear layers.
+
+LLaMA-Factory's own `fp8: true` goes through Accelerate, which on our stack falls back to bf16 without
+an error ("Accelerate FP8 status - enabled: False"; LLaMA-Factory issue 9500): llmft refuses that flag
+in sft.extra and converts the model itself, in its training entry (llmft.sft.train), right after
+LLaMA-Factory loads it (adapters attached) and before DeepSpeed / DDP wrap it and torch.compile traces
+its layers. Embeddings, the output head and LoRA's adapters stay in bf16.
+
+`sft.fp8` decides where it runs: `true` (refused on a node that cannot), `false`, or `auto`: on only
+where every node's GPU has FP8 matmuls (below) and the numerics canary's FP8 leg passed on every node
+(llmft.env.canary). What ran is counted on the model that trains and written to FP8_FILE; the run
+page and summary.json read that, never the setting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+# Scaling recipes, measured on one H200 (issue 33: four Llama-3-8B-shaped decoder layers, batch 4 x
+# 2048, forward + backward under torch.compile): a decoder layer's bf16 step time over its float8 step
+# time, with trainable weights (full fine-tuning) and frozen ones (LoRA's base weights). Accuracy
+# against bf16 is checked by the canary's FP8 leg on every node and by bench/sft_fp8_bench.py (>= 300
+# steps at 1.24 B: final and held-out loss within 1 %).
+MEASURED_SPEEDUP = {
+    "tensorwise": {"trainable": 1.43, "frozen": 1.39},
+    "rowwise": {"trainable": 1.14, "frozen": 1.24},
+}
+
+
+def choose_recipe(measured: dict) -> str:
+    """The recipe whose slower case (trainable or frozen weights) is fastest: one recipe serves full
+    fine-tuning and LoRA, so neither may pay for the other."""
+    return max(measured, key=lambda name: min(measured[name].values()))
+
+
+RECIPE = choose_recipe(MEASURED_SPEEDUP)
+LAYER_SPEEDUP = MEASURED_SPEEDUP[RECIPE]
+RECIPE_WHY = (
+    f"{RECIPE} scaling, the fastest measured speed-up of a decoder layer over bf16 on an H200 (issue 33): "
+    + ", ".join(
+        f"{n} {v['trainable']}x trainable / {v['frozen']}x frozen" for n, v in MEASURED_SPEEDUP.items()
+    )
+)
+# float8 GEMMs need both matrix dimensions divisible by 16 (torch._scaled_mm).
+DIM_MULTIPLE = 16
+# Test only: convert nothing, silently, as an FP8 setting that has no effect would (the canary and
+# the training entry must notice).
+SKIP_ENV = "LLMFT_TEST_FP8_SILENT_SKIP"
+FP8_FILE = "llmft_fp8.json"
+SETTING_KEY = "sft.fp8"
+
+# FP8 matmul hardware, by arch. NVIDIA: compute capability 8.9 (Ada) and newer (Hopper sm_90,
+# Blackwell sm_100 / sm_120). AMD, hand-written from AMD's ROCm documentation ("Data types and
+# precision support"; never run here): gfx942 (MI300X / MI325X) has the FNUZ FP8 formats, which
+# torchao picks on MI300; gfx950 (MI350X / MI355X) the OCP formats. Older Instinct (gfx90a) has none.
+ROCM_FP8_ARCHS = {"gfx942": "MI300X/MI325X, FP8 E4M3/E5M2 FNUZ", "gfx950": "MI350X/MI355X, OCP FP8"}
+CUDA_MIN_SM = 89
+
+
+def arch_has_fp8(vendor: str, arch: str) -> tuple[bool, str]:
+    """(FP8 matmuls on this GPU arch, why) from the node's facts."""
+    if vendor == "cpu" or not vendor:
+        return False, "CPU processes have no FP8 matmul units"
+    if vendor == "rocm":
+        base = arch.split(":")[0]
+        if base in ROCM_FP8_ARCHS:
+            return True, f"{base} ({ROCM_FP8_ARCHS[base]})"
+        return False, f"{base or 'an unknown arch'} has no FP8 matmuls (gfx942 and gfx950 do)"
+    m = re.fullmatch(r"sm_(\d+)[a-z]?", arch or "")
+    if not m:
+        return False, f"the GPU arch is not known ({arch or 'not measured'})"
+    sm = int(m.group(1))
+    if sm >= CUDA_MIN_SM:
+        return True, f"sm_{sm} (FP8 tensor cores from sm_89)"
+    return False, f"sm_{sm} has no FP8 tensor cores (sm_89 and newer do)"
+
+
+def config_blocker(sft: dict) -> str | None:
+    """Why the rest of the sft config rules FP8 out, whatever the nodes (None: nothing does)."""
+    if sft["precision"] != "bf16":
+        return f"sft.precision is {sft['precision']} (FP8 runs with bf16 around its matmuls)"
+    if sft["quantization_bit"] != "none":
+        return f"sft.quantization_bit is {sft['quantization_bit']} (QLoRA's base is already quantized)"
+    return None
+
+
+def decide(sft: dict, platform) -> tuple[bool, str]:
+    """(FP8 on, why) for sft.fp8 on this platform; ConfigError for `true` where it cannot run."""
+    from llmft.core.config import ConfigError
+
+    setting = sft["fp8"]
+    if setting is False:
+        return False, f"{SETTING_KEY}: false"
+    capable, why = arch_has_fp8(platform.vendor, platform.arch)
+    blocker = config_blocker(sft) or (None if capable else why)
+    if setting is True:
+        if blocker:
+            raise ConfigError(
+                f"config key {SETTING_KEY}: true but {blocker}; set {SETTING_KEY}: auto or false"
+            )
+        return True, f"{SETTING_KEY}: true on {why}; {RECIPE_WHY}"
+    if blocker:
+        return False, f"{SETTING_KEY}: auto -> off: {blocker}"
+    if not platform.fp8_canary:
+        if not platform.hosts:  # declared by the config: no node measured, no canary run
+            return False, (
+                f"{SETTING_KEY}: auto -> off: {why} has FP8, but no node is measured yet (verify_env runs "
+                "the canary's FP8 leg on each)"
+            )
+        return False, (
+            f"{SETTING_KEY}: auto -> off: {why} has FP8, but the numerics canary's FP8 leg did not pass on "
+            "every node (verify_env's canary finding says why)"
+        )
+    return True, f"{SETTING_KEY}: auto -> on: {why}, the canary's FP8 leg passed on every node; {RECIPE_WHY}"
+
+
+def canary_wants_fp8(sft: dict, vendor: str, arch: str) -> bool:
+    """Whether the canary runs its FP8 leg on this node: FP8 asked for, or auto on an FP8 arch."""
+    if sft["fp8"] is True:
+        return True
+    return sft["fp8"] == "auto" and arch_has_fp8(vendor, arch)[0] and config_blocker(sft) is None
+
+
+def _eligible(module, fqn: str) -> bool:
+    """A decoder linear layer float8 can run: not the head or an embedding, not a LoRA adapter,
+    both dimensions multiples of DIM_MULTIPLE."""
+    import torch
+
+    if not isinstance(module, torch.nn.Linear):
+        return False
+    parts = fqn.split(".")
+    if parts[-1] in ("lm_head", "score", "embed_tokens") or any(p.startswith("lora_") for p in parts):
+        return False
+    return module.in_features % DIM_MULTIPLE == 0 and module.out_features % DIM_MULTIPLE == 0
+
+
+def convert(model, recipe: str = RECIPE) -> dict:
+    """Swap the decoder's eligible nn.Linear layers (PEFT's base_layer for LoRA) for torchao's
+    Float8Linear in place; the count of what is float8 afterwards, counted on the model."""
+    if os.environ.get(SKIP_ENV) != "1":
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        config = Float8LinearConfig.from_recipe_name(recipe)
+        convert_to_float8_training(model, module_filter_fn=_eligible, config=config)
+    return count(model, recipe)
+
+
+def count(model, recipe: str = RECIPE) -> dict:
+    """Which linear layers of `model` are float8 now (by class, not by setting)."""
+    import torch
+
+    fp8, other = [], []
+    for name, module in model.named_modules():
+        if type(module).__name__ == "Float8Linear":
+            fp8.append(name)
+        elif isinstance(module, torch.nn.Linear):
+            other.append(name)
+    total = len(fp8) + len(other)
+    return {
+        "recipe": recipe,
+        "float8_layers": len(fp8),
+        "linear_layers": total,
+        "float8_names": fp8,
+        "bf16_names": other,
+        "summary": f"{len(fp8)} of {total} linear layers in float8 ({recipe})",
+    }
+
+
+def write_report(out_dir: str | Path, report: dict) -> None:
+    from llmft.core.io import write_json
+
+    write_json(Path(out_dir) / FP8_FILE, report)
+
+
+def read_report(out_dir: str | Path) -> dict | None:
+    path = Path(out_dir) / FP8_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+# Package combinations known to break (issue 33, read from the packages' sources): peft's LoRA
+# dispatch (peft/tuners/lora/torchao.py) imports torchao.quantization.LinearActivationQuantizedTensor
+# whenever torchao is installed, which torchao 0.18.0 removed: every LoRA run fails at model load.
+# Against torch, torchao's own import check (torchao/__init__.py) skips its compiled kernels outside
+# the torch releases each torchao was built for: 0.16.0 for torch 2.10, 0.17.0 for torch >= 2.11.
+TORCHAO_FIRST_WITHOUT_PEFT_API = (0, 18)
+TORCHAO_FOR_PEFT = "0.17.0"
+# torchao (major, minor) -> (oldest torch, newest torch or None) its compiled kernels load on
+TORCHAO_TORCH = {(0, 16): ((2, 10), (2, 10)), (0, 17): ((2, 11), None), (0, 18): ((2, 11), None)}
+TORCHAO_FOR_TORCH = {(2, 10): "0.16.0"}
+
+
+def _vt(version: str, n: int = 2) -> tuple[int, ...]:
+    nums = [int(x) for x in re.findall(r"\d+", version.split("+")[0])[:n]]
+    return tuple(nums) + (0,) * (n - len(nums))
+
+
+def _torchao_for(torch: str) -> str:
+    return TORCHAO_FOR_TORCH.get(_vt(torch), TORCHAO_FOR_PEFT)
+
+
+def package_conflicts(versions: dict) -> list[tuple[str, str]]:
+    """(what breaks, the fix) for torchao against peft and torch, from installed versions
+    ({"torchao": "0.18.0", "peft": "0.18.1", "torch": "2.11.0"}; no torchao breaks nothing)."""
+    ao, peft, torch = versions.get("torchao"), versions.get("peft"), versions.get("torch")
+    out = []
+    if not ao:
+        return out
+    if peft and _vt(ao) >= TORCHAO_FIRST_WITHOUT_PEFT_API:
+        out.append(
+            (
+                f"torchao {ao} with peft {peft}: peft's LoRA imports LinearActivationQuantizedTensor from "
+                f"torchao.quantization, which torchao {ao} no longer has (every LoRA run fails at model "
+                "load, FP8 or not)",
+                f"pip install torchao=={_torchao_for(torch or '')} (the version envs/ pin for this torch)",
+            )
+        )
+    span = TORCHAO_TORCH.get(_vt(ao))
+    if torch and span and (_vt(torch) < span[0] or (span[1] and _vt(torch) > span[1])):
+        built = ".".join(map(str, span[0])) + (" only" if span[1] else " and newer")
+        out.append(
+            (
+                f"torchao {ao} with torch {torch}: torchao {ao} is built for torch {built} and skips its "
+                "compiled kernels on this torch",
+                f"pip install torchao=={_torchao_for(torch)} (the version envs/ pin for torch "
+                f"{'.'.join(map(str, _vt(torch)))})",
+            )
+        )
+    return out
