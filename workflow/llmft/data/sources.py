@@ -54,7 +54,7 @@ _BLOCK = 1 << 20
 _MEDIA = "llmft's SFT stage trains on text only and would drop them, leaving any <{tag}> placeholder as text"
 _PREFERENCE = (
     "a preference pair, for LLaMA-Factory's dpo/rm stage (dataset_info ranking: true); llmft's SFT "
-    "stage does not train on it"
+    "stage does not train on it: give the file under preference.data.sources"
 )
 UNUSED_COLUMNS = {
     "images": f"holds images, for a multimodal model (LLaMA-Factory's columns.images); {_MEDIA}",
@@ -65,7 +65,8 @@ UNUSED_COLUMNS = {
 }
 _KTO = (
     "holds a KTO label (desirable or not), for LLaMA-Factory's kto stage (columns.kto_tag); llmft's "
-    "SFT stage would drop it and train on every answer, the undesirable ones too"
+    "SFT stage would drop it and train on every answer, the undesirable ones too: give the file under "
+    "preference.data.sources"
 )
 _PRETRAINING = (
     "is pretraining text (LLaMA-Factory's pt stage reads a 'text' column); llmft's SFT stage needs "
