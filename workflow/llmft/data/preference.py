@@ -574,6 +574,9 @@ def prepare_preference(
         stats = _write(run, tok, sides, tmp, opts)
         stats["template"] = template
         stats["seconds"] = round(time.perf_counter() - started, 2)
+        # An earlier run's stats.json goes first: until the new one is written, nothing vouches for
+        # a folder whose files were being replaced.
+        (out_dir / "stats.json").unlink(missing_ok=True)
         for name in ("train.jsonl", "heldout.jsonl", "rejected.jsonl", "dataset_info.json"):
             (tmp / name).replace(out_dir / name)
         shutil.rmtree(out_dir / "tokenized", ignore_errors=True)
