@@ -229,8 +229,12 @@ def test_bad_rows_are_named_with_file_row_and_field(tmp_path, tokenizer_dir):
     assert all(r["source"].endswith("bad.jsonl") and f"row {r['row']}:" in r["message"] for r in recs)
     assert stats["invalid"] == 6 and stats["train_rows"] + stats["heldout_rows"] == 8
     # sharegpt rows in their own source: an empty chosen message is named by its field
-    _, recs = errors(tmp_path, [bad[2], *SHAREGPT_PAIRS[:6]], tokenizer_dir, "sharegpt", "s.jsonl")
-    assert [(r["row"], r["field"], r["reason"]) for r in recs] == [(1, "chosen.value", "empty_field")]
+    answered = {**SHAREGPT_PAIRS[0], "conversations": SHAREGPT_PAIRS[0]["conversations"][:-1]}
+    _, recs = errors(tmp_path, [bad[2], *SHAREGPT_PAIRS[:6], answered], tokenizer_dir, "sharegpt", "s.jsonl")
+    assert [(r["row"], r["field"], r["reason"]) for r in recs] == [
+        (1, "chosen.value", "empty_field"),
+        (8, "conversations", "role_order"),  # the prompt ends with an answer, not the user turn
+    ]
     # under fail: every bad row listed, nothing written
     path = write(tmp_path, "bad.jsonl", good + bad)
     with pytest.raises(DataError) as err:

@@ -52,6 +52,7 @@ from llmft.data.prepare import is_heldout
 from llmft.data.sources import (
     MISSING,
     NOT_AN_OBJECT,
+    ROLE_ORDER,
     WRONG_TYPE,
     DataError,
     FileError,
@@ -261,6 +262,15 @@ def _pair(source, number, raw, view, fmt, attr, clean):
         prompt.pop("output", None)
     conv = prompt.get("conversations", prompt.get("messages"))
     n_turns = len(conv) if isinstance(conv, list) else 0
+    if n_turns and isinstance(conv[-1], dict):
+        last = conv[-1].get("from", conv[-1].get("role"))
+        if last in ("gpt", "assistant", "function_call"):
+            field = "conversations" if "conversations" in prompt else "messages"
+            detail = (
+                f"ends with a {last} turn: a pair's prompt ends with the user turn (the answers are "
+                "chosen and rejected)"
+            )
+            raise _Invalid(ROLE_ORDER, detail, lfdataset.field_name(field, attr) if attr else field)
     sides = {}
     for side, col in zip(("chosen", "rejected"), cols, strict=True):
         answer = _answer_text(raw.get(col), col, fmt, attr)
