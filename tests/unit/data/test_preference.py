@@ -267,6 +267,13 @@ def test_over_long_pairs_name_the_side_and_its_tokens(tmp_path, tokenizer_dir):
         )
 
 
+def test_a_text_label_is_no_kto_tag_in_a_pair_row():
+    kind, row = pref.check_row("f", 1, {**ALPACA_PAIRS[1], "label": "colours"}, "alpaca", None)
+    assert kind == pref.PAIRS and "label" not in row
+    err = pref.check_row("f", 2, {**ALPACA_PAIRS[1], "label": True}, "alpaca", None)
+    assert (err.reason, err.field) == (pref.MIXED_FORMAT, "label")
+
+
 def test_pairs_and_kto_rows_in_one_run_are_refused(tmp_path, tokenizer_dir):
     a = write(tmp_path, "a.jsonl", ALPACA_PAIRS)
     k = write(tmp_path, "k.jsonl", [{"instruction": "q", "output": "a", "kto_tag": True}])
@@ -384,3 +391,29 @@ def test_tokenized_equals_llamafactory_preprocessing(tmp_path, request, family, 
         template=template, tokenized_path=str(out / "tokenized"),
     )  # fmt: skip
     assert len(module["train_dataset"]) == stats["train_rows"]
+
+
+# -- the stage's CLI
+
+
+def test_the_cli_names_bad_rows_without_a_traceback_and_leaves_no_outputs(tmp_path, tokenizer_dir, capsys):
+    from llmft.__main__ import main
+
+    def run(cfg, out):
+        argv = ["prepare-preference", "--config-json", json.dumps({"model": {"template": "default"}, **cfg})]
+        return main([*argv, "--tokenizer", str(tokenizer_dir), "--out-dir", str(out)])
+
+    bad = write(
+        tmp_path, "bad.jsonl", [*ALPACA_PAIRS[:4], {"instruction": "q", "chosen": "a", "rejected": "a"}]
+    )
+    assert run({"preference": {"data": {"sources": [{"path": bad}]}}}, tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert "llmft: data error: 1 bad preference row(s) (chosen_equals_rejected 1)" in err
+    assert "bad.jsonl row 5: field 'rejected' equals the chosen answer" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+    assert run({}, tmp_path / "out") == 2  # no preference section: nothing to prepare
+    assert "config key preference: not set" in capsys.readouterr().err
+    cfg = {"preference": {"data": {"sources": [{"path": "builtin:synthetic_kto"}], "synthetic_rows": 40}}}
+    assert run(cfg, tmp_path / "out") == 0
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats["kind"] == "kto" and stats["train_rows"] + stats["heldout_rows"] + stats["duplicates"] == 40

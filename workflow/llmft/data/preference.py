@@ -254,9 +254,12 @@ def _strip(view: dict) -> dict:
 
 def _pair(source, number, raw, view, fmt, attr, clean):
     cols = (attr["chosen"], attr["rejected"]) if attr else ("chosen", "rejected")
-    if any(c in raw for c in TAG_COLUMNS) and attr is None:
-        raise _Invalid(MIXED_FORMAT, "a KTO tag in a pair row (chosen/rejected): one row is one or the other",
-                       next(c for c in TAG_COLUMNS if c in raw))  # fmt: skip
+    # (a text `label`, a topic say, is no KTO tag: only a boolean one is)
+    tag = "kto_tag" if "kto_tag" in raw else "label" if isinstance(raw.get("label"), bool) else None
+    if tag and attr is None:
+        raise _Invalid(
+            MIXED_FORMAT, "a KTO tag in a pair row (chosen/rejected): one row is one or the other", tag
+        )
     prompt = _strip(view)
     if fmt == "alpaca":
         prompt.pop("output", None)
