@@ -409,41 +409,49 @@ class Tokenizer:
             template=self.template, tokenizer=self.tokenizer, processor=processor, data_args=self.data_args
         )
 
-    def lengths(self, row: dict) -> dict[str, tuple[int, int]]:
-        """{side: (prompt tokens, answer tokens)} of one row, untruncated (`chosen`/`rejected`, or
-        `completion` for a KTO row)."""
-        a = aligned(row)
-        args = (a["_system"], a["_tools"], [], [], [])
-        if self.kind == PAIRS:
-            c_ids, c_lab, r_ids, r_lab = _untruncated(self.proc, a["_prompt"], a["_response"], None, *args)
-            return {"chosen": _split_len(c_lab), "rejected": _split_len(r_lab)}
-        ids, labels, *_ = _untruncated(self.proc, a["_prompt"], a["_response"], a["_response"], *args)
-        return {"completion": _split_len(labels)}
-
-    def dataset(self, rows: list[dict]):
-        """The tokenized rows as LLaMA-Factory's loader makes them (its map call, its columns)."""
+    def dataset(self, rows: list[dict], untruncated: bool = False):
+        """The tokenized rows as LLaMA-Factory's loader makes them (its map call, its columns);
+        `untruncated`: with no cutoff, to measure rows (a row that fits is not cut either way)."""
         from datasets import Dataset
 
         columns = ("_prompt", "_response", "_system", "_tools", "_images", "_videos", "_audios")
         data = Dataset.from_dict({c: [aligned(r)[c] for r in rows] for c in columns})
-        return data.map(
-            self.proc.preprocess_dataset,
-            batched=True,
-            batch_size=self.data_args.preprocessing_batch_size,
-            remove_columns=list(columns),
-            load_from_cache_file=False,
+        saved = self.data_args.cutoff_len
+        if untruncated:
+            self.data_args.cutoff_len = 1 << 30
+        try:
+            out = data.map(
+                self.proc.preprocess_dataset,
+                batched=True,
+                batch_size=self.data_args.preprocessing_batch_size,
+                remove_columns=list(columns),
+                load_from_cache_file=False,
+                # datasets would otherwise hash the processor, the whole tokenizer with it, to name
+                # a cache file that an in-memory dataset never gets (seconds for a large vocabulary)
+                new_fingerprint=self._fingerprint(rows, untruncated),
+            )
+        finally:
+            self.data_args.cutoff_len = saved
+        if len(out) != len(rows):  # the processor drops rows of a shape the checks refuse
+            raise AssertionError(f"LLaMA-Factory's processor kept {len(out)} of {len(rows)} checked rows")
+        return out
+
+    def _fingerprint(self, rows: list[dict], untruncated: bool) -> str:
+        digest = hashlib.sha256(
+            f"{self.data_args.template}\x1f{self.data_args.cutoff_len}\x1f{untruncated}".encode()
         )
+        digest.update(str(self.tokenizer.name_or_path).encode())
+        for row in rows:
+            digest.update(content_key(row).encode())
+        return digest.hexdigest()[:16]
 
-
-def _untruncated(proc, prompt, response, kl, *args):
-    saved = proc.data_args.cutoff_len
-    proc.data_args.cutoff_len = 1 << 30
-    try:
-        if kl is None:
-            return proc._encode_data_example(prompt, response, *args)
-        return proc._encode_data_example(prompt, response, kl, *args)
-    finally:
-        proc.data_args.cutoff_len = saved
+    def lengths(self, data) -> list[dict[str, tuple[int, int]]]:
+        """Per row of an untruncated `dataset`, {side: (prompt tokens, answer tokens)}: `chosen` and
+        `rejected`, or `completion` for a KTO row."""
+        if self.kind == PAIRS:
+            both = zip(data["chosen_labels"], data["rejected_labels"], strict=True)
+            return [{"chosen": _split_len(c), "rejected": _split_len(r)} for c, r in both]
+        return [{"completion": _split_len(labels)} for labels in data["labels"]]
 
 
 def _split_len(labels: list[int]) -> tuple[int, int]:
@@ -544,10 +552,12 @@ def _same_kind(i: int, stats: _Source, run: _Run) -> None:
 _WHAT = {PAIRS: "preference pair (chosen/rejected)", KTO: "KTO row (a kto_tag)"}
 
 
-def _length_filter(kept: list, stats: _Source, run: _Run, tok: Tokenizer, cutoff_len: int) -> list:
-    out = []
-    for number, row in kept:
-        sides = tok.lengths(row)
+def _length_filter(kept: list, stats: _Source, run: _Run, tok: Tokenizer, cutoff_len: int):
+    """(the rows that fit, their indices in the encoded rows, the encoded rows): every row tokenized
+    once, untruncated, and its sides measured; a row over cutoff_len is named in rejected.jsonl."""
+    data = tok.dataset([row for _, row in kept], untruncated=True)
+    rows, index = [], []
+    for i, ((number, row), sides) in enumerate(zip(kept, tok.lengths(data), strict=True)):
         over = [(s, p + a) for s, (p, a) in sides.items() if p + a > cutoff_len]
         if over:
             side, total = max(over, key=lambda x: x[1])
@@ -559,8 +569,9 @@ def _length_filter(kept: list, stats: _Source, run: _Run, tok: Tokenizer, cutoff
             stats.too_long += 1
             run.reject(RowError(stats.path, number, TOO_LONG, detail, side), stats, False)
             continue
-        out.append(row)
-    return out
+        rows.append(row)
+        index.append(i)
+    return rows, index, data
 
 
 def prepare_preference(
@@ -583,8 +594,8 @@ def prepare_preference(
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        run, tok, sides = _collect(sources, opts, tokenizer_dir, template)
-        stats = _write(run, tok, sides, tmp, opts)
+        run, tok, sides, encoded = _collect(sources, opts, tokenizer_dir, template)
+        stats = _write(run, tok, sides, encoded, tmp, opts)
         stats["template"] = template
         stats["seconds"] = round(time.perf_counter() - started, 2)
         # An earlier run's stats.json goes first: until the new one is written, nothing vouches for
@@ -609,6 +620,8 @@ def _collect(sources: list[dict], opts: dict, tokenizer_dir, template: str):
     """Read, validate, dedup, length-filter and split every source; stop on what the options refuse."""
     run, seen, tok = _Run(), SeenKeys(), None
     sides: dict[bool, list[dict]] = {False: [], True: []}
+    # Per side, the encoded rows of each source it takes rows from: (encoded rows, indices).
+    encoded: dict[bool, list] = {False: [], True: []}
     for i, src in enumerate(sources):
         kept = _read_source(i, src, run, opts, seen)
         stats = run.sources[-1]
@@ -616,13 +629,17 @@ def _collect(sources: list[dict], opts: dict, tokenizer_dir, template: str):
             continue  # every bad row is listed before the stage stops
         if tok is None:
             tok = Tokenizer(tokenizer_dir, template, run.kind, opts["cutoff_len"])
-        for row in _length_filter(kept, stats, run, tok, opts["cutoff_len"]):
+        rows, index, data = _length_filter(kept, stats, run, tok, opts["cutoff_len"])
+        picked: dict[bool, list[int]] = {False: [], True: []}
+        for row, k in zip(rows, index, strict=True):
             held = is_heldout(prompt_key(row), opts["heldout_fraction"], opts["split_salt"])
             sides[held].append(row)
-            stats.heldout_rows += held
-            stats.train_rows += not held
+            picked[held].append(k)
+        for held in (False, True):
+            encoded[held].append((data, picked[held]))
+        stats.train_rows, stats.heldout_rows = len(picked[False]), len(picked[True])
     _check(run, sides, opts)
-    return run, tok, sides
+    return run, tok, sides, encoded
 
 
 def _check(run: _Run, sides: dict, opts: dict) -> None:
@@ -658,7 +675,18 @@ def _check(run: _Run, sides: dict, opts: dict) -> None:
         )
 
 
-def _write(run: _Run, tok: Tokenizer, sides: dict, tmp: Path, opts: dict) -> dict:
+def _tokenized(tok: Tokenizer, rows: list[dict], encoded: list):
+    """One side's tokenized rows. Pairs: the rows the length check encoded (each pair is encoded on
+    its own, and a row that fits is not cut). KTO rows: encoded again in the side's final order, as
+    LLaMA-Factory's processor pairs each prompt with its batch neighbour's answer (the KL pairs)."""
+    from datasets import concatenate_datasets
+
+    if tok.kind == KTO:
+        return tok.dataset(rows)
+    return concatenate_datasets([data.select(index) for data, index in encoded])
+
+
+def _write(run: _Run, tok: Tokenizer, sides: dict, encoded: dict, tmp: Path, opts: dict) -> dict:
     from datasets import DatasetDict
 
     for e in run.rejected:
@@ -676,9 +704,10 @@ def _write(run: _Run, tok: Tokenizer, sides: dict, tmp: Path, opts: dict) -> dic
                     line.setdefault(k, "")  # one JSON schema per file for datasets' reader
                 fh.write(json.dumps(line, ensure_ascii=False) + "\n")
     write_json(tmp / "dataset_info.json", dataset_info(run.kind, columns[False], columns[True]))
-    DatasetDict({"train": tok.dataset(sides[False]), "validation": tok.dataset(sides[True])}).save_to_disk(
-        str(tmp / "tokenized")
-    )
+    splits = {"train": False, "validation": True}
+    DatasetDict(
+        {name: _tokenized(tok, sides[held], encoded[held]) for name, held in splits.items()}
+    ).save_to_disk(str(tmp / "tokenized"))
     fingerprint = hashlib.sha256("".join(content_key(r) for r in sides[False] + sides[True]).encode())
     return {
         "kind": run.kind,
