@@ -24,6 +24,11 @@ Canonical rows (train.jsonl, heldout.jsonl; LLaMA-Factory's default sharegpt tag
          "rejected": {...}, optional "system", "tools"}
   KTO   {"messages": [..., the user turn, the answer], "kto_tag": true|false, optional "system", "tools"}
 
+Tokens: LLaMA-Factory's processors through `datasets`' map, as its loader runs them. Pairs are
+encoded once, untruncated, to measure them; a pair that fits is not cut, so that encoding is saved.
+KTO rows are encoded again in their split's order: the KL pairs depend on batch neighbours. The rows
+are held in memory (preference sets are small next to SFT corpora).
+
 Identity and split: a row's dedup key is its normalised content (prompt + chosen + rejected, or prompt +
 completion + tag); its side of the split is decided by its prompt's content with prepare.is_heldout,
 so every pair of one prompt sits on one side, and adding rows never moves a row across the split.
