@@ -230,10 +230,13 @@ def test_bad_rows_are_named_with_file_row_and_field(tmp_path, tokenizer_dir):
     assert stats["invalid"] == 6 and stats["train_rows"] + stats["heldout_rows"] == 8
     # sharegpt rows in their own source: an empty chosen message is named by its field
     answered = {**SHAREGPT_PAIRS[0], "conversations": SHAREGPT_PAIRS[0]["conversations"][:-1]}
-    _, recs = errors(tmp_path, [bad[2], *SHAREGPT_PAIRS[:6], answered], tokenizer_dir, "sharegpt", "s.jsonl")
+    asked = {**SHAREGPT_PAIRS[1], "chosen": {"from": "human", "value": "a question, not an answer"}}
+    rows = [bad[2], *SHAREGPT_PAIRS[:6], answered, asked]
+    _, recs = errors(tmp_path, rows, tokenizer_dir, "sharegpt", "s.jsonl")
     assert [(r["row"], r["field"], r["reason"]) for r in recs] == [
         (1, "chosen.value", "empty_field"),
         (8, "conversations", "role_order"),  # the prompt ends with an answer, not the user turn
+        (9, "chosen.from", "unknown_role"),  # LLaMA-Factory takes answer roles only there
     ]
     # under fail: every bad row listed, nothing written
     path = write(tmp_path, "bad.jsonl", good + bad)

@@ -58,6 +58,7 @@ from llmft.data.sources import (
     MISSING,
     NOT_AN_OBJECT,
     ROLE_ORDER,
+    UNKNOWN_ROLE,
     WRONG_TYPE,
     DataError,
     FileError,
@@ -165,13 +166,15 @@ def _answer_text(value, field: str, fmt: str, attr: dict | None) -> tuple[str, s
     if attr is None and role_key not in value and "role" in value:
         role_key, content_key = "role", "content"
     role = value.get(role_key)
-    answer_roles = {"gpt", "assistant", "function_call"} if attr is None else {
-        attr["assistant_tag"], attr["function_tag"]}  # fmt: skip
+    # LLaMA-Factory's converter takes the roles of its even (answer) positions here
+    answer_roles = (
+        {"gpt", "assistant", "function_call"}
+        if attr is None
+        else {attr["assistant_tag"], attr["function_tag"]}
+    )
     if role not in answer_roles:
-        raise _Invalid(
-            WRONG_TYPE, f"role {role!r} is not an answer role ({', '.join(sorted(map(str, answer_roles)))})",
-            f"{field}.{role_key}",
-        )  # fmt: skip
+        known = ", ".join(sorted(map(str, answer_roles)))
+        raise _Invalid(UNKNOWN_ROLE, f"role {role!r} is not an answer role ({known})", f"{field}.{role_key}")
     tag = "function_call" if role in ("function_call", (attr or {}).get("function_tag")) else "gpt"
     return tag, value.get(content_key)
 
