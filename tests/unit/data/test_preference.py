@@ -24,6 +24,9 @@ OPTS = {
     "synthetic_rows": 60,
 }
 
+TOOLS = [
+    {"name": "lookup", "description": "Look a word up", "parameters": {"type": "object", "properties": {}}}
+]
 # Pairs in both of LLaMA-Factory's forms, with system prompts, history and non-ASCII text.
 ALPACA_PAIRS = [
     {
@@ -46,6 +49,7 @@ SHAREGPT_PAIRS = [
         ],
         "chosen": {"from": "gpt", "value": f"good {i}"},
         "rejected": {"from": "gpt", "value": f"bad bad {i}"},
+        **({"tools": json.dumps(TOOLS)} if i % 4 == 3 else {}),  # the template writes them
     }
     for i in range(16)
 ]
@@ -128,7 +132,12 @@ def errors(tmp, rows, tok, fmt="alpaca", name="bad.jsonl"):
             "sharegpt",
             {
                 "ranking": True,
-                "columns": {"messages": "conversations", "chosen": "chosen", "rejected": "rejected"},
+                "columns": {
+                    "messages": "conversations",
+                    "chosen": "chosen",
+                    "rejected": "rejected",
+                    "tools": "tools",
+                },
             },
         ),  # fmt: skip
         (KTO_ROWS, "sharegpt", {k: v for k, v in KTO_ENTRY.items() if k != "file_name"}),
@@ -144,7 +153,7 @@ def test_canonical_rows_read_as_llamafactory_reads_the_file(rows, fmt, entry):
     for (_, row), lf in zip(ours, theirs, strict=True):
         mine = pref.aligned(row)
         assert mine["_prompt"] == lf["_prompt"] and mine["_response"] == lf["_response"]
-        assert mine["_system"] == (lf["_system"] or "")
+        assert mine["_system"] == (lf["_system"] or "") and mine["_tools"] == (lf["_tools"] or "")
 
 
 def test_a_dataset_info_entry_is_read_through_its_columns(tmp_path):
@@ -193,7 +202,8 @@ def test_sft_data_refuses_preference_and_kto_rows_naming_preference_data():
 @reliability(
     fault=(
         "preference rows whose chosen equals rejected, with an empty side, a NUL character, a KTO tag "
-        "that is not a boolean, a KTO row among pairs, a sharegpt row in an alpaca source"
+        "that is not a boolean, a KTO row among pairs, a sharegpt row in an alpaca source, tools the "
+        "template's formatter refuses"
     ),
     seen=(
         "each row named with file, row number, field and reason in rejected.jsonl under "
@@ -231,12 +241,15 @@ def test_bad_rows_are_named_with_file_row_and_field(tmp_path, tokenizer_dir):
     # sharegpt rows in their own source: an empty chosen message is named by its field
     answered = {**SHAREGPT_PAIRS[0], "conversations": SHAREGPT_PAIRS[0]["conversations"][:-1]}
     asked = {**SHAREGPT_PAIRS[1], "chosen": {"from": "human", "value": "a question, not an answer"}}
-    rows = [bad[2], *SHAREGPT_PAIRS[:6], answered, asked]
+    unformattable = {**SHAREGPT_PAIRS[2], "tools": '[{"name": "f"}]'}  # the default template needs parameters
+    plain = [r for r in SHAREGPT_PAIRS[:7] if "tools" not in r]  # six rows that fit cutoff_len 96
+    rows = [bad[2], *plain, answered, asked, unformattable]
     _, recs = errors(tmp_path, rows, tokenizer_dir, "sharegpt", "s.jsonl")
     assert [(r["row"], r["field"], r["reason"]) for r in recs] == [
         (1, "chosen.value", "empty_field"),
         (8, "conversations", "role_order"),  # the prompt ends with an answer, not the user turn
         (9, "chosen.from", "unknown_role"),  # LLaMA-Factory takes answer roles only there
+        (10, "tools", "bad_tools"),  # named, not a traceback in LLaMA-Factory's processor
     ]
     # under fail: every bad row listed, nothing written
     path = write(tmp_path, "bad.jsonl", good + bad)
@@ -374,12 +387,14 @@ def test_tokenized_equals_llamafactory_preprocessing(tmp_path, request, family, 
         ]
         write(tmp_path, "kto.json", rows)
         sources = [entry_source(tmp_path, "kto", KTO_ENTRY)]
-    stats = prepare(tmp_path, sources, tok, template, cutoff_len=128 if kind == "pairs" else 48)
+    stats = prepare(tmp_path, sources, tok, template, cutoff_len=1024 if kind == "pairs" else 48)
     out = tmp_path / "out"
     stage = "rm" if kind == "pairs" else "kto"
     names = (pref.TRAIN_NAME, pref.HELDOUT_NAME)
     theirs = llamafactory_preprocess(tmp_path, out, tok, stats["cutoff_len"], stage, names, template=template)
     ours = load_from_disk(str(out / "tokenized"))
+    if kind == "pairs":  # rows with tools are among those compared
+        assert any(json.loads(line).get("tools") for line in (out / "train.jsonl").read_text().splitlines())
     for split, lf in (("train", theirs["train_dataset"]), ("validation", theirs["eval_dataset"])):
         assert ours[split].features == lf.features
         assert len(ours[split]) == len(lf) > 5

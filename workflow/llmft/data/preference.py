@@ -55,6 +55,7 @@ from llmft.core.text import normalise
 from llmft.data.dedup import SeenKeys
 from llmft.data.prepare import is_heldout
 from llmft.data.sources import (
+    BAD_TOOLS,
     MISSING,
     NOT_AN_OBJECT,
     ROLE_ORDER,
@@ -560,9 +561,24 @@ def _same_kind(i: int, stats: _Source, run: _Run) -> None:
 _WHAT = {PAIRS: "preference pair (chosen/rejected)", KTO: "KTO row (a kto_tag)"}
 
 
+def _tools_refused(number: int, row: dict, stats: _Source, run: _Run, tok: Tokenizer) -> bool:
+    """Whether the template's tool formatter refuses the row's tools (named as prepare_data names
+    them), which would otherwise stop LLaMA-Factory's processor with a traceback."""
+    if not row.get("tools"):
+        return False
+    try:
+        tok.template.format_tools.apply(content=row["tools"])
+    except Exception as exc:  # noqa: BLE001 - any refusal of the formatter is the row's fault
+        detail = f"the template's tool formatter refuses it ({type(exc).__name__}: {exc})"
+        run.reject(RowError(stats.path, number, BAD_TOOLS, detail, "tools"), stats)
+        return True
+    return False
+
+
 def _length_filter(kept: list, stats: _Source, run: _Run, tok: Tokenizer, cutoff_len: int):
     """(the rows that fit, their indices in the encoded rows, the encoded rows): every row tokenized
     once, untruncated, and its sides measured; a row over cutoff_len is named in rejected.jsonl."""
+    kept = [(number, row) for number, row in kept if not _tools_refused(number, row, stats, run, tok)]
     data = tok.dataset([row for _, row in kept], untruncated=True)
     rows, index = [], []
     for i, ((number, row), sides) in enumerate(zip(kept, tok.lengths(data), strict=True)):
