@@ -203,7 +203,7 @@ def test_sft_data_refuses_preference_and_kto_rows_naming_preference_data():
     fault=(
         "preference rows whose chosen equals rejected, with an empty side, a NUL character, a KTO tag "
         "that is not a boolean, a KTO row among pairs, a sharegpt row in an alpaca source, tools the "
-        "template's formatter refuses"
+        "template's formatters refuse, a chosen call they cannot format"
     ),
     seen=(
         "each row named with file, row number, field and reason in rejected.jsonl under "
@@ -243,13 +243,15 @@ def test_bad_rows_are_named_with_file_row_and_field(tmp_path, tokenizer_dir):
     asked = {**SHAREGPT_PAIRS[1], "chosen": {"from": "human", "value": "a question, not an answer"}}
     unformattable = {**SHAREGPT_PAIRS[2], "tools": '[{"name": "f"}]'}  # the default template needs parameters
     plain = [r for r in SHAREGPT_PAIRS[:7] if "tools" not in r]  # six rows that fit cutoff_len 96
-    rows = [bad[2], *plain, answered, asked, unformattable]
+    words = {**SHAREGPT_PAIRS[4], "chosen": {"from": "function_call", "value": "just words"}}  # not a call
+    rows = [bad[2], *plain, answered, asked, unformattable, words]
     _, recs = errors(tmp_path, rows, tokenizer_dir, "sharegpt", "s.jsonl")
     assert [(r["row"], r["field"], r["reason"]) for r in recs] == [
         (1, "chosen.value", "empty_field"),
         (8, "conversations", "role_order"),  # the prompt ends with an answer, not the user turn
         (9, "chosen.from", "unknown_role"),  # LLaMA-Factory takes answer roles only there
         (10, "tools", "bad_tools"),  # named, not a traceback in LLaMA-Factory's processor
+        (11, "chosen.value", "bad_function_call"),
     ]
     # under fail: every bad row listed, nothing written
     path = write(tmp_path, "bad.jsonl", good + bad)

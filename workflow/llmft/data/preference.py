@@ -55,6 +55,7 @@ from llmft.core.text import normalise
 from llmft.data.dedup import SeenKeys
 from llmft.data.prepare import is_heldout
 from llmft.data.sources import (
+    BAD_FUNCTION_CALL,
     BAD_TOOLS,
     MISSING,
     NOT_AN_OBJECT,
@@ -65,6 +66,7 @@ from llmft.data.sources import (
     FileError,
     RowError,
     _Invalid,
+    formatter_problem,
     iter_raw,
     validate,
 )
@@ -562,16 +564,18 @@ _WHAT = {PAIRS: "preference pair (chosen/rejected)", KTO: "KTO row (a kto_tag)"}
 
 
 def _tools_refused(number: int, row: dict, stats: _Source, run: _Run, tok: Tokenizer) -> bool:
-    """Whether the template's tool formatter refuses the row's tools (named as prepare_data names
-    them), which would otherwise stop LLaMA-Factory's processor with a traceback."""
-    if not row.get("tools"):
-        return False
-    try:
-        tok.template.format_tools.apply(content=row["tools"])
-    except Exception as exc:  # noqa: BLE001 - any refusal of the formatter is the row's fault
-        detail = f"the template's tool formatter refuses it ({type(exc).__name__}: {exc})"
-        run.reject(RowError(stats.path, number, BAD_TOOLS, detail, "tools"), stats)
-        return True
+    """Whether the template's formatters refuse the row's tools or one of its calls (named as
+    prepare_data names them), which would otherwise stop LLaMA-Factory's processor with a traceback."""
+    checks = [("tools", "tools", row["tools"])] if row.get("tools") else []
+    turns = [(f"messages[{k}].value", m) for k, m in enumerate(row["messages"], 1)]
+    turns += [(f"{side}.value", row[side]) for side in ("chosen", "rejected") if side in row]
+    checks += [("function", field, m["value"]) for field, m in turns if m["from"] == "function_call"]
+    for kind, field, content in checks:
+        problem = formatter_problem(tok.template, kind, content)
+        if problem:
+            reason = BAD_TOOLS if kind == "tools" else BAD_FUNCTION_CALL
+            run.reject(RowError(stats.path, number, reason, problem, field), stats)
+            return True
     return False
 
 
