@@ -70,20 +70,29 @@ def lf_sft(template, tokenizer, aligned: list[dict], template_name: str, process
     return proc.preprocess_dataset(batch)
 
 
-def llamafactory_preprocess(tmp_path, data_dir, tokenizer_dir, cutoff_len, **extra):
-    """LLaMA-Factory's own get_dataset (load, align, tokenize) on the datasets llmft_train and
-    llmft_heldout of `data_dir`/dataset_info.json, with the arguments our rendered YAML gives it."""
+def llamafactory_preprocess(
+    tmp_path,
+    data_dir,
+    tokenizer_dir,
+    cutoff_len,
+    stage="sft",
+    names=("llmft_train", "llmft_heldout"),
+    **extra,
+):
+    """LLaMA-Factory's own get_dataset (load, align, tokenize) on the datasets `names` (train,
+    held-out) of `data_dir`/dataset_info.json, with the arguments our rendered YAML gives it.
+    `stage`: LLaMA-Factory's data stage (sft; rm = pairwise, as its dpo stage reads data; kto)."""
     from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
     from llamafactory.hparams import get_train_args
     from llamafactory.model import load_tokenizer
 
     args = {
         "model_name_or_path": str(tokenizer_dir),
-        "stage": "sft",
+        "stage": "sft" if stage == "sft" else "dpo" if stage == "rm" else stage,
         "do_train": True,
         "finetuning_type": "full",
-        "dataset": "llmft_train",
-        "eval_dataset": "llmft_heldout",
+        "dataset": names[0],
+        "eval_dataset": names[1],
         "dataset_dir": str(data_dir),
         "template": "default",
         "cutoff_len": cutoff_len,
@@ -97,7 +106,7 @@ def llamafactory_preprocess(tmp_path, data_dir, tokenizer_dir, cutoff_len, **ext
     model_args, data_args, training_args, *_ = get_train_args(args)
     module = load_tokenizer(model_args)
     template = get_template_and_fix_tokenizer(module["tokenizer"], data_args)
-    return get_dataset(template, model_args, data_args, training_args, stage="sft", **module)
+    return get_dataset(template, model_args, data_args, training_args, stage=stage, **module)
 
 
 def rows_of(enc, i):

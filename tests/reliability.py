@@ -26,6 +26,7 @@ MODULES = [
     "tests.unit.data.test_sources",
     "tests.unit.data.test_tools",
     "tests.unit.data.test_prepare",
+    "tests.unit.data.test_preference",
     "tests.unit.core.test_config",
     "tests.unit.core.test_chat_templates",
     "tests.unit.core.test_model_folders",

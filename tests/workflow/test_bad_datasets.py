@@ -45,8 +45,8 @@ def test_a_special_file_as_dataset_stops_before_any_job(tmp_path, kind, needle):
 @reliability(
     fault="LLaMA-Factory's `kto_en_demo.json` given as a sharegpt source (a `label` column)",
     seen=(
-        "prepare_data fails naming each row's `label` column and LLaMA-Factory's kto stage; no row is "
-        "trained with its label dropped"
+        "prepare_data fails naming each row's `label` column and LLaMA-Factory's kto stage, and says to "
+        "give the file under preference.data.sources; no row is trained with its label dropped"
     ),
     steps_lost="none",
     data_lost="none: no data folder is left behind",
@@ -68,4 +68,5 @@ def test_kto_data_as_sharegpt_fails_naming_the_column_and_leaves_no_data_folder(
         "kto.json row 1: field 'label' holds a KTO label (desirable or not), for LLaMA-Factory's kto stage"
         in log
     )
+    assert "give the file under preference.data.sources" in log  # where such data goes
     assert not (work / "results/demo/data").exists()

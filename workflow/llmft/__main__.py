@@ -78,26 +78,43 @@ def cmd_synthetic(args) -> int:
     return 0
 
 
-def cmd_prepare_data(args) -> int:
+def _read_sources(items: list[dict], key: str, builtin: dict) -> list[dict]:
+    """Source items as the preparers read them: a dataset_info entry resolved to its file, format and
+    columns (lfdataset); a builtin path replaced as `builtin` says (kept when it names none)."""
+    from llmft.core.lfdataset import LFDatasetError
+    from llmft.core.lfdataset import resolve as resolve_lf_entry
+
+    sources = []
+    for i, src in enumerate(items):
+        if src.get("dataset_info"):
+            try:
+                entry = resolve_lf_entry(src, where=f"{key}[{i}]", preference=key != "data.sources")
+            except LFDatasetError as exc:
+                raise ConfigError(str(exc)) from None
+            keep = {"path": entry["path"], "format": entry["format"], "attr": entry["attr"]}
+            sources.append({k: v for k, v in src.items() if k == "weight"} | keep)
+            continue
+        sources.append({**src, "path": builtin.get(src["path"], src["path"])})
+    return sources
+
+
+def _template(cfg: dict, tokenizer: str) -> str:
+    """The fit check of the DAG, here too: the builtin model's folder did not exist then."""
     from llmft.core.chat_templates import check as check_template
     from llmft.core.chat_templates import for_config as template_for_config
-    from llmft.core.lfdataset import resolve as resolve_lf_entry
+
+    template, _ = template_for_config(cfg, tokenizer)
+    check_template(template, tokenizer)
+    return template
+
+
+def cmd_prepare_data(args) -> int:
     from llmft.data.prepare import prepare
 
     cfg = _cfg(args)
-    sources = []
-    for i, src in enumerate(cfg["data"]["sources"]):
-        if src.get("dataset_info"):
-            entry = resolve_lf_entry(src, where=f"data.sources[{i}]")
-            keep = {"path": entry["path"], "format": entry["format"], "attr": entry["attr"]}
-            sources.append({"weight": src["weight"], **keep})
-            continue
-        path = args.synthetic if src["path"] == BUILTIN_DATA else src["path"]
-        sources.append({**src, "path": path})
+    sources = _read_sources(cfg["data"]["sources"], "data.sources", {BUILTIN_DATA: args.synthetic})
     d = cfg["data"]
-    # The fit check of the DAG, here too: the builtin model's folder did not exist then.
-    template, why = template_for_config(cfg, args.tokenizer)
-    check_template(template, args.tokenizer)
+    template = _template(cfg, args.tokenizer)
     prepare(
         sources,
         args.out_dir,
@@ -114,6 +131,21 @@ def cmd_prepare_data(args) -> int:
         workers=int(args.workers or 0),
         max_dropped=d["max_dropped_fraction"],
     )
+    return 0
+
+
+def cmd_prepare_preference(args) -> int:
+    from llmft.data.preference import prepare_preference
+
+    cfg = _cfg(args)
+    if not cfg.get("preference"):
+        raise ConfigError("config key preference: not set; prepare-preference needs a preference section")
+    data = cfg["preference"]["data"]
+    sources = _read_sources(data["sources"], "preference.data.sources", {})
+    # Texts are cleaned and rows capped as for the SFT data.
+    opts = {**data, "clean_text": cfg["data"]["clean_text"], "max_row_bytes": cfg["data"]["max_row_bytes"]}
+    stats = prepare_preference(sources, args.out_dir, args.tokenizer, _template(cfg, args.tokenizer), opts)
+    print(json.dumps({k: stats[k] for k in ("kind", "train_rows", "heldout_rows", "invalid", "too_long")}))
     return 0
 
 
@@ -364,6 +396,13 @@ def _data_commands(add) -> None:
         help="check, dedup, split and tokenize the data sources",
     )
     p.add_argument("--workers", default="0", help="tokenizing processes (0 = one per core)")
+    add(
+        "prepare-preference",
+        cmd_prepare_preference,
+        "tokenizer=the model folder whose tokenizer tokenizes the rows",
+        "out-dir=the folder for train/heldout pairs (or KTO rows), tokenized rows and stats.json",
+        help="check, dedup, split and tokenize the preference.data sources (pairs or KTO rows)",
+    )
     p = add(
         "pack-data",
         cmd_pack_data,

@@ -57,10 +57,15 @@ def final_outputs():
     published = [f"results/{RUN}/sft/model"]
     if CFG["sft"]["finetuning_type"] == "lora":
         published.append(f"results/{RUN}/sft/adapter")
+    # The preference stage's data (its training and evaluation, once wired, ask for it too).
+    preference = (
+        [f"results/{RUN}/preference/data/stats.json"] if CFG.get("preference") else []
+    )
     return [
         f"results/{RUN}/report/index.html",
         f"results/{RUN}/report/summary.json",
         *published,
+        *preference,
     ]
 
 
@@ -113,6 +118,27 @@ def dataset_inputs(wildcards):
         else:
             out.append(src["path"])
     return out
+
+
+def preference_inputs(wildcards):
+    """The files prepare_preference reads: data files, and for a LLaMA-Factory entry its file and
+    its dataset_info.json; the builtin task is made in the job."""
+    out = []
+    for i, src in enumerate(CFG["preference"]["data"]["sources"]):
+        if src.get("dataset_info"):
+            where = f"preference.data.sources[{i}]"
+            entry = resolve_lf_entry(src, Path.cwd(), where=where, preference=True)
+            out += [entry["path"], entry["dataset_info"]]
+        elif not src["path"].startswith("builtin:"):
+            out.append(src["path"])
+    return out
+
+
+def preference_data_cfg(wildcards):
+    """prepare_preference's config slice (a function: without a preference section there is none)."""
+    return cfg_arg(
+        "preference.data", "data.clean_text", "data.max_row_bytes", "model.template"
+    )
 
 
 def per_node_resources():

@@ -250,3 +250,28 @@ def test_a_model_folder_that_needs_its_own_code_is_refused(tmp_path):
     builtin = tiny_config(tmp_path / "builtin", auto_map=code)
     (tmp_path / "builtin/tokenizer.json").write_text("{}")  # a folder the config check takes needs one
     assert validate(with_("model.name_or_path", builtin), base_dir=REPO)["model"]["name_or_path"] == builtin
+
+
+def test_the_preference_section_is_off_by_default_and_filled_when_set():
+    assert validate({})["preference"] is None and validate({"preference": None})["preference"] is None
+    data = validate({"preference": {}})["preference"]["data"]
+    assert data["sources"] == [{"path": "builtin:synthetic_pairs", "format": "alpaca", "split": "train"}]
+    assert data["cutoff_len"] == 128 and data["invalid_rows"] == "fail"
+
+
+@pytest.mark.parametrize(
+    ("sources", "needle"),
+    [
+        ([{"path": "data/nope.jsonl"}], "preference.data.sources[0].path: dataset file not found"),
+        (
+            [{"path": "builtin:synthetic"}],
+            "preference.data.sources[0].path: unknown builtin 'builtin:synthetic'",
+        ),
+        ([{"dataset_info": "x.json"}], "preference.data.sources[0].name: missing"),
+        ([{"path": "a.jsonl", "name": "e"}], "preference.data.sources[0].name: only with dataset_info"),
+    ],
+)
+def test_preference_sources_are_checked_naming_the_key(sources, needle):
+    with pytest.raises(ConfigError) as err:
+        validate({"preference": {"data": {"sources": sources}}}, base_dir=REPO)
+    assert needle in str(err.value)

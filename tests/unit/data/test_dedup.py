@@ -130,3 +130,10 @@ def test_unrelated_rows_are_never_flagged(tmp_path, tokenizer_dir):
     stats, train, heldout = run(tmp_path, tokenizer_dir, base, near=True, threshold=0.5)
     assert stats["near_duplicates"] == stats["decontaminated"] == 0
     assert len(train) + len(heldout) == 300
+
+
+def test_seen_keys_after_a_batch_of_only_known_keys():
+    seen = SeenKeys()
+    seen.add(np.array([1, 2], dtype=np.uint64))
+    assert not seen.add(np.array([2, 1], dtype=np.uint64)).any()  # nothing new: no empty run kept
+    assert seen.add(np.array([3, 1], dtype=np.uint64)).tolist() == [True, False]

@@ -81,7 +81,9 @@ def _key(path) -> str:
 
 def _fill_defaults(schema: dict, instance: Any) -> Any:
     """Fill defaults depth-first (objects first get their own default, then their keys')."""
-    if not isinstance(instance, dict) or schema.get("type") != "object":
+    types = schema.get("type")
+    is_object = types == "object" or (isinstance(types, list) and "object" in types)  # [object, "null"]
+    if not isinstance(instance, dict) or not is_object:
         if isinstance(instance, list) and "items" in schema:
             return [_fill_defaults(schema["items"], item) for item in instance]
         return instance
@@ -111,7 +113,7 @@ def validate(raw: dict | None, base_dir: str | Path = ".") -> dict:
         raise ConfigError(_describe(errors[0]))
     _source_keys(cfg)  # before defaults: which keys the user wrote
     cfg = _fill_defaults(schema, cfg)
-    for src in cfg["data"]["sources"]:
+    for _key, src in _all_sources(cfg):
         if "dataset_info" in src:  # the entry decides them; the validated config stays valid input
             src.pop("format", None)
             src.pop("split", None)
@@ -206,11 +208,18 @@ def _describe(err: jsonschema.ValidationError) -> str:
     return f"config key {where}: {message[:400]}"
 
 
+def _all_sources(cfg: dict) -> list[tuple[str, dict]]:
+    """(key, item) of every data source: data.sources, then preference.data.sources."""
+    out = [(f"data.sources[{i}]", s) for i, s in enumerate((cfg.get("data") or {}).get("sources") or ())]
+    pref = ((cfg.get("preference") or {}).get("data") or {}).get("sources") or ()
+    return out + [(f"preference.data.sources[{i}]", s) for i, s in enumerate(pref)]
+
+
 def _source_keys(cfg: dict) -> None:
     """A data source is a file (path, with format and split) or a LLaMA-Factory dataset entry
     (dataset_info with name, whose format the entry decides): never a mix."""
-    for i, src in enumerate((cfg.get("data") or {}).get("sources") or ()):
-        where = f"config key data.sources[{i}]"
+    for where, src in _all_sources(cfg):
+        where = f"config key {where}"
         if "dataset_info" in src:
             mixed = sorted({"path", "format", "split"} & set(src))
             if mixed:
@@ -250,41 +259,48 @@ def _check_hardware(hw: dict) -> None:
         )
 
 
-def _check_source(i: int, src: dict, base_dir: Path) -> None:
-    """data.sources[i]: a LLaMA-Factory dataset, the builtin, a save_to_disk folder or a data file."""
+# The builtin sources of preference.data (data/preference.py makes them).
+BUILTIN_PREFERENCE = ("builtin:synthetic_pairs", "builtin:synthetic_kto")
+
+
+def _check_source(i: int, src: dict, base_dir: Path, key: str = "data.sources") -> None:
+    """data.sources[i] (or preference.data.sources[i]): a LLaMA-Factory dataset, the builtin, a
+    save_to_disk folder or a data file."""
+    preference = key != "data.sources"
     if "dataset_info" in src:
         from llmft.core.lfdataset import LFDatasetError, resolve
 
         try:
-            resolve(src, base_dir, where=f"data.sources[{i}]")
+            resolve(src, base_dir, where=f"{key}[{i}]", preference=preference)
         except LFDatasetError as exc:
             raise ConfigError(str(exc)) from None
         return
     path = src["path"]
     if path.startswith("builtin:"):
-        if path != BUILTIN_DATA:
+        builtins = BUILTIN_PREFERENCE if preference else (BUILTIN_DATA,)
+        if path not in builtins:
             raise ConfigError(
-                f"config key data.sources[{i}].path: unknown builtin {path!r} (only {BUILTIN_DATA})"
+                f"config key {key}[{i}].path: unknown builtin {path!r} (only {', '.join(builtins)})"
             )
         return
     full = Path(path) if Path(path).is_absolute() else base_dir / path
     problem = path_problem(full)
     if problem == "not found":
-        raise ConfigError(f"config key data.sources[{i}].path: dataset file not found: {full}")
+        raise ConfigError(f"config key {key}[{i}].path: dataset file not found: {full}")
     if problem:
-        raise ConfigError(f"config key data.sources[{i}].path: {full} {problem}")
+        raise ConfigError(f"config key {key}[{i}].path: {full} {problem}")
     if full.is_dir():
         # A folder counts only when datasets' save_to_disk wrote it (a Dataset or a DatasetDict).
         if not ((full / "state.json").is_file() or (full / "dataset_dict.json").is_file()):
             raise ConfigError(
-                f"config key data.sources[{i}].path: {full} is a folder but not one written by "
+                f"config key {key}[{i}].path: {full} is a folder but not one written by "
                 "datasets' save_to_disk (no state.json or dataset_dict.json)"
             )
         return
     if full.stat().st_size == 0:
-        raise ConfigError(f"config key data.sources[{i}].path: {full} is empty")
+        raise ConfigError(f"config key {key}[{i}].path: {full} is empty")
     if full.suffix not in (".json", ".jsonl", ".parquet"):
-        raise ConfigError(f"config key data.sources[{i}].path: {full.name} is not .json, .jsonl or .parquet")
+        raise ConfigError(f"config key {key}[{i}].path: {full.name} is not .json, .jsonl or .parquet")
 
 
 def _check_model(name: str, base_dir: Path) -> None:
@@ -394,6 +410,8 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
     _check_hardware(hw)
     for i, src in enumerate(cfg["data"]["sources"]):
         _check_source(i, src, base_dir)
+    for i, src in enumerate(((cfg.get("preference") or {}).get("data") or {}).get("sources") or ()):
+        _check_source(i, src, base_dir, "preference.data.sources")
     _check_model(cfg["model"]["name_or_path"], base_dir)
     _check_lf_names(cfg)
     if cfg["sft"]["offload"] is True and cfg["sft"]["zero_stage"] not in (3, "auto"):

@@ -70,8 +70,13 @@ class LFDatasetError(ValueError):
 
 
 def attributes(entry: dict) -> dict:
-    """The columns and tags LLaMA-Factory's DatasetAttr.join takes from an entry."""
-    attr = {"formatting": entry.get("formatting", "alpaca"), **COLUMN_DEFAULTS, **TAG_DEFAULTS}
+    """The columns and tags LLaMA-Factory's DatasetAttr.join takes from an entry, and its ranking."""
+    attr = {
+        "formatting": entry.get("formatting", "alpaca"),
+        "ranking": bool(entry.get("ranking", False)),
+        **COLUMN_DEFAULTS,
+        **TAG_DEFAULTS,
+    }
     if "columns" in entry:
         attr.update({k: entry["columns"].get(k) for k in COLUMN_DEFAULTS})
     if "tags" in entry:
@@ -79,12 +84,16 @@ def attributes(entry: dict) -> dict:
     return attr
 
 
-def resolve(src: dict, base_dir: str | Path = ".", where: str = "data.sources[0]") -> dict:
+def resolve(
+    src: dict, base_dir: str | Path = ".", where: str = "data.sources[0]", preference: bool = False
+) -> dict:
     """{"path": the data file, "format": alpaca|sharegpt, "attr": attributes(entry), "entry": name,
     "dataset_info": the dataset_info.json} for a source item with `dataset_info` and `name`.
 
     `path` is relative when `dataset_info` is (relative to the same folder as it), as Snakemake
-    wants its inputs."""
+    wants its inputs. `preference`: a preference.data source, which must be a pair entry (ranking
+    with columns.chosen and columns.rejected) or a KTO entry (columns.kto_tag); an SFT source must be
+    neither."""
     info = Path(src["dataset_info"])
     full = info if info.is_absolute() else Path(base_dir) / info
     key = f"config key {where}.dataset_info"
@@ -92,7 +101,7 @@ def resolve(src: dict, base_dir: str | Path = ".", where: str = "data.sources[0]
     name = _entry_name(src, table, full, where)
     entry = table[name]
     what = f"entry {name!r} of {full}"
-    formatting = _check_entry(entry, key, what, where)
+    formatting = _check_entry(entry, key, what, where, preference)
     data = info.parent / entry["file_name"]
     data_full = data if data.is_absolute() else Path(base_dir) / data
     _check_data_file(data_full, entry["file_name"], key, what)
@@ -132,7 +141,7 @@ def _entry_name(src: dict, table: dict, full: Path, where: str) -> str:
     return name
 
 
-def _check_entry(entry: object, key: str, what: str, where: str) -> str:
+def _check_entry(entry: object, key: str, what: str, where: str, preference: bool = False) -> str:
     """The entry's formatting; refused when LLaMA-Factory would read it in a way this pipeline cannot."""
     if not isinstance(entry, dict):
         raise LFDatasetError(f"{key}: {what} must be an object")
@@ -144,9 +153,13 @@ def _check_entry(entry: object, key: str, what: str, where: str) -> str:
         )
     if "file_name" not in entry:
         raise LFDatasetError(f"{key}: {what} has no file_name")
-    if entry.get("ranking"):
+    columns = entry.get("columns") if isinstance(entry.get("columns"), dict) else {}
+    if preference:
+        _check_preference_entry(entry, columns, key, what)
+    elif entry.get("ranking"):
         raise LFDatasetError(
-            f"{key}: {what} sets ranking (preference data for DPO/RM); this pipeline trains SFT only"
+            f"{key}: {what} sets ranking (preference data for DPO/RM); the SFT stage does not train on "
+            "it: give it under preference.data.sources"
         )
     formatting = entry.get("formatting", "alpaca")
     if formatting not in ("alpaca", "sharegpt"):
@@ -154,9 +167,13 @@ def _check_entry(entry: object, key: str, what: str, where: str) -> str:
             f"{key}: {what} has formatting {formatting!r}; only alpaca and sharegpt are supported"
         )
     for col, kind in UNSUPPORTED_COLUMNS.items():
-        if (entry.get("columns") or {}).get(col):
+        if preference and col in PREFERENCE_COLUMNS:
+            continue
+        if columns.get(col):
+            where_to = " (under preference.data.sources)" if col in PREFERENCE_COLUMNS else ""
             raise LFDatasetError(
-                f"{key}: {what} sets columns.{col} ({kind}); this pipeline trains on text SFT only"
+                f"{key}: {what} sets columns.{col} ({kind}); this stage trains on text "
+                f"{'preference data' if preference else 'SFT'} only{where_to}"
             )
     if entry.get("num_samples") is not None:
         raise LFDatasetError(
@@ -169,6 +186,30 @@ def _check_entry(entry: object, key: str, what: str, where: str) -> str:
         if section in entry and not isinstance(entry[section], dict):
             raise LFDatasetError(f"{key}: {what} has {section} that is not an object")
     return formatting
+
+
+PREFERENCE_COLUMNS = ("chosen", "rejected", "kto_tag")
+
+
+def _check_preference_entry(entry: dict, columns: dict, key: str, what: str) -> None:
+    """A pair entry (ranking, columns.chosen and columns.rejected) or a KTO entry (columns.kto_tag,
+    no ranking), as LLaMA-Factory's dpo and kto stages read them."""
+    if entry.get("ranking"):
+        missing = [c for c in ("chosen", "rejected") if not columns.get(c)]
+        if missing:
+            raise LFDatasetError(
+                f"{key}: {what} sets ranking but not columns.{missing[0]}: LLaMA-Factory reads the pair "
+                "from columns.chosen and columns.rejected"
+            )
+        if columns.get("kto_tag"):
+            raise LFDatasetError(
+                f"{key}: {what} sets ranking and columns.kto_tag: an entry holds pairs or KTO rows, not both"
+            )
+    elif not columns.get("kto_tag"):
+        raise LFDatasetError(
+            f"{key}: {what} is no preference data: set ranking: true with columns.chosen and "
+            "columns.rejected (pairs), or columns.kto_tag (KTO rows)"
+        )
 
 
 def _check_data_file(data_full: Path, file_name: str, key: str, what: str) -> None:

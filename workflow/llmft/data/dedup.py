@@ -53,7 +53,8 @@ class SeenKeys:
             idx = np.minimum(np.searchsorted(run, uniq), len(run) - 1)
             seen |= run[idx] == uniq
         new[first[~seen]] = True
-        self._runs.append(uniq[~seen])
+        if (~seen).any():  # an empty run would break the searchsorted lookups above
+            self._runs.append(uniq[~seen])
         while len(self._runs) > 1 and len(self._runs[-2]) <= 2 * len(self._runs[-1]):
             top = self._runs.pop()
             self._runs[-1] = np.union1d(self._runs[-1], top)

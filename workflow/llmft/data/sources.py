@@ -54,7 +54,7 @@ _BLOCK = 1 << 20
 _MEDIA = "llmft's SFT stage trains on text only and would drop them, leaving any <{tag}> placeholder as text"
 _PREFERENCE = (
     "a preference pair, for LLaMA-Factory's dpo/rm stage (dataset_info ranking: true); llmft's SFT "
-    "stage does not train on it"
+    "stage does not train on it: give the file under preference.data.sources"
 )
 UNUSED_COLUMNS = {
     "images": f"holds images, for a multimodal model (LLaMA-Factory's columns.images); {_MEDIA}",
@@ -65,7 +65,8 @@ UNUSED_COLUMNS = {
 }
 _KTO = (
     "holds a KTO label (desirable or not), for LLaMA-Factory's kto stage (columns.kto_tag); llmft's "
-    "SFT stage would drop it and train on every answer, the undesirable ones too"
+    "SFT stage would drop it and train on every answer, the undesirable ones too: give the file under "
+    "preference.data.sources"
 )
 _PRETRAINING = (
     "is pretraining text (LLaMA-Factory's pt stage reads a 'text' column); llmft's SFT stage needs "
@@ -351,50 +352,46 @@ def check_sharegpt(raw: object) -> dict:
     return row
 
 
-def check_with_template(source: str, number: int, raw: dict, row: dict, template) -> RowError | None:
-    """Run a tool row's tools and function calls through LLaMA-Factory's formatters of `template`
-    (they differ: GLM-4 takes one call at a time, Mistral's wraps every tool), so a row they refuse
-    is a named bad row here instead of a traceback in the tokenizer."""
+def formatter_problem(template, kind: str, content: str) -> str | None:
+    """Why LLaMA-Factory's tool formatter (`kind` "tools") or function formatter ("function") of
+    `template` refuses `content`, or None. They differ: GLM-4 takes one call at a time, the default
+    tool format needs parameters."""
     from llamafactory.data.template import Llama2Template
 
+    try:
+        if kind == "tools":
+            template.format_tools.apply(content=content)
+        elif isinstance(template, Llama2Template):  # (mistral) called without thought/tool-call words
+            template.format_function.apply(content=content)
+        else:
+            words = {"thought_words": template.thought_words, "tool_call_words": template.tool_call_words}
+            template.format_function.apply(content=content, **words)
+    except Exception as exc:  # noqa: BLE001 - any refusal of the formatter is the row's fault
+        name = "tool" if kind == "tools" else "function"
+        return f"the template's {name} formatter refuses it ({type(exc).__name__}: {exc})"
+    return None
+
+
+def check_with_template(source: str, number: int, raw: dict, row: dict, template) -> RowError | None:
+    """Run a tool row's tools and function calls through LLaMA-Factory's formatters of `template`
+    (formatter_problem), so a row they refuse is a named bad row here instead of a traceback in the
+    tokenizer."""
     if "messages" not in row:
         return None
     if row.get("tools"):
-        try:
-            template.format_tools.apply(content=row["tools"])
-        except Exception as exc:  # noqa: BLE001 - any refusal of the formatter is the row's fault
-            return RowError(
-                source,
-                number,
-                BAD_TOOLS,
-                f"the template's tool formatter refuses it ({type(exc).__name__}: {exc})",
-                "tools",
-            )
+        problem = formatter_problem(template, "tools", row["tools"])
+        if problem:
+            return RowError(source, number, BAD_TOOLS, problem, "tools")
     if not any(m["role"] == "function" for m in row["messages"]):
         return None  # (alpaca rows with tools end here: they have no calls)
     field, role_key, content_key = _spelling(raw)
     # Where each message of the row stands in the file's list (a leading system turn is not one).
     raw_positions = [i for i, m in enumerate(raw[field], 1) if m.get(role_key) != "system"]
-    # Llama2-style templates (mistral) call the function formatter without thought/tool-call words.
-    words = (
-        {}
-        if isinstance(template, Llama2Template)
-        else {"thought_words": template.thought_words, "tool_call_words": template.tool_call_words}
-    )
     for k, msg in enumerate(row["messages"]):
-        if msg["role"] != "function":
-            continue
-        try:
-            template.format_function.apply(content=msg["content"], **words)
-        except Exception as exc:  # noqa: BLE001 - as above
+        problem = msg["role"] == "function" and formatter_problem(template, "function", msg["content"])
+        if problem:
             where = f"{field}[{raw_positions[k]}].{content_key}"
-            return RowError(
-                source,
-                number,
-                BAD_FUNCTION_CALL,
-                f"the template's function formatter refuses it ({type(exc).__name__}: {exc})",
-                where,
-            )
+            return RowError(source, number, BAD_FUNCTION_CALL, problem, where)
     return None
 
 
