@@ -38,6 +38,7 @@ MODULES = [
     "tests.unit.repo.test_skip_gate",
     "tests.workflow.test_benchmarks",
     "tests.unit.benchmarks.test_run",
+    "tests.workflow.test_promote",
 ]
 BEGIN = "<!-- reliability table: python -m tests.reliability -->"
 END = "<!-- end of reliability table -->"
