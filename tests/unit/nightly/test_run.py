@@ -11,6 +11,7 @@ from llmft.nightly.promote import promoted_stack, record
 from llmft.nightly.run import (
     Lock,
     NightlyLocked,
+    _configfiles,
     config_fingerprint,
     data_fingerprint,
     gate,
@@ -184,3 +185,31 @@ def test_a_state_from_before_the_history_keeps_its_promoted_run_for_rollback():
     assert promoted_stack(state) == ["old", "new"] and state["promoted"] == "new"
     record(state, "rollback", "new", "old", "back")
     assert promoted_stack(state) == ["old"]
+
+
+def test_promote_and_rollback_wait_for_no_night_they_refuse_while_one_holds_the_lock(tmp_path):
+    """A night in progress holds results/nightly/lock: a promotion by hand then would change what the
+    night compares against. Both commands are refused with exit 3, naming the holder."""
+    with Lock(tmp_path / "nightly" / "lock"):
+        for args in (["promote", "r1"], ["rollback"]):
+            proc = subprocess.run(
+                [sys.executable, "-m", "llmft", *args, "--results", str(tmp_path), "--why", "x"],
+                capture_output=True, text=True, cwd=REPO, timeout=120,
+            )  # fmt: skip
+            assert proc.returncode == 3, proc.stdout + proc.stderr
+            assert "another nightly run holds" in proc.stderr and "pid" in proc.stderr
+    assert not (tmp_path / "current").exists()
+
+
+def test_the_nights_overrides_go_in_one_configfile_flag(tmp_path):
+    """snakemake keeps only the last --configfile flag: the night's config and its overrides
+    (the promoted run to compare with and, continuing, to start from) share one."""
+    start = {"promoted": "n1", "continue_from": "results/n1", "note": None}
+    args = _configfiles(tmp_path, "n2", start, ["my config.yaml"])
+    assert args == ["--configfile", "my config.yaml", str(tmp_path / "nightly" / "n2.config.yaml")]
+    over = yaml.safe_load((tmp_path / "nightly" / "n2.config.yaml").read_text())
+    assert over == {"model": {"continue_from": "results/n1"}, "nightly": {"compare_with": "results/n1"}}
+    nothing = {"promoted": None, "continue_from": None, "note": None}
+    assert (
+        _configfiles(tmp_path, "n3", nothing, []) == [] and not (tmp_path / "nightly/n3.config.yaml").exists()
+    )
