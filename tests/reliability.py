@@ -40,6 +40,7 @@ MODULES = [
     "tests.workflow.test_benchmarks",
     "tests.unit.benchmarks.test_run",
     "tests.unit.core.test_fp8",
+    "tests.workflow.test_promote",
 ]
 BEGIN = "<!-- reliability table: python -m tests.reliability -->"
 END = "<!-- end of reliability table -->"

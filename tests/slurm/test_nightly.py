@@ -1,5 +1,6 @@
-"""Nightly retrains on the real Slurm test cluster: train + promote, append rows + gate, skip when
-nothing changed, and a concurrent start refused by the lock."""
+"""Nightly retrains on the real Slurm test cluster, in continue mode: a first night from base, a night
+continued on appended rows and promoted, one continued on damaging rows and refused, rollback and
+promote by hand, a skip when nothing changed, and a concurrent start refused by the lock."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ NIGHT = {
     "sft__logging_steps": 5,
     "eval__max_rows": 24,
     "nightly__keep_runs": 1,
+    "nightly__mode": "continue",
+    "nightly__fallback": "retrain",
+    "nightly__replay_fraction": 0.1,
     # held-out loss: deterministic and sensitive, so a damaged night is refused for sure
     "nightly__metric": "eval_loss",
     "nightly__tolerance": 0.02,
@@ -61,7 +65,7 @@ def start(work: Path, run: str) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
 
-def finish(proc: subprocess.Popen, timeout: int = 420) -> tuple[int, str]:
+def finish(proc: subprocess.Popen, timeout: int = 600) -> tuple[int, str]:
     out, _ = proc.communicate(timeout=timeout)
     return proc.returncode, out
 
@@ -78,32 +82,52 @@ def state(work: Path) -> dict:
     return json.loads((work / "results/nightly/state.json").read_text())
 
 
+def summary(work: Path, run: str) -> dict:
+    return json.loads((work / f"results/{run}/report/summary.json").read_text())
+
+
+def train_rows(work: Path, run: str) -> list[str]:
+    """The run's train split, one canonical JSON text per row (rows are identified by content)."""
+    lines = (work / f"results/{run}/data/train.jsonl").read_text().splitlines()
+    return [json.dumps(json.loads(line), sort_keys=True) for line in lines if line.strip()]
+
+
+def llmft(work: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "python"), "-m", "llmft", *args], cwd=work, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+
+
 @reliability(
-    fault="a second nightly retrain started while one runs; a night whose model scores worse",
+    fault=(
+        "a second nightly retrain started while one runs; a continued night trained on rows made to "
+        "damage the model"
+    ),
     seen=(
-        "the second is refused by the nightly lock (exit 3, naming its pid); a night trained on "
-        "noise labels is refused by the gate, naming both held-out losses, and `results/current` "
-        "stays on the promoted run"
+        "the second is refused by the nightly lock (exit 3, naming its pid); the damaged night is "
+        "refused by the gate, naming both held-out losses on the same rows, `results/current` stays "
+        "on the promoted run, and `llmft rollback` / `llmft promote` then move it, recording why"
     ),
     steps_lost="none",
     data_lost="none",
 )
 def test_three_nights_and_a_concurrent_start(tmp_path):
+    """Night 1 retrains from base; night 2 continues on appended rows and is promoted; night 3
+    continues on damaging rows and is refused; rollback and promote by hand; night 4 skips."""
     work = make_workdir(tmp_path, **NIGHT)
-    rows = synthetic_rows(600, seed=11)
+    rows = synthetic_rows(700, seed=11)
     write_rows(work / "data/rows.jsonl", rows[:400])
 
-    # Night 1: trains and, with nothing promoted yet, promotes.
+    # Night 1: continue mode with nothing promoted yet: nightly.fallback retrain trains from base.
     rc, out = finish(start(work, "night1"))
     assert rc == 0, out[-4000:]
+    assert "no promoted model: retrained from base, as nightly.fallback allows" in out
     assert "night1 first promoted model" in out
     assert os.readlink(work / "results/current") == "night1"
-    assert json.loads((work / "results/current.json").read_text())["run"] == "night1"
+    assert summary(work, "night1")["lineage"]["parent"] is None
 
-    # Night 2: appended rows whose answers are noise -> trains, and the gate refuses the worse model;
-    # a second start while it runs is refused by the lock.
-    old = json.loads((work / "results/current.json").read_text())["tuned"]["eval_loss"]
-    write_rows(work / "data/rows.jsonl", damaged(rows[400:]), mode="a")
+    # Night 2: 100 appended rows; continues from night1 (a second start meanwhile is refused by the
+    # lock), trains on the new train rows plus the replay share, and the gate promotes it.
+    write_rows(work / "data/rows.jsonl", rows[400:500], mode="a")
     night2 = start(work, "night2")
     deadline = time.monotonic() + 60
     while not (work / "results/nightly/night2.log").exists() and time.monotonic() < deadline:
@@ -114,25 +138,71 @@ def test_three_nights_and_a_concurrent_start(tmp_path):
     assert not (work / "results/night2b").exists()
     rc, out = finish(night2)
     assert rc == 0, out[-4000:]
-    decision = json.loads((work / "results/night2/promotion.json").read_text())
-    new = decision["metric"]["eval_loss"]
-    assert new > old + NIGHT["nightly__tolerance"], (new, old)
+    assert "training run night2 from results/night1" in out
+    lineage = summary(work, "night2")["lineage"]
+    assert lineage["parent"] == "night1" and lineage["chain"] == ["night1"]
+    old_train, new_train = train_rows(work, "night1"), train_rows(work, "night2")
+    new = len(set(new_train) - set(old_train))
+    assert 0 < new < 100 and lineage["data"]["new"] == new, lineage
+    replay = NIGHT["nightly__replay_fraction"] * len(old_train)
+    assert abs(lineage["data"]["replayed"] - replay) <= 1 and lineage["data"]["removed"] == 0, lineage
+    assert lineage["data"]["train_rows"] == new + lineage["data"]["replayed"], lineage
+    # it started from night1's trained weights: its first loss is near where night1 ended, far
+    # below a random start's (night1's first loss)
+    first = json.loads((work / "results/night1/sft/train_summary.json").read_text())
+    cont = json.loads((work / "results/night2/sft/train_summary.json").read_text())
+    assert "results/night1" in lineage["started_from"], lineage
+    midway = (first["first_loss"] + first["final_loss"]) / 2
+    assert cont["first_loss"] < midway, (cont["first_loss"], first["first_loss"], first["final_loss"])
+    s2 = summary(work, "night2")
+    assert s2["compared_with"]["run"] == "night1"
+    assert s2["compared_with"]["heldout_fingerprint"] == s2["heldout_fingerprint"]
+    assert os.readlink(work / "results/current") == "night2", out[-2000:]
+
+    # Night 3: appended rows whose answers are noise; continues from night2 and the gate refuses it.
+    write_rows(work / "data/rows.jsonl", damaged(rows[500:700]), mode="a")
+    rc, out = finish(start(work, "night3"))
+    assert rc == 0, out[-4000:]
+    decision = json.loads((work / "results/night3/promotion.json").read_text())
+    s3 = summary(work, "night3")
+    assert s3["lineage"]["parent"] == "night2" and s3["lineage"]["chain"] == ["night1", "night2"]
+    old, new_loss = s3["compared_with"]["tuned"]["eval_loss"], decision["metric"]["eval_loss"]
+    assert s3["compared_with"]["heldout_fingerprint"] == s3["heldout_fingerprint"]
+    assert new_loss > old + NIGHT["nightly__tolerance"], (new_loss, old)
     assert decision["status"] == "rejected", decision
-    assert os.readlink(work / "results/current") == "night1"
-    assert json.loads((work / "results/current.json").read_text())["run"] == "night1"
-    assert f"{new:.4f}" in decision["reason"] and f"{old:.4f}" in decision["reason"]
-    page = (work / "results/night2/report/index.html").read_text()
+    assert f"{new_loss:.4f}" in decision["reason"] and f"{old:.4f}" in decision["reason"]
+    assert os.readlink(work / "results/current") == "night2"
+    assert json.loads((work / "results/current.json").read_text())["run"] == "night2"
+    page = (work / "results/night3/report/index.html").read_text()
     assert "Nightly promotion: <b>rejected</b>" in page
     trend = (work / "results/trend.html").read_text()
-    assert "night2" in trend and "rejected" in trend
-    # Retention keeps one run besides the promoted one; the promoted model is never deleted.
-    assert (work / "results/night1/sft/model/config.json").is_file()
-    assert (work / "results/night2").is_dir()
+    assert "night3" in trend and "rejected" in trend
+    # Retention (keep_runs 1): night3 is the newest; night2 is promoted, night1 its parent: all kept.
+    for run in ("night1", "night2", "night3"):
+        assert (work / f"results/{run}/sft/model/config.json").is_file(), run
 
-    # Night 3: nothing new -> skipped, exit 0, no run folder.
-    rc, out = finish(start(work, "night3"), timeout=120)
-    assert rc == 0 and "nothing changed since run night2" in out, out
-    assert not (work / "results/night3").exists()
+    # By hand: roll back to night1, then promote night2 again; each move recorded with why.
+    back = llmft(work, "rollback", "--why", "night2 drifted on the support rows")
+    assert back.returncode == 0 and os.readlink(work / "results/current") == "night1", back.stderr
+    again = llmft(work, "promote", "night2", "--why", "false alarm")
+    assert again.returncode == 0 and os.readlink(work / "results/current") == "night2", again.stderr
+    moves = [(e["action"], e["from"], e["to"]) for e in state(work)["promotions"]]
+    assert moves == [
+        ("promote", None, "night1"),
+        ("promote", "night1", "night2"),
+        ("rollback", "night2", "night1"),
+        ("promote", "night1", "night2"),
+    ]
+    assert [e["why"] for e in state(work)["promotions"][2:]] == [
+        "night2 drifted on the support rows",
+        "false alarm",
+    ]
+
+    # Night 4: nothing new -> skipped, exit 0, no run folder.
+    rc, out = finish(start(work, "night4"), timeout=120)
+    assert rc == 0 and "nothing changed since run night3" in out, out
+    assert not (work / "results/night4").exists()
     statuses = [(n["run"], n["status"]) for n in state(work)["nights"]]
-    assert statuses == [("night1", "promoted"), ("night2", "rejected"), ("night3", "skipped")]
-    print(f"night2 rejected: {decision['reason']}", file=sys.stderr)
+    assert statuses == [("night1", "promoted"), ("night2", "promoted"), ("night3", "rejected"),
+                        ("night4", "skipped")]  # fmt: skip
+    print(f"night3 rejected: {decision['reason']}", file=sys.stderr)

@@ -152,7 +152,9 @@ def test_nightly_gates_with_the_config_its_snakemake_runs(tmp_path, monkeypatch)
     import llmft.nightly.run
 
     seen = {}
-    monkeypatch.setattr(llmft.nightly.run, "nightly", lambda cfg, *rest: seen.update(cfg=cfg, rest=rest) or 0)
+    monkeypatch.setattr(
+        llmft.nightly.run, "nightly", lambda cfg, *rest, **kw: seen.update(cfg=cfg, rest=rest, kw=kw) or 0
+    )
     monkeypatch.chdir(tmp_path)
     (tmp_path / "config").mkdir()
     (tmp_path / "config/config.yaml").write_text((REPO / "config/config.yaml").read_text())
@@ -163,7 +165,7 @@ def test_nightly_gates_with_the_config_its_snakemake_runs(tmp_path, monkeypatch)
         seen["cfg"]["sft"]["precision"]
         == yaml.safe_load((REPO / "config/config.yaml").read_text())["sft"]["precision"]
     )
-    assert seen["rest"][-1] == ["--configfile", "my.yaml", "--dry-run"]
+    assert seen["rest"][-1] == ["--dry-run"] and seen["kw"]["configfile"] == "my.yaml"
 
 
 def test_plan_runs_on_the_demo_config(capsys):

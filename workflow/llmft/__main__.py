@@ -318,8 +318,40 @@ def cmd_nightly(args) -> int:
     cfg, _ = effective_config([args.config])
     results = Path(args.results)
     run = args.run or run_name(results)
-    extra = ["--configfile", args.config, *[a for a in args.snakemake_args if a != "--"]]
-    return nightly(cfg, args.profile, run, results, extra)
+    extra = [a for a in args.snakemake_args if a != "--"]
+    return nightly(cfg, args.profile, run, results, extra, configfile=args.config)
+
+
+def _move_current(move) -> int:
+    """Run a promote/rollback; its refusal is one named line, exit 2 (3: the nightly lock is held)."""
+    from llmft.nightly.promote import PromotionError
+    from llmft.nightly.run import NightlyLocked
+
+    try:
+        print(move())
+    except PromotionError as exc:
+        print(f"llmft: {exc}", file=sys.stderr)
+        return 2
+    except NightlyLocked as exc:
+        print(f"llmft: {exc}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def cmd_promote(args) -> int:
+    from pathlib import Path
+
+    from llmft.nightly.promote import promote_command
+
+    return _move_current(lambda: promote_command(Path(args.results), args.run, args.why))
+
+
+def cmd_rollback(args) -> int:
+    from pathlib import Path
+
+    from llmft.nightly.promote import rollback_command
+
+    return _move_current(lambda: rollback_command(Path(args.results), args.why))
 
 
 def cmd_nightly_schedule(args) -> int:
@@ -529,6 +561,7 @@ def _later_commands(sub, add) -> None:
     p.add_argument("--profile", default="profiles/slurm", help="the Snakemake profile to run with")
     p.add_argument("--results", default="results", help="the folder holding the runs")
     p.add_argument("snakemake_args", nargs=argparse.REMAINDER, help="after --: extra snakemake arguments")
+    _promotion_commands(sub)
     p = add("nightly-schedule", cmd_nightly_schedule, help="print the scrontab / crontab entry", config=False)
     p.add_argument(
         "--config",
@@ -536,6 +569,20 @@ def _later_commands(sub, add) -> None:
         help="the config file the scheduled nights run (as `llmft nightly --config`)",
     )
     p.add_argument("--profile", default="profiles/slurm", help="the Snakemake profile the entry runs with")
+
+
+def _promotion_commands(sub) -> None:
+    """Moving results/current by hand, recorded in results/nightly/state.json."""
+    for name, fn, text in (
+        ("promote", cmd_promote, "make a finished run the promoted model (results/current)"),
+        ("rollback", cmd_rollback, "return results/current to the run promoted before the current one"),
+    ):
+        p = sub.add_parser(name, help=text, description=text + "; takes the nightly lock")
+        if fn is cmd_promote:
+            p.add_argument("run", help="the run's name (a folder under --results)")
+        p.add_argument("--why", default="(no reason given)", help="why, recorded in the nightly state")
+        p.add_argument("--results", default="results", help="the folder holding the runs")
+        p.set_defaults(fn=fn)
 
 
 def build_parser() -> argparse.ArgumentParser:

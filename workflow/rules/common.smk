@@ -220,7 +220,25 @@ def run_page(wildcards):
 def eval_model(wildcards):
     if wildcards.which == "tuned":
         return f"results/{wildcards.run}/sft/model"
+    if wildcards.which == "promoted":
+        # not an input: results/<that run>/sft/model matches sft's output, and Snakemake would try
+        # to rebuild that run with this run's config; the nightly checked the folder before any job
+        return []
     return base_model_dir(wildcards)
+
+
+def eval_model_path(wildcards, input):
+    """The model folder evaluate scores: its input, or (which=promoted) nightly.compare_with's model."""
+    if wildcards.which == "promoted":
+        return f"{CFG['nightly']['compare_with']}/sft/model"
+    return input.model
+
+
+def compared_inputs(wildcards):
+    """The promoted model's scores on this run's held-out split, when the nightly asks for them."""
+    if not CFG["nightly"]["compare_with"]:
+        return []
+    return f"results/{wildcards.run}/eval/promoted/metrics.json"
 
 
 # -- eval.benchmarks (rules/benchmarks.smk) -------------------------------------------------------

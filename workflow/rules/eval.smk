@@ -1,5 +1,6 @@
-# One job per model (base, tuned). On a GPU node the job runs one evaluation process per GPU it was
-# given; on CPU it is one process with {threads} compute threads (more would fight other jobs).
+# One job per model (base, tuned, and promoted: the nightly's promoted model on this run's held-out
+# split, for the gate). On a GPU node the job runs one evaluation process per GPU it was given; on
+# CPU it is one process with {threads} compute threads (more would fight other jobs).
 rule evaluate:
     input:
         model=eval_model,
@@ -15,7 +16,8 @@ rule evaluate:
         stage_container()
     params:
         cfg=cfg_arg("eval", "model.template"),
+        model=eval_model_path,
     shell:
-        "python -m llmft evaluate {params.cfg} --model {input.model:q} --heldout {input.heldout:q}"
+        "python -m llmft evaluate {params.cfg} --model {params.model:q} --heldout {input.heldout:q}"
         " --out-dir results/{wildcards.run}/eval/{wildcards.which} --label {wildcards.which}"
         " --threads {threads} > {log:q} 2>&1"

@@ -14,6 +14,7 @@ rule report:
         base_predictions="results/{run}/eval/base/predictions.jsonl",
         predictions="results/{run}/eval/tuned/predictions.jsonl",
         benchmarks=benchmark_inputs,
+        compared=compared_inputs,
     output:
         html=report(
             "results/{run}/report/index.html",
@@ -89,6 +90,7 @@ rule report:
             "sft",
             "verify",
             "eval",
+            "nightly.compare_with",
             benchmarks=bool(CFG["eval"]["benchmarks"]),
         ),
     shell:

@@ -8,7 +8,12 @@ from llmft.nightly.run import _judge, benchmark_gate
 
 def night(run, em, **acc):
     tasks = {t: {"metric": "acc", "higher_is_better": True, "tuned": v} for t, v in acc.items()}
-    return {"run": run, "tuned": {"exact_match": em}, "benchmarks": {"tasks": tasks}}
+    return {
+        "run": run,
+        "tuned": {"exact_match": em},
+        "benchmarks": {"tasks": tasks},
+        "heldout_fingerprint": "f",
+    }
 
 
 def current(summary):

@@ -7,14 +7,17 @@ import sys
 import pytest
 import yaml
 from llmft.core.config import validate
+from llmft.nightly.promote import promoted_stack, record
 from llmft.nightly.run import (
     Lock,
     NightlyLocked,
+    _configfiles,
     config_fingerprint,
     data_fingerprint,
     gate,
     retain,
     run_name,
+    same_rows_reference,
     schedule_lines,
 )
 
@@ -60,6 +63,8 @@ def test_retention_keeps_last_n_and_the_promoted(tmp_path):
     for i in range(5):
         (tmp_path / f"r{i}").mkdir()
         nights.append({"run": f"r{i}", "status": "promoted" if i == 0 else "rejected"})
+    (tmp_path / "r0" / "report").mkdir()
+    (tmp_path / "r0" / "report" / "summary.json").write_text('{"run": "r0"}')  # no lineage: from base
     state = {"nights": nights, "promoted": "r0"}
     deleted = retain(tmp_path, state, keep=2)
     assert deleted == ["r1", "r2"]
@@ -154,3 +159,57 @@ def test_a_schedule_or_partition_that_adds_a_line_prints_nothing(tmp_path, key, 
     assert f"config key nightly.{key}: " in res.stderr and "Traceback" not in res.stderr
     assert ("five cron fields" if key == "schedule" else "a Slurm partition name is") in res.stderr
     assert "PWNED" not in res.stdout and "--uid" not in res.stdout
+
+
+def test_the_gate_compares_on_the_same_heldout_rows_only():
+    """The promoted model's scores count only on the rows the new model was scored on: from tonight's
+    own scoring of it (compared_with) when there is one, else current.json's when the rows match."""
+    current = {"run": "a", "tuned": {"eval_loss": 1.0}, "heldout_fingerprint": "old"}
+    new = {"run": "b", "tuned": {"eval_loss": 0.9}, "heldout_fingerprint": "new"}
+    ref, why = same_rows_reference(new, current)
+    assert ref is None and "run b was scored on held-out rows new and the promoted run a on old" in why
+    ref, why = same_rows_reference({**new, "heldout_fingerprint": "old"}, current)
+    assert why is None and ref["tuned"] == {"eval_loss": 1.0}
+    tonight = {"run": "a", "tuned": {"eval_loss": 1.2}, "heldout_fingerprint": "new"}
+    ref, why = same_rows_reference({**new, "compared_with": tonight}, current)
+    assert why is None and ref["tuned"] == {"eval_loss": 1.2} and ref["run"] == "a"
+    # tonight's scoring of another run than the promoted one does not count
+    ref, why = same_rows_reference({**new, "compared_with": {**tonight, "run": "z"}}, current)
+    assert ref is None and why.startswith("rejected: not compared")
+    assert same_rows_reference(new, None) == (None, None)
+
+
+def test_a_state_from_before_the_history_keeps_its_promoted_run_for_rollback():
+    state = {"nights": [], "promoted": "old"}
+    record(state, "promote", "old", "new", "why")
+    assert promoted_stack(state) == ["old", "new"] and state["promoted"] == "new"
+    record(state, "rollback", "new", "old", "back")
+    assert promoted_stack(state) == ["old"]
+
+
+def test_promote_and_rollback_wait_for_no_night_they_refuse_while_one_holds_the_lock(tmp_path):
+    """A night in progress holds results/nightly/lock: a promotion by hand then would change what the
+    night compares against. Both commands are refused with exit 3, naming the holder."""
+    with Lock(tmp_path / "nightly" / "lock"):
+        for args in (["promote", "r1"], ["rollback"]):
+            proc = subprocess.run(
+                [sys.executable, "-m", "llmft", *args, "--results", str(tmp_path), "--why", "x"],
+                capture_output=True, text=True, cwd=REPO, timeout=120,
+            )  # fmt: skip
+            assert proc.returncode == 3, proc.stdout + proc.stderr
+            assert "another nightly run holds" in proc.stderr and "pid" in proc.stderr
+    assert not (tmp_path / "current").exists()
+
+
+def test_the_nights_overrides_go_in_one_configfile_flag(tmp_path):
+    """snakemake keeps only the last --configfile flag: the night's config and its overrides
+    (the promoted run to compare with and, continuing, to start from) share one."""
+    start = {"promoted": "n1", "continue_from": "results/n1", "note": None}
+    args = _configfiles(tmp_path, "n2", start, ["my config.yaml"])
+    assert args == ["--configfile", "my config.yaml", str(tmp_path / "nightly" / "n2.config.yaml")]
+    over = yaml.safe_load((tmp_path / "nightly" / "n2.config.yaml").read_text())
+    assert over == {"model": {"continue_from": "results/n1"}, "nightly": {"compare_with": "results/n1"}}
+    nothing = {"promoted": None, "continue_from": None, "note": None}
+    assert (
+        _configfiles(tmp_path, "n3", nothing, []) == [] and not (tmp_path / "nightly/n3.config.yaml").exists()
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import os
@@ -235,6 +237,8 @@ def evaluate(
     metrics = {
         "label": label,
         "model": str(model_dir),
+        # the rows scored, in order: the nightly gate compares two models' scores only on the same rows
+        "heldout_fingerprint": heldout_fingerprint(rows),
         **_quality(per_example, by_task, loss),
         "n_params": weights["n_params"],
         "device": "cpu" if kind == "cpu" else "gpu",
@@ -259,6 +263,15 @@ def evaluate(
     )
     sys.stdout.flush()
     return metrics
+
+
+def heldout_fingerprint(rows: list[dict]) -> str:
+    """The held-out rows a model was scored on, in order: two scores compare only when this matches."""
+    h = hashlib.sha256()
+    for row in rows:
+        h.update(json.dumps(row, sort_keys=True, ensure_ascii=False).encode())
+        h.update(b"\n")
+    return h.hexdigest()[:16]
 
 
 def plan_eval(processes: int, weight_bytes: int, clock: _SetupClock):

@@ -21,7 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from llmft.core.config import BUILTIN_DATA
-from llmft.core.io import read_json, write_json
+from llmft.core.io import read_json, write_json, write_text
+from llmft.nightly.promote import PromotionError, current_run, protected, record, set_current
 
 LOWER_IS_BETTER = {"eval_loss"}
 
@@ -163,21 +164,10 @@ def _pages(cmd: list[str], results: Path, run: str, log_path: Path) -> int:
     return 0
 
 
-def promote(results: Path, run: str, summary: dict, reason: str) -> None:
-    """Point results/current at the run (atomic symlink swap) and record why."""
-    tmp = results / ".current.tmp"
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(run, target_is_directory=True)
-    os.replace(tmp, results / "current")
-    record = {"run": run, "reason": reason, "tuned": summary["tuned"]}
-    if summary.get("benchmarks"):  # the promoted model's scores, for the next night's forgetting budget
-        record["benchmarks"] = summary["benchmarks"]["tasks"]
-    write_json(results / "current.json", record)
-
-
-def retain(results: Path, state: dict, keep: int) -> list[str]:
-    """Delete nightly runs beyond the newest `keep`; never the promoted one."""
-    promoted = state.get("promoted")
+def retain(results: Path, state: dict, keep: int, keep_promoted: int = 1) -> list[str]:
+    """Delete nightly runs beyond the newest `keep`; never a protected one (promote.protected: the
+    promoted run, the runs rollback returns to, and every run those descend from)."""
+    keep_runs = protected(results, state, keep_promoted)
     runs = [
         n["run"]
         for n in state["nights"]
@@ -185,7 +175,7 @@ def retain(results: Path, state: dict, keep: int) -> list[str]:
     ]
     deleted = []
     for run in runs[:-keep] if len(runs) > keep else []:
-        if run == promoted:
+        if run in keep_runs:
             continue
         target = results / run
         if target.is_dir():
@@ -195,6 +185,17 @@ def retain(results: Path, state: dict, keep: int) -> list[str]:
         if night["run"] in deleted:
             night["deleted"] = True
     return deleted
+
+
+def _retain_logged(results: Path, state: dict, n: dict) -> None:
+    """Retention after a night; when a kept run's lineage cannot be read, nothing is deleted."""
+    try:
+        deleted = retain(results, state, n["keep_runs"], n["keep_promoted"])
+    except PromotionError as exc:
+        print(f"[nightly] retention skipped, nothing deleted: {exc}", file=sys.stderr)
+        return
+    if deleted:
+        print(f"[nightly] retention: deleted {', '.join(deleted)}")
 
 
 def run_name(results: Path, today: str | None = None) -> str:
@@ -214,8 +215,10 @@ def nightly(
     results: Path = Path("results"),
     snakemake_args: list[str] | None = None,
     base_dir: Path = Path("."),
+    configfile: str | None = None,
 ) -> int:
-    """One scheduled retrain. Exit codes: 0 done or skipped, 1 failed, 3 locked."""
+    """One scheduled night. Exit codes: 0 done or skipped, 1 failed, 2 refused before any job (the
+    promoted model is missing or broken), 3 locked. `configfile`: the config file snakemake runs."""
     state_path = results / "nightly" / "state.json"
     try:
         with Lock(results / "nightly" / "lock"):
@@ -223,28 +226,100 @@ def nightly(
             fp = {"data": data_fingerprint(cfg, base_dir), "config": config_fingerprint(cfg)}
             if _skipped(state, state_path, run, fp):
                 return 0
-            t0 = time.time()
-            cmd = _snakemake_command(profile, run, snakemake_args)
+            t0, night = time.time(), {"run": run, "fingerprint": fp, "mode": cfg["nightly"]["mode"]}
+            try:
+                start = starting_point(cfg, results)
+            except PromotionError as exc:
+                night.update(status="refused", reason=str(exc), at=_now())
+                state["nights"].append(night)
+                write_json(state_path, state)
+                print(f"[nightly] run {run} refused before any job: {exc}", file=sys.stderr)
+                return 2
+            night.update(started_from=start["continue_from"] or "base model", note=start["note"])
+            files = _configfiles(results, run, start, [configfile] if configfile else [])
+            cmd = _snakemake_command(profile, run, [*files, *(snakemake_args or [])])
             log_path = results / "nightly" / f"{run}.log"
-            print(f"[nightly] training run {run}: {' '.join(cmd)}", flush=True)
-            rc = _run_logged(cmd, log_path)
-            night = {"run": run, "fingerprint": fp, "at": _now(), "seconds": round(time.time() - t0, 1)}
+            rc = _train(cmd, run, start, log_path)
+            night.update(at=_now(), seconds=round(time.time() - t0, 1))
             if rc != 0:
-                night.update(status="failed", reason=f"snakemake exited {rc}; see results/nightly/{run}.log")
+                error = _config_error(log_path)
+                why = f"snakemake exited {rc}" + (f": {error}" if error else "")
+                night.update(status="failed", reason=f"{why}; see results/nightly/{run}.log")
                 state["nights"].append(night)
                 write_json(state_path, state)
                 print(f"[nightly] run {run} FAILED: {night['reason']}", file=sys.stderr)
                 return 1
             _judge(cfg, results, run, night, state)
             state["nights"].append(night)
-            deleted = retain(results, state, cfg["nightly"]["keep_runs"])
-            if deleted:
-                print(f"[nightly] retention: deleted {', '.join(deleted)}")
+            _retain_logged(results, state, cfg["nightly"])
             write_json(state_path, state)
             return _pages(cmd, results, run, log_path)
     except NightlyLocked as exc:
         print(f"[nightly] {exc}", file=sys.stderr)
         return 3
+
+
+FALLBACK_NOTE = "no promoted model: retrained from base, as nightly.fallback allows"
+
+
+def starting_point(cfg: dict, results: Path) -> dict:
+    """What the night compares against and (continue mode) starts from, resolved once, before any
+    job: a promotion during the night changes neither. Raises PromotionError naming the key."""
+    mode = cfg["nightly"]["mode"]
+    promoted = current_run(results, f"nightly.mode {mode}")
+    point = {"promoted": promoted, "continue_from": None, "note": None}
+    if mode == "retrain":
+        return point
+    if promoted:
+        return {**point, "continue_from": f"results/{promoted}"}
+    if cfg["nightly"]["fallback"] == "retrain":
+        return {**point, "note": FALLBACK_NOTE}
+    raise PromotionError(
+        f"nightly.mode continue: there is no promoted model yet ({results / 'current'} does not exist); "
+        "promote a finished run with `llmft promote RUN`, or set nightly.fallback: retrain"
+    )
+
+
+def _configfiles(results: Path, run: str, start: dict, files: list[str]) -> list[str]:
+    """`--configfile` for snakemake: the night's config, then what this night sets over it
+    (results/nightly/<run>.config.yaml): the promoted run to score on this run's held-out split and,
+    continuing, to start from. One flag: a second --configfile would replace the first."""
+    over = {}
+    if start["promoted"]:
+        over["nightly"] = {"compare_with": f"results/{start['promoted']}"}
+    if start["continue_from"]:
+        over["model"] = {"continue_from": start["continue_from"]}
+    if over:
+        import yaml
+
+        path = results / "nightly" / f"{run}.config.yaml"
+        write_text(path, yaml.safe_dump(over, sort_keys=True))
+        files = [*files, str(path)]
+    return ["--configfile", *files] if files else []
+
+
+def _train(cmd: list[str], run: str, start: dict, log_path: Path) -> int:
+    """Run the night's snakemake, saying first what it starts from (and the fallback, if taken)."""
+    origin = start["continue_from"] or "the base model (model.name_or_path)"
+    lines = [f"[nightly] training run {run} from {origin}: {' '.join(cmd)}"]
+    if start["note"]:
+        lines.insert(0, f"[nightly] run {run}: {start['note']}")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log:
+        log.write("".join(line + "\n" for line in lines))
+    print("\n".join(lines), flush=True)
+    return _run_logged(cmd, log_path)
+
+
+def _config_error(log_path: Path) -> str | None:
+    """The config error snakemake stopped on before any job (the workflow's `llmft config error:`
+    line), so the night's failure names the key rather than only pointing at its log."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    errors = [line.strip() for line in lines if "llmft config error:" in line]
+    return errors[-1] if errors else None
 
 
 def _skipped(state: dict, state_path: Path, run: str, fp: dict) -> bool:
@@ -284,16 +359,18 @@ def _snakemake_command(profile: str, run: str, snakemake_args: list[str] | None)
 
 
 def _judge(cfg: dict, results: Path, run: str, night: dict, state: dict) -> None:
-    """Whether the trained run replaces the promoted one (the gate); records the verdict in `night`."""
+    """Whether the trained run replaces the promoted one (the gate); records the verdict in `night`,
+    and a promotion in the state's history."""
     summary = read_json(results / run / "report" / "summary.json")
     current = read_json(results / "current.json") if (results / "current.json").exists() else None
-    current_summary = None
-    if current:
-        current_summary = {k: current.get(k) for k in ("run", "tuned", "benchmarks")}
+    reference, mismatch = same_rows_reference(summary, current)
     metric, tol = cfg["nightly"]["metric"], cfg["nightly"]["tolerance"]
-    ok, reason = gate(summary, current_summary, metric, tol)
+    if mismatch:
+        ok, reason = False, mismatch
+    else:
+        ok, reason = gate(summary, reference, metric, tol)
     if ok:
-        ok, why = benchmark_gate(summary, current_summary, cfg["nightly"]["max_benchmark_drop"])
+        ok, why = benchmark_gate(summary, reference, cfg["nightly"]["max_benchmark_drop"])
         reason = why if not ok else "; ".join(filter(None, [reason, why]))
     night.update(
         status="promoted" if ok else "rejected",
@@ -302,9 +379,36 @@ def _judge(cfg: dict, results: Path, run: str, night: dict, state: dict) -> None
     )
     write_json(results / run / "promotion.json", night)
     if ok:
-        promote(results, run, summary, reason)
-        state["promoted"] = run
+        set_current(results, run, reason)
+        record(state, "promote", current["run"] if current else None, run, f"nightly gate: {reason}")
     print(f"[nightly] run {run} {reason}")
+
+
+def same_rows_reference(summary: dict, current: dict | None) -> tuple[dict | None, str | None]:
+    """The promoted model's held-out scores on the rows the new model was scored on: (reference,
+    None), or (None, why not) when no such scores exist; (None, None) when nothing is promoted.
+
+    The split never moves (rows are assigned by content), but appended rows add held-out rows, so
+    the promoted model's own summary scored other rows than tonight's. The nightly therefore has
+    tonight's run score the promoted model too (nightly.compare_with -> eval/promoted, in the
+    summary as `compared_with`); the fingerprint of the rows each evaluation scored must match.
+    """
+    if current is None:
+        return None, None
+    promoted = current["run"]
+    ref = {"run": promoted, "tuned": current.get("tuned"), "benchmarks": current.get("benchmarks")}
+    fingerprint = current.get("heldout_fingerprint")
+    compared = summary.get("compared_with") or {}
+    if compared.get("run") == promoted:  # the promoted model, scored in tonight's run
+        ref["tuned"], fingerprint = compared["tuned"], compared.get("heldout_fingerprint")
+    ours = summary.get("heldout_fingerprint")
+    if ours is None or ours != fingerprint:
+        return None, (
+            f"rejected: not compared: run {summary['run']} was scored on held-out rows {ours} and the "
+            f"promoted run {promoted} on {fingerprint}; the gate compares scores on the same rows only "
+            f"(nightly.compare_with scores the promoted model on this run's held-out split)"
+        )
+    return ref, None
 
 
 def _now() -> str:

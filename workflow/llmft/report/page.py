@@ -662,6 +662,7 @@ def report_summary(r: LoadedRun, generated: str, git: dict) -> dict:
         "tuned": {m: tuned.get(m) for m in METRICS},
         "exact_match_gain": round(tuned_em - base_em, 4) if None not in (tuned_em, base_em) else None,
         "heldout_rows": tuned.get("rows"),
+        "heldout_fingerprint": tuned.get("heldout_fingerprint"),
         "tokens_per_second": train.get("tokens_per_second"),
         "tokens_per_second_per_gpu": r.tps_gpu,
         "mfu": round(r.mfu_mean, 4) if r.mfu_mean is not None else None,
@@ -688,6 +689,17 @@ def report_summary(r: LoadedRun, generated: str, git: dict) -> dict:
     if isinstance(r.promotion, dict):
         summary["promotion"] = {k: r.promotion.get(k) for k in ("status", "reason")}
     return summary
+
+
+def compared_with(run_dir: Path, other: str) -> dict:
+    """summary.json's `compared_with`: the promoted model (nightly.compare_with) scored on this run's
+    held-out rows (eval/promoted), which the nightly gate compares the tuned model against."""
+    scores = read_json(run_dir / "eval" / "promoted" / "metrics.json")
+    return {
+        "run": Path(other).name,
+        "tuned": {m: scores.get(m) for m in METRICS},
+        "heldout_fingerprint": scores.get("heldout_fingerprint"),
+    }
 
 
 def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None = None) -> dict:
@@ -718,6 +730,8 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
     summary = report_summary(r, generated, git)
     if benchmarks:
         summary["benchmarks"] = benchmarks
+    if cfg["nightly"]["compare_with"]:
+        summary["compared_with"] = compared_with(r.run, cfg["nightly"]["compare_with"])
     write_text(out / "index.html", page)
     write_json(out / "summary.json", summary)
     for name in FIGURES:
