@@ -8,152 +8,54 @@ per job, faster status polling). SFT runs on two nodes, one process each, on the
 
 from __future__ import annotations
 
-import os
+import json
 import re
-import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import yaml
-from snakemake.profiles import ProfileConfigFileParser
 
-from tests.conftest import BIN, REPO, make_workdir, rules_run, snakemake
+from tests.conftest import make_workdir, rules_run
 from tests.reliability import reliability
+from tests.slurm.cluster import (  # noqa: F401 (re-exported: other modules import them from here)
+    BOX,
+    CPU_RULES,
+    GPU_RULES,
+    PROFILE,
+    SMALL_RUN,
+    SUBMIT,
+    _cluster_problem,
+    box_args,
+    cluster,
+    cluster_run,
+    cluster_start,
+    rebuilt_upstream,
+    sbatch_lines,
+    slurm_records,
+    step_nodes,
+    submissions,
+)
 
 pytestmark = pytest.mark.slurm
 
-PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
-GPU_RULES = {"verify_env", "sft", "evaluate"}
-CPU_RULES = {"base_model", "synthetic_data", "prepare_data", "pack_data", "report"}
-SUBMIT = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (\S+)\)\.")
-# A test node has 2 CPUs and ~11 GB; production asks for up to 96 CPUs and 1.5 TB per node.
-BOX = {"cpus_per_task": 1, "mem_mb": 2500}
-# A small run: two nodes x one process, a few steps, a short held-out split.
-SMALL_RUN = {
-    "run": "slurm",
-    "hardware__nodes": 2,
-    "hardware__processes_per_node": 1,
-    "hardware__gpus_per_node": 0,
-    # the production profile's MI300X gres for CPU ranks: the test cluster's nodes have no GPUs
-    "hardware__allow_cpu_on_gpu_jobs": True,
-    "data__synthetic_rows": 600,
-    "sft__max_steps": 8,
-    "sft__logging_steps": 4,
-    "eval__max_rows": 24,
-}
-
-
-def _cluster_problem() -> str | None:
-    if shutil.which("sinfo") is None:
-        return "no Slurm client (sinfo) on PATH"
-    out = subprocess.run(["sinfo", "-h", "-o", "%R %T"], capture_output=True, text=True, timeout=30)
-    if out.returncode != 0:
-        return f"no Slurm controller answers ({out.stderr.strip()[:200]})"
-    states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
-    missing = {"mi300x", "cpu"} - set(states)
-    if missing:
-        return f"the cluster has no partition(s) {sorted(missing)}"
-    return None
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cluster():
-    problem = _cluster_problem()
-    if problem:
-        pytest.skip(f"Slurm test cluster not up: {problem}; run `bash tests/slurm/cluster-up.sh` as root")
-
-
-def box_args() -> list[str]:
-    """The production profile's resources with only CPUs and memory shrunk to this box, as CLI args.
-
-    `--set-resources`/`--default-resources` on the command line replace the profile's whole map, so
-    the profile's own entries (partitions, gres, tasks_per_gpu, runtimes, extras) are passed along,
-    parsed by Snakemake's own profile parser.
-    """
-    with open(PROFILE) as fh:
-        prof = ProfileConfigFileParser().parse(fh)
-    keep_default = [a for a in prof["default-resources"] if a.split("=", 1)[0] not in BOX]
-    default = keep_default + [f"{k}={v}" for k, v in BOX.items()]
-    rules = sorted({a.split(":", 1)[0] for a in prof["set-resources"]})
-    keep_set = [a for a in prof["set-resources"] if a.split(":", 1)[1].split("=", 1)[0] not in BOX]
-    sets = keep_set + [f"{r}:{k}={v}" for r in rules for k, v in BOX.items()]
-    # The plugin backs off by +10 s per poll from this first interval; 2 s keeps stages short.
-    polling = ["--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2"]
-    return ["--default-resources", *default, "--set-resources", *sets, *polling]
-
-
-def cluster_run(
-    work: Path, *args: str, timeout: int = 600, env: dict | None = None
-) -> subprocess.CompletedProcess:
-    return snakemake(work, *box_args(), *args, profile="slurm", timeout=timeout, env=env)
-
-
-def cluster_start(work: Path, log: Path, *args: str) -> subprocess.Popen:
-    """`cluster_run` in the background, its output to `log`: for tests that act while it runs."""
-    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(work)]
-    cmd += ["--profile", str(REPO / "profiles/slurm"), *box_args(), *args]
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    with open(log, "w") as out:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(cmd, cwd=work, stdout=out, stderr=subprocess.STDOUT, env=env)
-
-
-def submissions(log: str) -> dict[str, list[str]]:
-    """Slurm job ids by rule, from the plugin's "Job N has been submitted with SLURM jobid X" lines."""
-    out: dict[str, list[str]] = {}
-    for _, slurm_id, path in SUBMIT.findall(log):
-        rule = re.search(r"/rule_([A-Za-z0-9_]+)/", path).group(1)
-        out.setdefault(rule, []).append(slurm_id)
-    return out
-
-
-def slurm_records(job_ids: list[str]) -> dict[str, dict]:
-    """What Slurm itself recorded for each job (MinJobAge keeps finished jobs in squeue)."""
-    fields = ["id", "name", "comment", "partition", "nodelist", "nodes", "state", "gres"]
-    out = subprocess.run(
-        ["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%j|%k|%P|%N|%D|%T|%b"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    rows = [dict(zip(fields, line.split("|"), strict=True)) for line in out.stdout.splitlines()]
-    return {r["id"]: r for r in rows}
-
-
-def step_nodes(job_id: str) -> set[str]:
-    """The nodes whose slurmd launched task(s) of the job's first step: Slurm's record of where it ran."""
-    conf = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
-    pattern = re.search(r"^SlurmdLogFile\s*=\s*(\S+)", conf, re.M).group(1)
-    needle = f"launch task StepId={job_id}.0 "
-    return {
-        node
-        for node in ("n1", "n2")
-        if needle in Path(pattern.replace("%n", node)).read_text(errors="replace")
-    }
-
-
-def sbatch_lines(log: str) -> dict[str, str]:
-    """The exact sbatch line of each rule (logged by the plugin under --verbose)."""
-    return {
-        m.group(1): m.group(0)
-        for m in re.finditer(r"sbatch call: sbatch .*?--comment '?rule_([a-z_]+?)_wildcards_.*", log)
-    }
-
 
 @pytest.fixture(scope="module")
-def whole_run(tmp_path_factory):
-    work = make_workdir(tmp_path_factory.mktemp("slurm"), **SMALL_RUN)
+def whole_run(tmp_path_factory, slurm_upstream):
+    """The whole DAG of SMALL_RUN: the shared upstream build, then the rest on a copy of it. The log
+    is both runs' output, so every stage's submission is in it."""
+    work = slurm_upstream.copy_to(tmp_path_factory.mktemp("slurm"))
     start = time.monotonic()
     proc = cluster_run(work, "--verbose")
     elapsed = time.monotonic() - start
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
-    print(f"whole DAG on Slurm: {elapsed:.0f} s")
-    return work, log
+    assert not rebuilt_upstream(log), submissions(log)
+    print(f"the DAG after the upstream stages on Slurm: {elapsed:.0f} s")
+    return work, slurm_upstream.log + log
 
 
-def test_every_stage_is_its_own_slurm_job_on_the_production_partitions(whole_run):
+def test_every_stage_is_its_own_slurm_job_on_the_production_partitions(whole_run, slurm_upstream):
     work, log = whole_run
     jobs = submissions(log)
     assert set(jobs) == GPU_RULES | CPU_RULES
@@ -162,7 +64,8 @@ def test_every_stage_is_its_own_slurm_job_on_the_production_partitions(whole_run
     ids = [i for ids in jobs.values() for i in ids]
     assert len(set(ids)) == len(ids)
     assert "render_sft_config" in rules_run(log)  # a localrule: runs on the submit host, no job
-    records = slurm_records(ids)
+    # the upstream jobs as Slurm recorded them when they finished (squeue forgets a job MinJobAge later)
+    records = {**slurm_records([i for i in ids if i not in slurm_upstream.records]), **slurm_upstream.records}
     assert set(records) == set(ids)
     for rule, rule_ids in jobs.items():
         for job_id in rule_ids:
@@ -211,7 +114,7 @@ def test_sft_ranks_ran_on_both_nodes_with_world_size_two(whole_run):
 
 
 def test_verify_env_runs_on_every_node_under_the_sft_launcher(whole_run):
-    _, log = whole_run
+    work, log = whole_run
     lines = sbatch_lines(log)
     assert "--nodes=2" in lines["verify_env"] and "--ntasks=2" in lines["verify_env"]
     assert step_nodes(submissions(log)["verify_env"][0]) == {"n1", "n2"}
@@ -220,6 +123,10 @@ def test_verify_env_runs_on_every_node_under_the_sft_launcher(whole_run):
     shells = re.findall(r"(srun --nodes=2 [^\n]*?) python -m llmft (verify-env|sft)", log)
     assert {stage for _, stage in shells} == {"verify-env", "sft"}
     assert len({prefix for prefix, _ in shells}) == 1  # one launcher prefix for both stages
+    # each node ran the numerics canary (40 steps through its kernels) and matched the golden curve
+    nodes = json.loads((work / "results/slurm/env/verify.json").read_text())["nodes"]
+    assert [n["host"] for n in nodes] == ["n1", "n2"]
+    assert all(n["canary"]["ok"] and len(n["canary"]["run"]["losses"]) == 40 for n in nodes), nodes
 
 
 def test_rerun_one_stage_runs_only_its_jobs(whole_run):

@@ -21,18 +21,18 @@ from llmft.env.verify import TEST_FACTS_ENV
 from llmft.sft.render import render
 
 from tests.conftest import REPO, make_workdir
-from tests.slurm.test_cluster import cluster, cluster_run  # noqa: F401 (the module fixture)
+from tests.slurm.cluster import RUN, cluster_run, rebuilt_upstream
 
 pytestmark = pytest.mark.slurm
 
 MI300X_FACTS = REPO / "tests/fixtures/facts_mi300x.json"
 # 8 x MI300X per node, two nodes, bf16; the checks of the injected facts are reported, not enforced.
+# On the shared upstream build (SMALL_RUN's base model and data): only verify_env runs again.
 MI300X_RUN = {
     "hardware__nodes": 2,
     "hardware__gpus_per_node": 8,
     "hardware__processes_per_node": 0,
     "sft__precision": "bf16",
-    "data__synthetic_rows": 300,
     "verify__on_failure": "warn",
 }
 
@@ -45,13 +45,14 @@ def no_gpu_here():
         pytest.skip("this test is about a submit host without a GPU")
 
 
-def test_mi300x_plan_made_on_a_host_without_gpus_is_the_nodes_plan(tmp_path):
-    work = make_workdir(tmp_path / "w", run="mi300x", **MI300X_RUN)
+def test_mi300x_plan_made_on_a_host_without_gpus_is_the_nodes_plan(tmp_path, slurm_upstream):
+    work = slurm_upstream.copy_to(tmp_path / "w", **MI300X_RUN)
     env = {TEST_FACTS_ENV: str(MI300X_FACTS)}
     res = cluster_run(work, "--until", "render_sft_config", env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert rebuilt_upstream(res.stdout + res.stderr) == {"verify_env"}  # the nodes' facts, new
 
-    text = (work / "results/mi300x/sft/llamafactory.yaml").read_text()
+    text = (work / f"results/{RUN}/sft/llamafactory.yaml").read_text()
     rendered = yaml.safe_load(text)
     platform = rendered["llmft"]["platform"]
     plan = rendered["llmft"]["plan"]
@@ -69,23 +70,23 @@ def test_mi300x_plan_made_on_a_host_without_gpus_is_the_nodes_plan(tmp_path):
     # the same plan, made from the same facts directly (no Slurm, no verify_env)
     cfg = validate(yaml.safe_load((work / "config/config.yaml").read_text()), base_dir=work)
     nodes = [{**json.loads(MI300X_FACTS.read_text()), "host": h} for h in ("n1", "n2")]
-    direct = Platform.from_facts(cfg, nodes, where="verify_env (results/mi300x/env/verify.json)")
+    direct = Platform.from_facts(cfg, nodes, where=f"verify_env (results/{RUN}/env/verify.json)")
     out = tmp_path / "direct"
     out.mkdir()
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(work)
         render(
             cfg,
-            "results/mi300x/base_model",
-            "results/mi300x/data",
+            f"results/{RUN}/base_model",
+            f"results/{RUN}/data",
             str(out / "llamafactory.yaml"),
-            "results/mi300x/sft/deepspeed.json",
-            "results/mi300x/work",
+            f"results/{RUN}/sft/deepspeed.json",
+            f"results/{RUN}/work",
             direct,
         )
     assert (out / "llamafactory.yaml").read_text() == text
 
-    report = json.loads((work / "results/mi300x/env/verify.json").read_text())
+    report = json.loads((work / f"results/{RUN}/env/verify.json").read_text())
     assert report["vendor"] == "rocm" and [n["host"] for n in report["nodes"]] == ["n1", "n2"]
     assert all(n["injected_from"] == str(MI300X_FACTS) for n in report["nodes"])
 

@@ -16,22 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_workdir
 from tests.reliability import reliability
-from tests.slurm.test_cluster import SMALL_RUN, _cluster_problem, cluster_start
+from tests.slurm.cluster import RUN, cluster_start, rebuilt_upstream
 from tests.slurm.test_sft_resume import sft_job_id, trained_steps
 
 pytestmark = pytest.mark.slurm
 
 STEPS, SAVE = 30, 10
 SLURM_CONF = "/etc/slurm/slurm.conf"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cluster():
-    problem = _cluster_problem()
-    if problem:
-        pytest.skip(f"Slurm test cluster not up: {problem}; run `bash tests/slurm/cluster-up.sh` as root")
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -105,18 +97,11 @@ def job_state(job: str) -> str:
     steps_lost="the steps since the last save (< sft.save_steps)",
     data_lost="none",
 )
-def test_a_node_lost_mid_training_ends_the_job_and_the_run_resumes(tmp_path):
-    run = {
-        **SMALL_RUN,
-        "run": "lost",
-        "sft__max_steps": STEPS,
-        "sft__save_steps": SAVE,
-        "sft__logging_steps": 1,
-    }
-    work = make_workdir(tmp_path, **run)
-    # up to training: evaluation is not at stake here
-    proc = cluster_start(work, tmp_path / "snakemake.log", "results/lost/sft/train_summary.json")
-    work_root = work / "results/lost/work"
+def test_a_node_lost_mid_training_ends_the_job_and_the_run_resumes(tmp_path, slurm_upstream):
+    # the shared verify_env, base model and data; up to training: evaluation is not at stake here
+    work = slurm_upstream.copy_to(tmp_path, sft__max_steps=STEPS, sft__save_steps=SAVE, sft__logging_steps=1)
+    proc = cluster_start(work, tmp_path / "snakemake.log", f"results/{RUN}/sft/train_summary.json")
+    work_root = work / f"results/{RUN}/work"
     try:
         deadline = time.time() + 600
         while time.time() < deadline and proc.poll() is None and len(trained_steps(work_root)) < SAVE + 4:
@@ -152,6 +137,7 @@ def test_a_node_lost_mid_training_ends_the_job_and_the_run_resumes(tmp_path):
             print(f"node lost: killed {len(leftovers)} leftover process(es) of the lost attempt", flush=True)
     text = (tmp_path / "snakemake.log").read_text()
     assert proc.returncode == 0, text[-5000:]
+    assert not rebuilt_upstream(text)
     print(f"node lost: job {job} ended {ended:.0f} s later", flush=True)
     steps = trained_steps(work_root)
     sft_dir = next(work_root.glob("sft-*"))
@@ -163,7 +149,7 @@ def test_a_node_lost_mid_training_ends_the_job_and_the_run_resumes(tmp_path):
     resumed = starts[-1]
     assert len(starts) >= 2 and resumed >= SAVE and resumed % SAVE == 0, starts
     assert set(steps) == set(range(1, STEPS + 1))  # every step trained, some twice
-    summary = json.loads((work / "results/lost/sft/train_summary.json").read_text())
+    summary = json.loads((work / f"results/{RUN}/sft/train_summary.json").read_text())
     assert summary["steps"] == STEPS
     assert summary["attempt"]["resumed_from_step"] == resumed
     assert 0 <= summary["attempt"]["steps_lost"] < SAVE + 4

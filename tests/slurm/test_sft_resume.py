@@ -16,20 +16,12 @@ import time
 
 import pytest
 
-from tests.conftest import make_workdir
 from tests.reliability import reliability
-from tests.slurm.test_cluster import SMALL_RUN, _cluster_problem, cluster_start, sbatch_lines, submissions
+from tests.slurm.cluster import RUN, cluster_start, rebuilt_upstream, sbatch_lines, submissions
 
 pytestmark = pytest.mark.slurm
 
 STEPS = 60
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cluster():
-    problem = _cluster_problem()
-    if problem:
-        pytest.skip(f"Slurm test cluster not up: {problem}; run `bash tests/slurm/cluster-up.sh` as root")
 
 
 def sft_job_id() -> str | None:
@@ -54,18 +46,17 @@ def trained_steps(work_root) -> list[int]:
     steps_lost="none",
     data_lost="none",
 )
-def test_signalled_sft_job_saves_requeues_and_resumes(tmp_path):
+def test_signalled_sft_job_saves_requeues_and_resumes(tmp_path, slurm_upstream):
     run = {
-        **SMALL_RUN,
-        "run": "preempt",
         "sft__max_steps": STEPS,
         "sft__save_steps": 1000,
         "sft__logging_steps": 1,
         "sft__tracking": ["tensorboard", "mlflow", "wandb"],
     }
-    work = make_workdir(tmp_path, **run)
+    # the shared verify_env, base model and data; from there the whole rest of the run
+    work = slurm_upstream.copy_to(tmp_path, **run)
     proc = cluster_start(work, tmp_path / "snakemake.log", "--verbose")
-    work_root = work / "results/preempt/work"
+    work_root = work / f"results/{RUN}/work"
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None and len(trained_steps(work_root)) < 10:
         time.sleep(1)
@@ -80,6 +71,7 @@ def test_signalled_sft_job_saves_requeues_and_resumes(tmp_path):
             proc.wait(timeout=120)
     text = (tmp_path / "snakemake.log").read_text()
     assert proc.returncode == 0, text[-4000:]
+    assert not rebuilt_upstream(text)
     sft_dir = next(work_root.glob("sft-*"))
     events = [json.loads(x) for x in (sft_dir / "llmft_events.jsonl").read_text().splitlines()]
     saved = next(e["content"]["step"] for e in events if e["file"] == "llmft_preempted.json")
@@ -92,11 +84,11 @@ def test_signalled_sft_job_saves_requeues_and_resumes(tmp_path):
     # submitted sft once and waited for it
     assert "--signal=USR1@600" in sbatch_lines(text)["sft"]
     assert len(submissions(text).get("sft", [])) == 1
-    sft_log = (work / "results/preempt/logs/sft.log").read_text()
+    sft_log = (work / f"results/{RUN}/logs/sft.log").read_text()
     assert f"Resuming training from {sft_dir.relative_to(work)}/checkpoint-{saved}" in sft_log
-    summary = json.loads((work / "results/preempt/sft/train_summary.json").read_text())
+    summary = json.loads((work / f"results/{RUN}/sft/train_summary.json").read_text())
     assert summary["steps"] == STEPS
-    tracked_runs_continue(work / "results/preempt/tracking", sft_dir.name, saved)
+    tracked_runs_continue(work / f"results/{RUN}/tracking", sft_dir.name, saved)
 
 
 def tracked_runs_continue(root, work_name: str, saved: int) -> None:
