@@ -38,6 +38,8 @@ MODULES = [
     "tests.unit.repo.test_skip_gate",
     "tests.workflow.test_benchmarks",
     "tests.unit.benchmarks.test_run",
+    "tests.workflow.test_continue",
+    "tests.unit.data.test_delta",
 ]
 BEGIN = "<!-- reliability table: python -m tests.reliability -->"
 END = "<!-- end of reliability table -->"

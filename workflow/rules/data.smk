@@ -35,6 +35,7 @@ rule prepare_data:
         stats="results/{run}/data/stats.json",
         rejected="results/{run}/data/rejected.jsonl",
         tokenized=directory("results/{run}/data/tokenized"),
+        train_keys="results/{run}/data/train_keys.u64",
     log:
         "results/{run}/logs/prepare_data.log",
     benchmark:
@@ -44,7 +45,12 @@ rule prepare_data:
     # One tokenizing process per thread; Snakemake lowers it to the cores it has (CPU job on Slurm).
     threads: 8
     params:
-        cfg=cfg_arg("data", "model.template"),
+        cfg=cfg_arg(
+            "data",
+            "model.template",
+            *continue_keys("model.continue_from", "nightly.replay_fraction"),
+        ),
+        parent=parent_marker(),
         synthetic="results/{run}/data/synthetic.jsonl",
     shell:
         "python -m llmft prepare-data {params.cfg} --tokenizer {input.tokenizer:q}"

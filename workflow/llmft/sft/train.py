@@ -43,6 +43,7 @@ from llmft.sft.callbacks import (
     Preempted,
     PreemptionSaver,
     ProfileWindow,
+    StartWeights,
     StepClock,
     profile_window,
 )
@@ -144,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         saver,
         StepClock(),
         ParamCount(),
+        StartWeights(),
     ]
     if ours.get("compile_layers"):
         callbacks.append(CompileLayers())
