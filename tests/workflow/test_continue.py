@@ -328,3 +328,29 @@ def test_a_promoted_continued_run_is_not_its_own_parent(full):
     finally:
         current.unlink()
         current.symlink_to("p")
+
+
+def test_a_run_made_before_lineage_existed_can_be_continued_from(full):
+    """No train_keys.u64, no continue block in stats.json, no lineage in summary.json: its keys are read
+    back from its train.jsonl and its base model from its YAML; the DAG builds."""
+    results = full / "results"
+    shutil.rmtree(results / "old", ignore_errors=True)
+    old = copy_run(results, "p", "old")
+    shutil.copy(results / "p/data/train.jsonl", old / "data/train.jsonl")
+    (old / "data/train_keys.u64").unlink()
+    for path, key in ((old / "data/stats.json", "continue"), (old / "report/summary.json", "lineage")):
+        content = json.loads(path.read_text())
+        del content[key]
+        path.write_text(json.dumps(content))
+    args = yaml.safe_load((old / "sft/llamafactory.yaml").read_text())
+    args["model_name_or_path"] = "results/old/base_model"
+    (old / "sft/llamafactory.yaml").write_text(yaml.safe_dump(args))
+    make_workdir(
+        full,
+        **FAST,
+        data__sources=[{"path": "child.jsonl", "format": "alpaca"}],
+        model__continue_from="results/old",
+    )
+    proc = snakemake(full, "-n", "--config", "run=fromold")
+    out = proc.stderr + proc.stdout
+    assert proc.returncode == 0 and "prepare_data" in out, out[-3000:]

@@ -122,15 +122,15 @@ def cmd_prepare_data(args) -> int:
 
 def _continue_parent(cfg: dict) -> dict | None:
     """model.continue_from as prepare-data selects rows by it (data.delta.select), or None."""
-    from llmft.core.lineage import TRAIN_KEYS_FILE, parent_of
-    from llmft.data.delta import read_keys
+    from llmft.core.lineage import parent_of
+    from llmft.data.delta import parent_keys
 
     parent = parent_of(cfg)
     if parent is None:
         return None
     return {
         "run": parent.name,
-        "keys": read_keys(parent / "data" / TRAIN_KEYS_FILE),
+        "keys": parent_keys(parent),
         "fraction": cfg["nightly"]["replay_fraction"],
         "salt": f"{cfg['data']['split_salt']}:replay:{parent.name}",
     }

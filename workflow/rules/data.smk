@@ -24,6 +24,9 @@ rule synthetic_data:
         "python -m llmft synthetic {params.cfg} --out {output:q} > {log:q} 2>&1"
 
 
+# prepare_data also writes data/train_keys.u64 (every train row's content key, what a run continuing
+# from this one compares against), with its other outputs; it is not declared, so runs prepared before
+# it existed are not prepared (and trained) again.
 rule prepare_data:
     input:
         tokenizer=base_model_dir,
@@ -35,7 +38,6 @@ rule prepare_data:
         stats="results/{run}/data/stats.json",
         rejected="results/{run}/data/rejected.jsonl",
         tokenized=directory("results/{run}/data/tokenized"),
-        train_keys="results/{run}/data/train_keys.u64",
     log:
         "results/{run}/logs/prepare_data.log",
     benchmark:

@@ -100,3 +100,22 @@ def test_no_promoted_model_yet_is_named(tmp_path):
     cfg = validate({"model": {"continue_from": "results/current"}}, base_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"model.continue_from: results/current does not exist"):
         resolve_parent(cfg, tmp_path)
+
+
+def test_a_parent_prepared_before_train_keys_existed_reads_them_from_train_jsonl(tmp_path, tokenizer_dir):
+    from llmft.core.lineage import lineage_head
+    from llmft.data.delta import parent_keys
+
+    src = write_rows(tmp_path / "rows.jsonl", PARENT)
+    data = tmp_path / "results/old/data"
+    prepare([{"path": str(src)}], data, tokenizer_dir, "default", 64, 0.2, "s")
+    recorded = read_keys(data / TRAIN_KEYS_FILE)
+    (data / TRAIN_KEYS_FILE).unlink()
+    assert parent_keys(tmp_path / "results/old").tolist() == recorded.tolist()
+    # its summary.json has no lineage: it started from its base model, named in its YAML
+    (tmp_path / "results/old/sft").mkdir()
+    (tmp_path / "results/old/sft/llamafactory.yaml").write_text(
+        "model_name_or_path: results/old/base_model\n"
+    )
+    head = lineage_head(tmp_path / "results/old")
+    assert head["base_model"] == "builtin:tiny" and head["chain"] == ["old"]

@@ -84,13 +84,10 @@ def _check_finished(parent: Path, kind: str) -> None:
     from llmft.core.modelfiles import folder_problems
 
     name = parent.name
-    need = [
-        "report/summary.json",
-        "sft/llamafactory.yaml",
-        "sft/model/config.json",
-        f"data/{TRAIN_KEYS_FILE}",
-        "data/stats.json",
-    ]
+    stats = read_optional(parent / "data" / "stats.json", {}) or {}
+    # a run prepared before train_keys.u64 existed trained every train row: its train.jsonl has them
+    keys = f"data/{TRAIN_KEYS_FILE}" if "continue" in stats else "data/train.jsonl"
+    need = ["report/summary.json", "sft/llamafactory.yaml", "sft/model/config.json", keys, "data/stats.json"]
     if kind == "lora":
         need += ["sft/adapter/adapter_config.json", "sft/adapter/adapter_model.safetensors"]
     missing = [n for n in need if not (parent / n).is_file()]
@@ -103,8 +100,8 @@ def _check_finished(parent: Path, kind: str) -> None:
     if problems:
         raise ConfigError(f"{KEY}: run {name!r} has a broken published model: " + "; ".join(problems))
     summary = read_optional(parent / "report" / "summary.json")
-    if not isinstance(summary, dict) or not isinstance(summary.get("lineage"), dict):
-        raise ConfigError(f"{KEY}: run {name!r}: report/summary.json is unreadable or has no lineage")
+    if not isinstance(summary, dict):
+        raise ConfigError(f"{KEY}: run {name!r}: report/summary.json is not readable JSON")
 
 
 def parent_args(parent: Path) -> dict:
@@ -198,9 +195,19 @@ def lineage_head(parent: Path | None, base_model: str | None = None, cwd: Path =
     return {
         "parent": parent.name,
         "started_from": str(started),
-        "base_model": theirs.get("base_model"),
+        "base_model": theirs.get("base_model") if theirs else _older_base(cwd / parent),
         "chain": [*(theirs.get("chain") or []), parent.name],
     }
+
+
+def _older_base(parent: Path) -> str | None:
+    """The base model of a run made before lineage existed (it started from its base): the model its
+    YAML trained, builtin:tiny where that is the run's own built base_model folder."""
+    try:
+        name = str(parent_args(parent).get("model_name_or_path"))
+    except ConfigError:
+        return None
+    return BUILTIN_MODEL if Path(name) == Path("results") / parent.name / "base_model" else name
 
 
 def continue_learning_rate(cfg: dict) -> float:

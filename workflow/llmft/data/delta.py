@@ -29,6 +29,28 @@ def read_keys(path: Path) -> np.ndarray:
     return np.frombuffer(data, dtype="<u8").astype(np.uint64)
 
 
+def keys_from_jsonl(path: Path) -> np.ndarray:
+    """The content keys of a train.jsonl's rows: a run prepared before train_keys.u64 existed trained
+    every train row, so its train.jsonl holds them all."""
+    import json
+
+    from llmft.data.prepare import content_key
+
+    keys = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            keys.append(int.from_bytes(bytes.fromhex(content_key(json.loads(line)))[:8], "little"))
+    return np.unique(np.array(keys, dtype=np.uint64))
+
+
+def parent_keys(run_dir: Path) -> np.ndarray:
+    """A parent run's train keys: its train_keys.u64, else (an older run) its train.jsonl's."""
+    from llmft.core.lineage import TRAIN_KEYS_FILE
+
+    recorded = run_dir / "data" / TRAIN_KEYS_FILE
+    return read_keys(recorded) if recorded.is_file() else keys_from_jsonl(run_dir / "data" / "train.jsonl")
+
+
 def _mix(keys: np.ndarray, salt: str) -> np.ndarray:
     """splitmix64 of key ^ salt: a stable pseudo-random rank per key, independent of row order."""
     seed = np.uint64(int.from_bytes(hashlib.sha256(salt.encode()).digest()[:8], "little"))
