@@ -119,3 +119,10 @@ def test_a_parent_prepared_before_train_keys_existed_reads_them_from_train_jsonl
     )
     head = lineage_head(tmp_path / "results/old")
     assert head["base_model"] == "builtin:tiny" and head["chain"] == ["old"]
+
+
+def test_an_adapter_in_sft_extra_is_refused_when_continuing(tmp_path):
+    (tmp_path / "results/p").mkdir(parents=True)
+    raw = {"model": {"continue_from": "results/p"}, "sft": {"extra": {"adapter_name_or_path": "x"}}}
+    with pytest.raises(ConfigError, match=r"sft.extra.adapter_name_or_path: set by model.continue_from"):
+        resolve_parent(validate(raw, base_dir=tmp_path), tmp_path)

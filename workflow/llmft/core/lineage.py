@@ -55,6 +55,12 @@ def resolve(cfg: dict, base_dir: str | Path = ".") -> dict | None:
     real = path.resolve()
     if not real.is_dir() or not is_run_name(real.name):
         raise ConfigError(f"{KEY}: {given} is not a run folder results/<run>")
+    clash = sorted({"adapter_name_or_path", "create_new_adapter"} & set(cfg["sft"]["extra"]))
+    if clash:
+        raise ConfigError(
+            f"config key sft.extra.{clash[0]}: set by model.continue_from (the parent's adapter, trained "
+            "on); remove it"
+        )
     if real.name == cfg["run"]:
         real = _recorded_parent(cfg, base_dir, given)
     cfg["model"]["continue_from"] = _display(real, base_dir)
