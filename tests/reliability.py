@@ -41,6 +41,8 @@ MODULES = [
     "tests.unit.benchmarks.test_run",
     "tests.unit.core.test_fp8",
     "tests.workflow.test_promote",
+    "tests.workflow.test_continue",
+    "tests.unit.data.test_delta",
 ]
 BEGIN = "<!-- reliability table: python -m tests.reliability -->"
 END = "<!-- end of reliability table -->"

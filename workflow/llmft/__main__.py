@@ -47,11 +47,13 @@ def cmd_check_config(args) -> int:
     """Print the config `snakemake --configfile ... --config ...` would run, merged as Snakemake does,
     after the checks the workflow makes when it builds the DAG, with the template it resolves."""
     from llmft.core.chat_templates import for_workflow as template_for_workflow
+    from llmft.core.lineage import resolve as resolve_parent
     from llmft.sft.render import precheck
 
     cfg, sources = effective_config(args.configfile, args.config, args.directory)
     precheck(cfg)
     cfg["model"]["template"], _ = template_for_workflow(cfg, args.directory)
+    resolve_parent(cfg, args.directory)  # model.continue_from: checked, a link resolved to its run
     print(f"llmft: {', then '.join(sources)}; the schema's defaults for the rest", file=sys.stderr)
     print(json.dumps(cfg, indent=2))
     return 0
@@ -130,6 +132,7 @@ def cmd_prepare_data(args) -> int:
         max_row_bytes=d["max_row_bytes"],
         workers=int(args.workers or 0),
         max_dropped=d["max_dropped_fraction"],
+        parent=_continue_parent(cfg),
     )
     return 0
 
@@ -147,6 +150,22 @@ def cmd_prepare_preference(args) -> int:
     stats = prepare_preference(sources, args.out_dir, args.tokenizer, _template(cfg, args.tokenizer), opts)
     print(json.dumps({k: stats[k] for k in ("kind", "train_rows", "heldout_rows", "invalid", "too_long")}))
     return 0
+
+
+def _continue_parent(cfg: dict) -> dict | None:
+    """model.continue_from as prepare-data selects rows by it (data.delta.select), or None."""
+    from llmft.core.lineage import parent_of
+    from llmft.data.delta import parent_keys
+
+    parent = parent_of(cfg)
+    if parent is None:
+        return None
+    return {
+        "run": parent.name,
+        "keys": parent_keys(parent),
+        "fraction": cfg["nightly"]["replay_fraction"],
+        "salt": f"{cfg['data']['split_salt']}:replay:{parent.name}",
+    }
 
 
 def cmd_pack_data(args) -> int:

@@ -35,6 +35,16 @@ if CFG["model"]["template"] == AUTO_TEMPLATE:
     print(f"llmft: model.template auto -> {_template} ({_why})", file=sys.stderr)
 CFG["model"]["template"] = _template
 
+# model.continue_from: the parent run is checked (finished, readable, same base model, tokenizer,
+# template, finetuning type and split) and a link to it (results/current) resolved to its folder,
+# which every job then sees.
+from llmft.core.lineage import resolve as resolve_parent
+
+try:
+    LINEAGE = resolve_parent(CFG, Path.cwd())
+except ConfigError as exc:
+    sys.exit(f"llmft config error: {exc}")
+
 
 # A Slurm profile that asks for GPUs for a CPU config (or another count than the config's) is
 # refused here, before any job; the local executor requests none.
@@ -98,6 +108,21 @@ def cfg_arg(*keys, benchmarks=False):
             k: v for k, v in subset["eval"].items() if k not in BENCH_KEYS
         }
     return f"--config-json {shlex.quote(json.dumps(subset, sort_keys=True))}"
+
+
+def continue_keys(*keys):
+    """The continue keys a stage reads, only in a continued run: other runs' params (and so what
+    Snakemake reruns) stay as they were."""
+    return keys if LINEAGE else ()
+
+
+def parent_marker():
+    """What of the parent a continued run's data depends on: its data fingerprint (a parent that
+    prepared other rows changes which rows are new)."""
+    if not LINEAGE:
+        return ""
+    stats = Path(CFG["model"]["continue_from"]) / "data" / "stats.json"
+    return json.loads(stats.read_text()).get("fingerprint", "")
 
 
 def base_model_dir(wildcards):

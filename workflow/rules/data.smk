@@ -24,6 +24,9 @@ rule synthetic_data:
         "python -m llmft synthetic {params.cfg} --out {output:q} > {log:q} 2>&1"
 
 
+# prepare_data also writes data/train_keys.u64 (every train row's content key, what a run continuing
+# from this one compares against), with its other outputs; it is not declared, so runs prepared before
+# it existed are not prepared (and trained) again.
 rule prepare_data:
     input:
         tokenizer=base_model_dir,
@@ -44,7 +47,12 @@ rule prepare_data:
     # One tokenizing process per thread; Snakemake lowers it to the cores it has (CPU job on Slurm).
     threads: 8
     params:
-        cfg=cfg_arg("data", "model.template"),
+        cfg=cfg_arg(
+            "data",
+            "model.template",
+            *continue_keys("model.continue_from", "nightly.replay_fraction"),
+        ),
+        parent=parent_marker(),
         synthetic="results/{run}/data/synthetic.jsonl",
     shell:
         "python -m llmft prepare-data {params.cfg} --tokenizer {input.tokenizer:q}"

@@ -16,7 +16,18 @@ rule render_sft_config:
     container:
         stage_container()
     params:
-        cfg=cfg_arg("hardware", "verify", "model.template", "data.cutoff_len", "sft"),
+        cfg=cfg_arg(
+            "hardware",
+            "verify",
+            "model.template",
+            "data.cutoff_len",
+            "sft",
+            *continue_keys(
+                "model.continue_from",
+                "nightly.continue_learning_rate",
+                "nightly.continue_learning_rate_factor",
+            ),
+        ),
     shell:
         "python -m llmft render-sft {params.cfg} --base-model {input.base_model:q}"
         " --verify {input.verify:q} --data-dir results/{wildcards.run}/data"

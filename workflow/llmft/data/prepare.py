@@ -32,9 +32,11 @@ import numpy as np
 from llmft.core import lfdataset
 from llmft.core.conversation import SHAREGPT_TAGS, sharegpt_line
 from llmft.core.io import write_json
+from llmft.core.lineage import TRAIN_KEYS_FILE
 from llmft.core.pretokenize import TOKENIZED_DIR
 from llmft.core.text import normalise
 from llmft.data.dedup import NearDupIndex, SeenKeys
+from llmft.data.delta import select, write_keys
 from llmft.data.sources import (
     FORMATS,
     DataError,
@@ -179,6 +181,7 @@ class _Preparer:
         self.rows_read = 0
         self.clean_text = True  # config data.clean_text
         self.max_row_bytes = None  # config data.max_row_bytes (None: the schema's default)
+        self.parent = None  # model.continue_from: data.delta.select's `parent`
 
     def _open(self, name: str):
         return open(self.tmp / name, "w", encoding="utf-8")
@@ -469,6 +472,7 @@ def prepare(
     clean_text: bool = True,
     tokenizer_check: str = "fail",
     max_row_bytes: int | None = None,
+    parent: dict | None = None,
 ) -> dict:
     """Run the whole preparation; write train/heldout JSONL, the tokenized dataset, rejected.jsonl,
     dataset_info.json and stats.json into `out_dir`.
@@ -484,6 +488,8 @@ def prepare(
     the probes differently from its tokenizer.json.
     `max_row_bytes` (config data.max_row_bytes; None = its schema default): a longer JSON row is a
     bad row, never read whole.
+    `parent` (model.continue_from): {run, keys, fraction, salt}: train only the rows new since that
+    run plus a replay share of its rows (data.delta.select); None: every train row.
 
     On failure nothing is written into `out_dir`, and an empty `out_dir` is removed.
     """
@@ -506,6 +512,7 @@ def prepare(
     run.tokenizer_check = tokenizer_check
     run.clean_text = bool(clean_text)
     run.max_row_bytes = max_row_bytes
+    run.parent = parent
     stats = None
     try:
         for index, src in enumerate(sources):
@@ -631,6 +638,9 @@ def _kept_rows(run: _Preparer) -> _Kept:
             run._reject(stats.path, int(row_no[i]), reason, f"{stats.path} row {row_no[i]}: {what}")
     run.rejected.close()
     final = np.where(near | contaminated, 0, repeats)
+    # every train row of the split, recorded for a later run that continues from this one
+    run.train_keys = keys[~heldout & (final > 0)]
+    final, run.delta = select(keys, heldout, final, row_tokens, run.parent)
     train_idx, held_idx = np.flatnonzero(~heldout), np.flatnonzero(heldout)
     survived = ~(near | contaminated)
     for s, stats in enumerate(run.sources):
@@ -638,6 +648,11 @@ def _kept_rows(run: _Preparer) -> _Kept:
         stats.train_rows = int(final[train_idx][source[train_idx] == s].sum())
         stats.heldout_rows = int(final[held_idx][source[held_idx] == s].sum())
     n_train, n_held = int(final[train_idx].sum()), int(final[held_idx].sum())
+    if not n_train and run.parent:
+        raise DataError(
+            f"no training rows: nothing is new since model.continue_from run {run.parent['run']!r} and "
+            "nightly.replay_fraction replays none of its rows"
+        )
     if not n_train:
         raise DataError("no training rows left after validation, dedup and length filter")
     if not n_held:
@@ -667,6 +682,7 @@ def _write_final(run: _Preparer, kept: _Kept) -> None:
             side.columns,
         )
     write_dataset_dict(final_tok, ["train", "validation"])
+    write_keys(tmp / "final" / TRAIN_KEYS_FILE, run.train_keys)
 
 
 def _fingerprint(kept: _Kept) -> str:
@@ -708,6 +724,9 @@ def _stats(
         "heldout_rows": kept.n_held,
         "cutoff_len": cutoff_len,
         "heldout_fraction": heldout_fraction,
+        "split_salt": run.salt,
+        # what trains against all train rows: new since model.continue_from's run, replayed, removed
+        "continue": {"parent": run.parent["run"] if run.parent else None, **run.delta},
         "clean_text": run.clean_text,
         "dedup": {
             "near": run.near_dedup,
@@ -738,7 +757,7 @@ def _publish(tmp: Path, out_dir: Path) -> None:
     """Move finished outputs into place; the tokenized folder is replaced whole."""
     final = tmp / "final"
     shutil.move(str(tmp / "rejected.jsonl"), final / "rejected.jsonl")
-    for name in ("train.jsonl", "heldout.jsonl", "rejected.jsonl", "dataset_info.json"):
+    for name in ("train.jsonl", "heldout.jsonl", "rejected.jsonl", "dataset_info.json", TRAIN_KEYS_FILE):
         os.replace(final / name, out_dir / name)
     target = out_dir / TOKENIZED_DIR
     if target.exists():

@@ -15,6 +15,7 @@ from llmft.core.io import read_json, read_jsonl, read_optional, write_json, writ
 from llmft.core.platform import Platform
 from llmft.report import bench
 from llmft.report.draw import CSP, STYLE, esc, fmt, svg_bars, svg_lines, table, tsv
+from llmft.report.lineage import lineage_html, run_lineage
 from llmft.report.trend import build_trend
 
 REPO = Path(__file__).resolve().parents[3]
@@ -39,7 +40,7 @@ DATA_KEYS = [
 
 
 # Non-scalar or separately shown stats keys, kept out of the generic list.
-DATA_SHOWN_ELSEWHERE = {"length_histogram", "sources", "invalid_examples", "fingerprint"}
+DATA_SHOWN_ELSEWHERE = {"length_histogram", "sources", "invalid_examples", "fingerprint", "continue"}
 
 
 FIGURES = ["loss", "learning_rate", "grad_norm", "throughput", "mfu", "length_histogram"]
@@ -471,6 +472,7 @@ def overview_section(r: LoadedRun, results_dir: str | None) -> str:
 <a href="#provenance">provenance</a>{trend_link}</nav>
 <p class="verdict{" warn" if caution else ""}">{esc(verdict)}{esc(caution)}</p>
 {promotion_html}
+{lineage_html(run_lineage(r.cfg, r.sft_args, r.stats))}
 """
 
 
@@ -685,6 +687,7 @@ def report_summary(r: LoadedRun, generated: str, git: dict) -> dict:
         "eval_new_tokens_per_second": tuned.get("new_tokens_per_second"),
         "data_fingerprint": r.stats.get("fingerprint"),
         "verify_ok": r.verify.get("ok"),
+        "lineage": run_lineage(r.cfg, r.sft_args, r.stats),
     }
     if isinstance(r.promotion, dict):
         summary["promotion"] = {k: r.promotion.get(k) for k in ("status", "reason")}

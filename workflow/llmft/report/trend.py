@@ -28,6 +28,17 @@ def _promotion(results: Path, run: str, summary: dict) -> str:
     return "" if promo is None else str(promo)
 
 
+def _continued(summary: dict) -> str:
+    """The parent a continued run started from, with its token saving; "" for a run from its base."""
+    lineage = summary.get("lineage") if isinstance(summary.get("lineage"), dict) else {}
+    if not lineage.get("parent"):
+        return ""
+    tokens = lineage.get("tokens") or {}
+    n, m = tokens.get("trained"), tokens.get("full_retrain")
+    saving = f" ({m / n:.1f}x fewer tokens)" if isinstance(n, int) and n and isinstance(m, int) else ""
+    return f"continued from {lineage['parent']}{saving}"
+
+
 def collect_runs(results_dir: str | Path) -> list[dict]:
     """Every results/*/report/summary.json of a folder named as a run can be, oldest first (by
     generation time, then name)."""
@@ -113,6 +124,7 @@ def build_trend(results_dir: str | Path, out_html: str | Path) -> list[dict]:
                 s.get("data_fingerprint"),
                 s.get("git_commit", "")[:10] if isinstance(s.get("git_commit"), str) else "",
                 s["_promotion"],
+                _continued(s),
             ]
         )
         href = os.path.relpath(Path(results_dir) / s["_dir"] / "report" / "index.html", out_html.parent)
@@ -139,6 +151,7 @@ def build_trend(results_dir: str | Path, out_html: str | Path) -> list[dict]:
                 "data fingerprint",
                 "commit",
                 "promotion",
+                "continued from",
             ],
             rows,
         )

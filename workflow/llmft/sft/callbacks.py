@@ -12,6 +12,8 @@
   (llmft_profile_rank<N>.txt), with the steps' wall time to compare GPU busy time against.
 - ParamCount: the trainable and total parameter counts of the model as it trains (LoRA adapters,
   frozen layers, ZeRO-3's partitioned weights counted whole), for train_summary.json.
+- StartWeights: the first trainable tensor as training starts (name, sum, sha256 of its float32
+  bytes), so a continued run shows it started from its parent's weights or adapter.
 - CompileLayers: torch.compile every decoder layer in place before the first step (regional
   compilation: one graph, reused by all layers; parameter names and checkpoints are unchanged).
 - CheckpointSeal: once every rank has written checkpoint-N, rank 0 seals it (faults.seal); an
@@ -38,6 +40,7 @@ PREEMPTED_FILE = "llmft_preempted.json"
 STOP_REQUEST_FILE = "llmft_stop_request"
 STEPS_FILE = "llmft_steps.jsonl"
 PARAMS_FILE = "llmft_params.json"
+START_WEIGHTS_FILE = "llmft_start_weights.json"
 PROFILE_ENV = "LLMFT_PROFILE_STEPS"
 EXIT_DIVERGED = 3
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again later
@@ -367,3 +370,37 @@ class ParamCount(TrainerCallback):
         (Path(args.output_dir) / PARAMS_FILE).write_text(
             json.dumps({"trainable_params": trainable, "total_params": total})
         )
+
+
+def tensor_digest(tensor) -> dict:
+    """sum and sha256 of a tensor's float32 bytes: equal digests, equal values."""
+    import hashlib
+
+    data = tensor.detach().float().cpu().contiguous()
+    return {
+        "shape": list(data.shape),
+        "sum": float(data.sum()),
+        "sha256": hashlib.sha256(data.numpy().tobytes()).hexdigest(),
+    }
+
+
+class StartWeights(TrainerCallback):
+    """Rank 0 writes START_WEIGHTS_FILE at the start of the first attempt: the first trainable tensor's
+    digest (tensor_digest). Every rank enters ZeRO-3's gather of the partitioned tensor (a collective)."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is None or state.global_step:  # a resumed attempt starts from a checkpoint, not the parent
+            return
+        name, param = next(((n, p) for n, p in model.named_parameters() if p.requires_grad), (None, None))
+        if param is None:
+            return
+        if hasattr(param, "ds_id"):
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([param]):
+                digest = tensor_digest(param.data)
+        else:
+            digest = tensor_digest(param.data)
+        if state.is_world_process_zero:
+            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+            (Path(args.output_dir) / START_WEIGHTS_FILE).write_text(json.dumps({"name": name, **digest}))

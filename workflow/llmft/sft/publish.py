@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import yaml
-from llmft.core.io import atomic_path, read_json, read_jsonl, write_json
+from llmft.core.io import atomic_path, read_json, read_jsonl, read_optional, write_json
 from llmft.core.modelfiles import keep_base_structure
 from llmft.core.platform import Platform
 
@@ -174,7 +174,7 @@ def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
         if (adapter_path / "adapter_config.json").is_file():
             # an earlier LoRA config's adapter: not this model's
             shutil.rmtree(adapter_path)
-    from llmft.sft.callbacks import STEPS_FILE
+    from llmft.sft.callbacks import START_WEIGHTS_FILE, STEPS_FILE
 
     results = read_json(work / "all_results.json") if (work / "all_results.json").exists() else {}
     steps_file = work / STEPS_FILE
@@ -201,6 +201,8 @@ def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
         "predicted_peak_gib": (args.get("llmft") or {}).get("plan", {}).get("memory", {}).get("peak"),
         "eval_loss": results.get("eval_loss"),
         "model_files": structure,
+        # the first trainable tensor as training started (a continued run: its parent's)
+        "start_weights": read_optional(work / START_WEIGHTS_FILE),
         **finetuning_summary(args, work, model_path, adapter_path),
         "fp8": fp8_summary(args, work),
         "history": history,

@@ -10,7 +10,7 @@ import shlex
 from pathlib import Path
 
 import yaml
-from llmft.core import fp8, pretokenize
+from llmft.core import fp8, lineage, pretokenize
 from llmft.core.chat_templates import for_config as template_for_config
 from llmft.core.config import BUILTIN_MODEL, ConfigError, lora_settings
 from llmft.core.io import read_json, write_json, write_text
@@ -105,8 +105,10 @@ def _default_args(cfg: dict, base_model: str, data_dir: str, plan: Plan, platfor
     """The arguments every run sets, from the config and the plan (before `sft.extra`)."""
     sft = cfg["sft"]
     vendor = platform.vendor
+    continued = lineage.parent_of(cfg) is not None
     return {
-        "model_name_or_path": base_model,
+        # model.continue_from: the parent's model, or the base and the parent's adapter (LoRA)
+        **lineage.start_args(cfg, base_model),
         "trust_remote_code": False,
         "stage": "sft",
         "do_train": True,
@@ -131,7 +133,8 @@ def _default_args(cfg: dict, base_model: str, data_dir: str, plan: Plan, platfor
         "run_name": cfg["run"],
         "per_device_train_batch_size": plan.micro_batch,
         "gradient_accumulation_steps": plan.gradient_accumulation,
-        "learning_rate": sft["learning_rate"],
+        # a continued run: a fresh schedule (warmup and decay again) at its own rate, a new optimizer
+        "learning_rate": lineage.continue_learning_rate(cfg) if continued else sft["learning_rate"],
         "num_train_epochs": sft["num_train_epochs"],
         "max_steps": sft["max_steps"],
         "lr_scheduler_type": sft["lr_scheduler_type"],
@@ -250,6 +253,34 @@ def precheck(cfg: dict) -> Plan:
     return resolve(cfg, name, Platform.declared(cfg), shape)
 
 
+def run_lineage(cfg: dict, base_model: str) -> dict:
+    """lineage.lineage_head of this run: from model.name_or_path, or model.continue_from's run."""
+    parent = lineage.parent_of(cfg)
+    if parent is None:
+        name = cfg["model"]["name_or_path"]
+        return lineage.lineage_head(None, name)
+    return lineage.lineage_head(Path(cfg["model"]["continue_from"]))
+
+
+def continue_text(cfg: dict, base_model: str, data_dir: str) -> str:
+    """The plan's lines on where training starts and, for a continued run, what it trains and costs."""
+    head = run_lineage(cfg, base_model)
+    if head["parent"] is None:
+        return f"starts from the base model {head['base_model']}"
+    stats = read_json(Path(data_dir) / "stats.json") if (Path(data_dir) / "stats.json").is_file() else {}
+    delta = stats.get("continue") or {}
+    lines = [
+        f"continues run {head['parent']} from {head['started_from']} (chain: {lineage.chain_text(head)});"
+        f" fresh schedule at learning rate {lineage.continue_learning_rate(cfg):g}, new optimizer state",
+        f"rows: {delta.get('new')} new, {delta.get('replayed')} replayed, {delta.get('removed')} removed"
+        f" since {head['parent']}; {delta.get('train_rows')} train rows of {delta.get('full_train_rows')}",
+    ]
+    cost = lineage.cost_line(delta.get("tokens"))
+    if cost:
+        lines.append(cost + " (one pass over the train rows)")
+    return "\n".join(lines)
+
+
 def check_packed(args: dict, data_dir: str) -> None:
     """The packed rows at tokenized_path must be pack-data's, for these arguments, from the current
     tokenized rows: refuse stale ones (the folder is named by the arguments; its stamp says what
@@ -319,6 +350,8 @@ def render(
     plan = resolve(cfg, base_model, platform, shape)
     log.info("platform: %s (%s)", platform.describe(), platform.source)
     log.info("%s", describe(plan))
+    start = continue_text(cfg, base_model, data_dir)
+    log.info("%s", start)
     ds = deepspeed_config(plan, platform)
     write_json(out_ds, ds or {"zero_optimization": {"stage": 0}, "disabled": True})
     args = llamafactory_args(cfg, base_model, data_dir, out_ds if ds else None, work_root, plan, platform)
@@ -336,6 +369,8 @@ def render(
         # the run's folder, not one derived from where this YAML is written: the same config renders
         # the same YAML wherever it is written (a login node's preview, the workflow's rule)
         "tracking": tracking.settings(cfg["sft"]["tracking"], f"results/{cfg['run']}/tracking", cfg["run"]),
+        # parent, started_from, base_model, chain: what the page and summary.json say this run grew from
+        "lineage": run_lineage(cfg, base_model),
     }
     if plan.fp8:  # llmft.sft.train converts the loaded model (LLaMA-Factory's own fp8 flag is refused)
         args["llmft"]["fp8"] = {"recipe": fp8.RECIPE}
@@ -352,6 +387,7 @@ def render(
             if plan.fp8
             else ""
         )
+        + "".join(f"# {line}\n" for line in start.splitlines())
         + "# The `llmft:` block is read by llmft's launcher (python -m llmft sft) and removed before\n"
         "# LLaMA-Factory parses the rest; delete it to run this file with plain llamafactory-cli.\n"
     )

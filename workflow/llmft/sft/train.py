@@ -44,6 +44,7 @@ from llmft.sft.callbacks import (
     Preempted,
     PreemptionSaver,
     ProfileWindow,
+    StartWeights,
     StepClock,
     profile_window,
 )
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         saver,
         StepClock(),
         ParamCount(),
+        StartWeights(),
     ]
     if ours.get("compile_layers"):
         callbacks.append(CompileLayers())

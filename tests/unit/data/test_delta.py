@@ -1,0 +1,128 @@
+"""prepare() for a continued run (model.continue_from): the rows new since the parent, a deterministic
+replay share of its rows, the removed ones counted; the held-out split never moves."""
+
+import pytest
+from llmft.core.config import ConfigError, validate
+from llmft.core.io import read_jsonl
+from llmft.core.lineage import TRAIN_KEYS_FILE
+from llmft.core.lineage import resolve as resolve_parent
+from llmft.data.assets import synthetic_rows
+from llmft.data.delta import read_keys
+from llmft.data.prepare import content_key, is_heldout, prepare
+from llmft.data.sources import DataError
+
+from tests.reliability import reliability
+from tests.unit.data.test_prepare import write_rows
+
+
+def distinct(rows):
+    seen, out = set(), []
+    for r in rows:
+        if content_key(r) not in seen:
+            seen.add(content_key(r))
+            out.append(r)
+    return out
+
+
+ROWS = distinct(synthetic_rows(1200, seed=3))[:500]
+PARENT, CHILD = ROWS[:400], ROWS[25:]  # 25 removed, 100 appended
+
+
+def prep(tmp_path, tokenizer_dir, rows, name, parent=None, salt="s"):
+    src = write_rows(tmp_path / f"{name}.jsonl", rows)
+    return prepare(
+        [{"path": str(src)}], tmp_path / name, tokenizer_dir, "default", 64, 0.2, salt, parent=parent
+    )
+
+
+def parent_of(tmp_path, fraction=0.3):
+    return {
+        "run": "p",
+        "keys": read_keys(tmp_path / "p" / TRAIN_KEYS_FILE),
+        "fraction": fraction,
+        "salt": "x",
+    }
+
+
+def test_new_rows_plus_replay_share_and_removed_counted(tmp_path, tokenizer_dir):
+    base = prep(tmp_path, tokenizer_dir, PARENT, "p")
+    assert base["continue"] == {
+        "parent": None,
+        "new": base["train_rows"],
+        "replayed": 0,
+        "removed": 0,
+        "train_rows": base["train_rows"],
+        "full_train_rows": base["train_rows"],
+        "tokens": base["continue"]["tokens"],
+    }
+    train = {content_key(r) for r in read_jsonl(tmp_path / "p/train.jsonl")}
+    # the keys file: the 64-bit content key (sha256's first 8 bytes, as dedup uses) of every train row
+    keys = {int.from_bytes(bytes.fromhex(k)[:8], "little") for k in train}
+    assert set(read_keys(tmp_path / "p" / TRAIN_KEYS_FILE).tolist()) == keys
+    child_train = {content_key(r) for r in CHILD if not is_heldout(content_key(r), 0.2, "s")}
+    new, present = child_train - train, child_train & train
+    stats = prep(tmp_path, tokenizer_dir, CHILD, "c", parent_of(tmp_path))
+    got = {content_key(r) for r in read_jsonl(tmp_path / "c/train.jsonl")}
+    replayed = round(0.3 * len(present))
+    assert new <= got and len(got & present) == replayed and len(got) == len(new) + replayed
+    delta = stats["continue"]
+    assert (delta["parent"], delta["new"], delta["replayed"]) == ("p", len(new), replayed)
+    assert delta["removed"] == len(train - child_train) > 10
+    assert delta["train_rows"] == stats["train_rows"] == len(got)
+    assert delta["full_train_rows"] == len(child_train)
+    assert 0 < delta["tokens"]["trained"] < delta["tokens"]["full_retrain"]
+    # every train row of the split is recorded for the next continuation, not only those that trained
+    assert len(read_keys(tmp_path / "c" / TRAIN_KEYS_FILE)) == len(child_train)
+    again = prep(tmp_path, tokenizer_dir, CHILD, "again", parent_of(tmp_path))
+    assert again["fingerprint"] == stats["fingerprint"]  # the same replay sample every time
+
+
+@reliability(
+    fault="a continued run whose data.split_salt differs from its parent's (the held-out split would move)",
+    seen=(
+        "prepare_data stops naming model.continue_from's run and how many of its train rows would be held "
+        "out; a continued run with nothing new and no replay stops naming the parent and "
+        "nightly.replay_fraction"
+    ),
+    steps_lost="none",
+    data_lost="none: no data folder is left behind",
+)
+def test_a_moved_split_or_nothing_to_train_stops_the_stage(tmp_path, tokenizer_dir):
+    prep(tmp_path, tokenizer_dir, PARENT, "p")
+    with pytest.raises(DataError, match=r"\d+ train rows of model.continue_from run 'p' are held out here"):
+        prep(tmp_path, tokenizer_dir, CHILD, "c", parent_of(tmp_path), salt="other")
+    assert not (tmp_path / "c").exists()
+    with pytest.raises(DataError, match=r"nothing is new since model.continue_from run 'p'.*replay_fraction"):
+        prep(tmp_path, tokenizer_dir, PARENT, "same", parent_of(tmp_path, fraction=0.0))
+
+
+def test_no_promoted_model_yet_is_named(tmp_path):
+    cfg = validate({"model": {"continue_from": "results/current"}}, base_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"model.continue_from: results/current does not exist"):
+        resolve_parent(cfg, tmp_path)
+
+
+def test_a_parent_prepared_before_train_keys_existed_reads_them_from_train_jsonl(tmp_path, tokenizer_dir):
+    from llmft.core.lineage import lineage_head
+    from llmft.data.delta import parent_keys
+
+    src = write_rows(tmp_path / "rows.jsonl", PARENT)
+    data = tmp_path / "results/old/data"
+    prepare([{"path": str(src)}], data, tokenizer_dir, "default", 64, 0.2, "s")
+    recorded = read_keys(data / TRAIN_KEYS_FILE)
+    (data / TRAIN_KEYS_FILE).unlink()
+    assert parent_keys(tmp_path / "results/old").tolist() == recorded.tolist()
+    # its summary.json has no lineage: it started from its base model, named in its YAML
+    (tmp_path / "results/old/sft").mkdir()
+    (tmp_path / "results/old/sft/llamafactory.yaml").write_text(
+        "model_name_or_path: results/old/base_model\n"
+    )
+    head = lineage_head(tmp_path / "results/old")
+    assert head["base_model"] == "builtin:tiny" and head["chain"] == ["old"]
+
+
+def test_an_adapter_in_sft_extra_is_refused_when_continuing(tmp_path):
+    (tmp_path / "results/p").mkdir(parents=True)
+    raw = {"model": {"continue_from": "results/p"}, "sft": {"extra": {"adapter_name_or_path": "x"}}}
+    with pytest.raises(ConfigError, match=r"sft.extra.adapter_name_or_path: set by model.continue_from"):
+        resolve_parent(validate(raw, base_dir=tmp_path), tmp_path)

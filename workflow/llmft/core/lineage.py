@@ -1,0 +1,252 @@
+"""Continuing from an earlier run (model.continue_from): the parent's checks, its lineage, and the
+weights and learning rate a continued run starts from.
+
+The parent is resolved once, when the workflow is parsed: a link such as results/current becomes the
+run folder it points at, and that folder is what every job sees, so a link moved later (a promotion)
+changes no running job. Each refusal names the key, the parent run and both values, before any job.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import yaml
+from llmft.core.config import BUILTIN_MODEL, ConfigError, is_run_name
+from llmft.core.io import read_optional
+
+KEY = "config key model.continue_from"
+# prepare_data's record of every train row of the split (before a continued run's selection): sorted
+# distinct 64-bit content keys, the identity dedup and the split use. A continued run's new rows are
+# the ones whose key its parent's file lacks.
+TRAIN_KEYS_FILE = "train_keys.u64"
+
+
+def parent_of(cfg: dict, base_dir: str | Path = ".") -> Path | None:
+    """The parent run folder of a config (model.continue_from resolved), or None."""
+    value = cfg["model"].get("continue_from")
+    if not value:
+        return None
+    path = Path(value)
+    return path if path.is_absolute() else Path(base_dir) / path
+
+
+def _display(path: Path, base_dir: Path) -> str:
+    try:
+        return os.path.relpath(path, base_dir) if path.is_relative_to(base_dir) else str(path)
+    except ValueError:
+        return str(path)
+
+
+def resolve(cfg: dict, base_dir: str | Path = ".") -> dict | None:
+    """Check model.continue_from and set it to the run folder it names (a link followed); return
+    that parent's lineage head (lineage_head), or None when the config does not continue."""
+    base_dir = Path(base_dir).resolve()
+    given = cfg["model"].get("continue_from")
+    if not given:
+        return None
+    path = Path(given) if Path(given).is_absolute() else base_dir / given
+    if not path.exists():
+        raise ConfigError(f"{KEY}: {given} does not exist (no run folder there); run it first, or set null")
+    real = path.resolve()
+    if not real.is_dir() or not is_run_name(real.name):
+        raise ConfigError(f"{KEY}: {given} is not a run folder results/<run>")
+    clash = sorted({"adapter_name_or_path", "create_new_adapter"} & set(cfg["sft"]["extra"]))
+    if clash:
+        raise ConfigError(
+            f"config key sft.extra.{clash[0]}: set by model.continue_from (the parent's adapter, trained "
+            "on); remove it"
+        )
+    if real.name == cfg["run"]:
+        real = _recorded_parent(cfg, base_dir, given)
+    cfg["model"]["continue_from"] = _display(real, base_dir)
+    _check_finished(real, cfg["sft"]["finetuning_type"])
+    # paths as the jobs see them: relative to the working directory
+    head = lineage_head(Path(cfg["model"]["continue_from"]), cwd=base_dir)
+    _check_compatible(cfg, real, head, base_dir)
+    return head
+
+
+def _recorded_parent(cfg: dict, base_dir: Path, given: str) -> Path:
+    """A link to this run itself (results/current after the run was promoted): the parent this run
+    recorded when it trained, else a refusal."""
+    recorded = read_optional(base_dir / "results" / cfg["run"] / "sft" / "config.json", {}) or {}
+    parent = (recorded.get("model") or {}).get("continue_from")
+    if parent and Path(parent).name != cfg["run"] and (base_dir / parent).is_dir():
+        return (base_dir / parent).resolve()
+    raise ConfigError(
+        f"{KEY}: {given} is run {cfg['run']!r} itself (config key run); a run continues from an "
+        "earlier run: name another one"
+    )
+
+
+def _check_finished(parent: Path, kind: str) -> None:
+    """The parent ran to the end: its page's summary.json, its published model (and LoRA's adapter),
+    prepare_data's train keys; the model folder readable (safetensors headers, config, tokenizer)."""
+    from llmft.core.modelfiles import folder_problems
+
+    name = parent.name
+    stats = read_optional(parent / "data" / "stats.json", {}) or {}
+    # a run prepared before train_keys.u64 existed trained every train row: its train.jsonl has them
+    keys = f"data/{TRAIN_KEYS_FILE}" if "continue" in stats else "data/train.jsonl"
+    need = ["report/summary.json", "sft/llamafactory.yaml", "sft/model/config.json", keys, "data/stats.json"]
+    if kind == "lora":
+        need += ["sft/adapter/adapter_config.json", "sft/adapter/adapter_model.safetensors"]
+    missing = [n for n in need if not (parent / n).is_file()]
+    if missing:
+        raise ConfigError(
+            f"{KEY}: run {name!r} is not a finished run (no {', '.join(missing)}); finish it "
+            "(snakemake --config run=" + name + ") or continue from another run"
+        )
+    problems = folder_problems(parent / "sft" / "model")
+    if problems:
+        raise ConfigError(f"{KEY}: run {name!r} has a broken published model: " + "; ".join(problems))
+    summary = read_optional(parent / "report" / "summary.json")
+    if not isinstance(summary, dict):
+        raise ConfigError(f"{KEY}: run {name!r}: report/summary.json is not readable JSON")
+
+
+def parent_args(parent: Path) -> dict:
+    """The LLaMA-Factory arguments the parent trained with (its rendered YAML)."""
+    try:
+        args = yaml.safe_load((parent / "sft" / "llamafactory.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{KEY}: run {parent.name!r}: sft/llamafactory.yaml unreadable: {exc}") from None
+    if not isinstance(args, dict):
+        raise ConfigError(f"{KEY}: run {parent.name!r}: sft/llamafactory.yaml is not a mapping")
+    return args
+
+
+def _check_compatible(cfg: dict, parent: Path, head: dict, base_dir: Path) -> None:
+    """Same base model, finetuning type, template, tokenizer and held-out split as the parent."""
+    name, args = parent.name, parent_args(parent)
+    pairs = [
+        ("model.name_or_path", cfg["model"]["name_or_path"], head["base_model"], "descends from"),
+        (
+            "sft.finetuning_type",
+            cfg["sft"]["finetuning_type"],
+            args.get("finetuning_type", "full"),
+            "trained",
+        ),
+        ("model.template", cfg["model"]["template"], args.get("template"), "used template"),
+    ]
+    stats = read_optional(parent / "data" / "stats.json", {}) or {}
+    data = cfg["data"]
+    pairs += [
+        ("data.heldout_fraction", data["heldout_fraction"], stats.get("heldout_fraction"), "split with"),
+        ("data.split_salt", data["split_salt"], stats.get("split_salt"), "split with"),
+    ]
+    for key, ours, theirs, verb in pairs:
+        if ours != theirs:
+            why = " (the held-out split would move)" if key.startswith("data.") else ""
+            raise ConfigError(
+                f"config key {key}: {ours!r}, but model.continue_from run {name!r} {verb} {theirs!r}{why}; "
+                "make them the same or train from name_or_path (model.continue_from: null)"
+            )
+    ours_tok = tokenizer_fingerprint(cfg["model"], base_dir)
+    theirs_tok = folder_tokenizer(parent / "sft" / "model")
+    if ours_tok != theirs_tok:
+        raise ConfigError(
+            f"config key model.name_or_path: its tokenizer ({ours_tok[:12]}) differs from the one of "
+            f"model.continue_from run {name!r} ({theirs_tok[:12]}, sft/model); continue only with the "
+            "parent's tokenizer"
+        )
+
+
+def folder_tokenizer(folder: Path) -> str:
+    """A tokenizer's identity: a hash of tokenizer.json as parsed (else tokenizer.model's bytes)."""
+    tj, tm = folder / "tokenizer.json", folder / "tokenizer.model"
+    try:
+        if tj.is_file():
+            text = json.dumps(json.loads(tj.read_text(encoding="utf-8")), sort_keys=True)
+            return hashlib.sha256(text.encode()).hexdigest()
+        if tm.is_file():
+            return hashlib.sha256(tm.read_bytes()).hexdigest()
+    except (OSError, ValueError):
+        return "unreadable"
+    return "none"
+
+
+@functools.cache
+def _builtin_tokenizer(vocab_size: int) -> str:
+    from llmft.data.assets import build_tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        build_tokenizer(tmp, vocab_size)
+        return folder_tokenizer(Path(tmp))
+
+
+def tokenizer_fingerprint(model: dict, base_dir: Path) -> str:
+    """This config's tokenizer identity (builtin:tiny's is built, as its rule builds it)."""
+    name = model["name_or_path"]
+    if name == BUILTIN_MODEL:
+        return _builtin_tokenizer(model["tiny"]["vocab_size"])
+    return folder_tokenizer(Path(name) if Path(name).is_absolute() else base_dir / name)
+
+
+def lineage_head(parent: Path | None, base_model: str | None = None, cwd: Path = Path(".")) -> dict:
+    """parent / started_from / base_model / chain of a run whose parent is `parent` (None: a run from
+    its base model `base_model`); `parent` as the jobs name it, read relative to `cwd`."""
+    if parent is None:
+        return {"parent": None, "started_from": base_model, "base_model": base_model, "chain": []}
+    summary = read_optional(cwd / parent / "report" / "summary.json", {}) or {}
+    theirs = summary.get("lineage") if isinstance(summary, dict) else None
+    theirs = theirs if isinstance(theirs, dict) else {}
+    adapter = (cwd / parent / "sft" / "adapter" / "adapter_config.json").is_file()
+    started = parent / "sft" / ("adapter" if adapter else "model")
+    return {
+        "parent": parent.name,
+        "started_from": str(started),
+        "base_model": theirs.get("base_model") if theirs else _older_base(cwd / parent),
+        "chain": [*(theirs.get("chain") or []), parent.name],
+    }
+
+
+def _older_base(parent: Path) -> str | None:
+    """The base model of a run made before lineage existed (it started from its base): the model its
+    YAML trained, builtin:tiny where that is the run's own built base_model folder."""
+    try:
+        name = str(parent_args(parent).get("model_name_or_path"))
+    except ConfigError:
+        return None
+    return BUILTIN_MODEL if Path(name) == Path("results") / parent.name / "base_model" else name
+
+
+def continue_learning_rate(cfg: dict) -> float:
+    """The peak learning rate of a continued run's fresh schedule."""
+    night = cfg["nightly"]
+    if night["continue_learning_rate"] is not None:
+        return night["continue_learning_rate"]
+    return night["continue_learning_rate_factor"] * cfg["sft"]["learning_rate"]
+
+
+def start_args(cfg: dict, base_model: str) -> dict:
+    """LLaMA-Factory's model arguments of a continued run: full/freeze load the parent's published
+    model; LoRA loads the base and the parent's adapter, and trains that adapter on (not a new one)."""
+    parent = parent_of(cfg)
+    if parent is None:
+        return {"model_name_or_path": base_model}
+    if cfg["sft"]["finetuning_type"] == "lora":
+        return {
+            "model_name_or_path": base_model,
+            "adapter_name_or_path": str(parent / "sft" / "adapter"),
+            "create_new_adapter": False,
+        }
+    return {"model_name_or_path": str(parent / "sft" / "model")}
+
+
+def cost_line(tokens: dict | None) -> str:
+    """ "trains N tokens, a full retrain would train M: M/N x fewer" (one pass over the train rows)."""
+    if not tokens or not tokens.get("trained"):
+        return ""
+    n, m = tokens["trained"], tokens["full_retrain"]
+    return f"trains {n:,} tokens, a full retrain would train {m:,}: {m / n:.1f}x fewer"
+
+
+def chain_text(lineage: dict) -> str:
+    """base model -> root run -> ... -> parent -> this run."""
+    return " -> ".join([str(lineage.get("base_model")), *(lineage.get("chain") or []), "this run"])
