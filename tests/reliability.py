@@ -38,6 +38,8 @@ MODULES = [
     "tests.unit.repo.test_skip_gate",
     "tests.workflow.test_benchmarks",
     "tests.unit.benchmarks.test_run",
+    "tests.unit.sft.test_preference",
+    "tests.slurm.test_preference_resume",
 ]
 BEGIN = "<!-- reliability table: python -m tests.reliability -->"
 END = "<!-- end of reliability table -->"

@@ -14,6 +14,7 @@ rule report:
         base_predictions="results/{run}/eval/base/predictions.jsonl",
         predictions="results/{run}/eval/tuned/predictions.jsonl",
         benchmarks=benchmark_inputs,
+        preference=preference_eval_inputs,
     output:
         html=report(
             "results/{run}/report/index.html",
@@ -89,6 +90,7 @@ rule report:
             "sft",
             "verify",
             "eval",
+            *PREFERENCE_KEYS,
             benchmarks=bool(CFG["eval"]["benchmarks"]),
         ),
     shell:
