@@ -56,7 +56,8 @@ HAND = {
     "flash_attn": "sdpa",
     "liger_kernel": False,
 }
-VARIANTS = {"hand": HAND, "ours": {}}
+# ours at the hand-tuned run's tokens per optimizer step (4 x 4 pairs x 2 x 2048), so both learn alike
+VARIANTS = {"hand": HAND, "ours": {"tokens_per_step": 65536}}
 # the preference stage's own batch keys; the rest are sft's hardware keys, which the stage shares
 PREF_BATCH = ("per_device_train_batch_size", "gradient_accumulation_steps")
 

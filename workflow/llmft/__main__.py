@@ -51,6 +51,8 @@ def cmd_check_config(args) -> int:
 
     cfg, sources = effective_config(args.configfile, args.config, args.directory)
     precheck(cfg)
+    if cfg.get("preference") is not None:
+        precheck(_stage_view(cfg, "preference"))
     cfg["model"]["template"], _ = template_for_workflow(cfg, args.directory)
     print(f"llmft: {', then '.join(sources)}; the schema's defaults for the rest", file=sys.stderr)
     print(json.dumps(cfg, indent=2))

@@ -72,15 +72,29 @@ def test_a_pair_is_planned_as_two_sequences_with_its_reference(model):
     assert dpo.tokens_per_micro_batch == sft.tokens_per_micro_batch == 8 * 2048
     assert dpo.zero_stage == sft.zero_stage
     assert dpo.memory.activations == pytest.approx(sft.memory.activations)
-    assert dpo.memory.peak - sft.memory.peak == pytest.approx(
-        dpo.memory.reference + 8 * 2048 * 4 * 128256 / GIB, rel=1e-6
-    )
+    # + the reference's weights and fp32 logits, and the policy's own logits, which Liger's fused
+    # loss spares sft but not a preference loss
+    assert dpo.liger and sft.liger
+    tokens = 8 * 2048
+    logits = tokens * (4 * 128256 + 10 * 128256 - 8 * 2048) / GIB
+    assert dpo.memory.peak - sft.memory.peak == pytest.approx(dpo.memory.reference + logits, rel=1e-6)
     # the reference's forward pass: 2 FLOPs per weight and token more than sft's 6 (+ attention)
     assert 1.25 < dpo.step.compute_s / sft.step.compute_s < 1.45
     lora = plan(gpu_cfg(finetuning_type="lora", per_device_train_batch_size=4), one_b)
     assert lora.reference == "forward" and lora.memory.reference == 0
     orpo = plan(gpu_cfg(loss="orpo", per_device_train_batch_size=4), one_b)
     assert orpo.reference == "none" and orpo.memory.reference == 0
+
+
+def test_liger_saves_no_logits_in_a_preference_loss(model):
+    from llmft.core.shape import model_shape
+
+    shape = model_shape(model("1b"))
+    common = dict(stage=2, world=1, micro_batch=2, seq_len=2048, gradient_checkpointing=False, liger=True)
+    fused = estimate(shape, **common)
+    pairs = estimate(shape, logits=True, **common)
+    assert fused.loss == pytest.approx(2 * 2048 * 8 * shape.hidden / GIB)
+    assert pairs.loss == pytest.approx(2 * 2048 * 10 * shape.vocab / GIB)
 
 
 def test_auto_batch_counts_both_sequences_of_a_pair(model):

@@ -3,9 +3,8 @@ results/{run}/preference/data/ in the agreed canonical form from a synthetic wor
 preference stage can be built and tested before that stage exists. Delete with its rule
 (workflow/rules/preference_standin.smk) when prepare_preference is merged.
 
-The task: a question about a short word list; the chosen answer is right, the rejected one a
-plausible mistake (the first word for "the second word", a wrong count, ...). sft's data never
-asks these questions, so the sft model has no learned preference between the two answers.
+The task: a word's category or the number of words in a list, asked in words sft's data never uses;
+the chosen answer is right, the rejected one another category or another count.
 """
 
 from __future__ import annotations
@@ -16,22 +15,22 @@ import sys
 from pathlib import Path
 
 from llmft.core.io import write_json, write_jsonl, write_text
-from llmft.data.assets import NUMBER_WORDS, WORDS
+from llmft.data.assets import CATEGORIES, NUMBER_WORDS, WORDS
 
 TAGS = {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt"}
 
 
 def _question(rng: random.Random) -> tuple[str, str, str, str]:
     """(task, prompt, right answer, wrong answer)."""
-    words = rng.sample(WORDS, rng.randint(3, 5))
-    text = " ".join(words)
-    task = rng.choice(["second", "last", "count"])
-    if task == "second":
-        return task, f"What is the second word?\n{text}", words[1], words[0]
-    if task == "last":
-        return task, f"Which word comes last?\n{text}", words[-1], words[0]
+    task = rng.choice(["category", "count"])
+    if task == "category":
+        word = rng.choice(WORDS)
+        right = next(c for c, ws in CATEGORIES.items() if word in ws)
+        wrong = rng.choice([c for c in CATEGORIES if c != right])
+        return task, f"Name the category of {word}.", right, wrong
+    words = rng.sample(WORDS, rng.randint(2, 5))
     wrong = rng.choice([w for k, w in NUMBER_WORDS.items() if k != len(words)])
-    return task, f"Count the words.\n{text}", NUMBER_WORDS[len(words)], wrong
+    return task, f"Count the words.\n{' '.join(words)}", NUMBER_WORDS[len(words)], wrong
 
 
 def rows(n: int, method: str, seed: int = 0) -> list[dict]:

@@ -226,13 +226,15 @@ def estimate(
     buckets: tuple[float, float] = (5e8, 5e8),
     trainable: float | None = None,
     reference: str = "none",
+    logits: bool = False,
 ) -> Memory:
     """Per-GPU memory of one configuration (see the module docstring for the model); `trainable`
     overrides trainable_params' defaults (LoRA rank 8 on all linear layers, freeze 2 layers).
     `reference: copy` adds a preference stage's frozen reference model: its weights in the compute
     precision (fp32 in fp32, else 16 bit), sharded by ZeRO-3 (trl's prepare_deepspeed keeps stage 3
     for it and runs any other stage as plain inference), and its fp32 log-probabilities' logits, which
-    live beside the policy's."""
+    live beside the policy's. `logits`: the loss needs the logits themselves (a preference loss takes
+    log-probabilities of every answer token), so Liger's fused loss saves nothing there."""
     p = float(shape.params)
     t = float(trainable_params(shape, finetuning_type) if trainable is None else trainable)
     w = max(1, world)
@@ -245,7 +247,7 @@ def estimate(
         )
     tokens = micro_batch * seq_len
     acts = _activation_bytes(shape, mode, t, tokens, gradient_checkpointing, liger, finetuning_type)
-    loss = tokens * (8 * shape.hidden if liger else LOGIT_BYTES[mode] * shape.vocab)
+    loss = tokens * (8 * shape.hidden if liger and not logits else LOGIT_BYTES[mode] * shape.vocab)
     mask = micro_batch * seq_len * seq_len * 2 if neat_mask else 0.0
     ref = 0.0
     if reference == "copy":
@@ -474,6 +476,7 @@ class _Space:
             buckets=_bucket_elems(self.buckets(stage)),
             trainable=self.trainable,
             reference=self.reference,
+            logits=self.seqs > 1,
         )
 
     def step(self, cand: Candidate) -> StepTime:
