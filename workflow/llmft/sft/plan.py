@@ -315,6 +315,11 @@ class Plan:
         )
         out["tokens_per_step"] = self.tokens_per_step
         out["step"] = self.step.to_json() if self.step else None
+        if self.sequences_per_row == 1:
+            # sft's plan reads as before the preference stage existed (its rendered YAML is unchanged)
+            for key in ("sequences_per_row", "reference"):
+                out.pop(key)
+            out["memory"].pop("reference")
         return out
 
 
