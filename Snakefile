@@ -39,6 +39,7 @@ include: "workflow/rules/env.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/sft.smk"
 include: "workflow/rules/eval.smk"
+include: "workflow/rules/preference.smk"
 include: "workflow/rules/benchmarks.smk"
 include: "workflow/rules/report.smk"
 

@@ -43,6 +43,8 @@ MODULES = [
     "tests.workflow.test_promote",
     "tests.workflow.test_continue",
     "tests.unit.data.test_delta",
+    "tests.unit.sft.test_preference",
+    "tests.slurm.test_preference_resume",
 ]
 BEGIN = "<!-- reliability table: python -m tests.reliability -->"
 END = "<!-- end of reliability table -->"

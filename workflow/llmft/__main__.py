@@ -52,6 +52,8 @@ def cmd_check_config(args) -> int:
 
     cfg, sources = effective_config(args.configfile, args.config, args.directory)
     precheck(cfg)
+    if cfg.get("preference") is not None:
+        precheck(_stage_view(cfg, "preference"))
     cfg["model"]["template"], _ = template_for_workflow(cfg, args.directory)
     resolve_parent(cfg, args.directory)  # model.continue_from: checked, a link resolved to its run
     print(f"llmft: {', then '.join(sources)}; the schema's defaults for the rest", file=sys.stderr)
@@ -215,11 +217,32 @@ def cmd_render_sft(args) -> int:
 
     cfg = _cfg(args)
     platform = read_platform(cfg, args.verify)
-    render(cfg, args.base_model, args.data_dir, args.out_yaml, args.out_deepspeed, args.work_root, platform)
+    view = _stage_view(cfg, args.stage)
+    render(
+        view,
+        args.base_model,
+        args.data_dir,
+        args.out_yaml,
+        args.out_deepspeed,
+        args.work_root,
+        platform,
+        ref_model=args.ref_model or None,
+    )
     if args.out_config:
         # The config sft's three steps read (`--config`): the slice this render was made from.
         write_json(args.out_config, json.loads(args.config_json) if args.config_json else cfg)
     return 0
+
+
+def _stage_view(cfg: dict, stage: str) -> dict:
+    """The config the planner and renderer see: sft's, or the preference stage's view of it."""
+    if stage == "sft":
+        return cfg
+    if cfg.get("preference") is None:
+        raise ConfigError("config key preference: not set, so there is no preference stage to plan or render")
+    from llmft.sft.preference import view
+
+    return view(cfg)
 
 
 def cmd_plan(args) -> int:
@@ -232,7 +255,7 @@ def cmd_plan(args) -> int:
     from llmft.sft.plan import describe, resolve
     from llmft.sft.render import config_shape
 
-    cfg = _cfg(args)
+    cfg = _stage_view(_cfg(args), args.stage)
     platform = read_platform(cfg, args.facts) if args.facts else Platform.declared(cfg)
     model = args.model or cfg["model"]["name_or_path"]
     plan = resolve(cfg, model, platform, config_shape(cfg, model))
@@ -285,6 +308,13 @@ def cmd_evaluate(args) -> int:
         processes=args.processes,
         threads=args.threads,
     )
+    return 0
+
+
+def cmd_evaluate_preference(args) -> int:
+    from llmft.evaluate.preference import evaluate_model
+
+    evaluate_model(_cfg(args), args.model, args.heldout, args.out_dir, args.label, threads=args.threads)
     return 0
 
 
@@ -471,9 +501,18 @@ def _data_commands(add) -> None:
     )
 
 
+def _stage_option(p) -> None:
+    p.add_argument(
+        "--stage",
+        choices=("sft", "preference"),
+        default="sft",
+        help="the training stage: sft, or the preference stage (the config's preference section)",
+    )
+
+
 def _sft_commands(sub, add) -> None:
     """Stage 3: render, plan, and sft's three steps."""
-    add(
+    p = add(
         "render-sft",
         cmd_render_sft,
         "base-model=the base model folder",
@@ -483,8 +522,10 @@ def _sft_commands(sub, add) -> None:
         "out-deepspeed=the DeepSpeed JSON to write",
         "work-root=the folder for checkpoints and the trainer's work",
         "out-config?=the config.json to write for sft's three steps",
+        "ref-model?=the preference stage's reference model when it is not the model it starts from",
         help="plan from the nodes' facts and render the LLaMA-Factory YAML and DeepSpeed JSON",
     )
+    _stage_option(p)
     p = add(
         "plan",
         cmd_plan,
@@ -493,9 +534,10 @@ def _sft_commands(sub, add) -> None:
         help="per-GPU memory plan for the sft config; refuse if it cannot fit",
     )
     p.add_argument("--json", action="store_true", help="the whole plan as JSON")
-    steps = sub.add_parser("sft", help="check, launch on every node, finalize").add_subparsers(
-        dest="step", required=True
-    )
+    _stage_option(p)
+    steps = sub.add_parser(
+        "sft", help="check, launch on every node, finalize: sft or the preference stage, as the YAML says"
+    ).add_subparsers(dest="step", required=True)
     add(
         "check",
         cmd_sft_check,
@@ -534,6 +576,16 @@ def _later_commands(sub, add) -> None:
         help="score a model on the held-out split",
     )
     p.add_argument("--processes", type=int, default=0, help="0 = one per GPU (one on CPU)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads per process (0 = torch default)")
+    p = add(
+        "evaluate-preference",
+        cmd_evaluate_preference,
+        "model=the model folder to score",
+        "heldout=the preference stage's held-out pairs or KTO rows (JSONL)",
+        "out-dir=the folder for logps.jsonl, metrics.json and predictions.jsonl",
+        "label=base, tuned (sft) or preference",
+        help="a model's log-probabilities of the held-out preference answers, and generation metrics",
+    )
     p.add_argument("--threads", type=int, default=0, help="CPU threads per process (0 = torch default)")
     p = add(
         "bench",

@@ -12,6 +12,7 @@ from llmft.core.chat_templates import AUTO as AUTO_TEMPLATE
 from llmft.core.chat_templates import for_workflow as template_for_workflow
 from llmft.core.config import BUILTIN_DATA, BUILTIN_MODEL, ConfigError, layout, validate
 from llmft.core.lfdataset import resolve as resolve_lf_entry
+from llmft.sft import preference as preference_stage
 from llmft.sft.render import precheck
 from llmft.core.slurm import launcher_resources_error, launcher_words, profile_mismatch
 
@@ -20,6 +21,8 @@ try:
     # A config that could fit on no node of the declared kind stops here, naming the keys to
     # change; the plan sft trains with is made later from the nodes' facts (render_sft_config).
     precheck(CFG)
+    if CFG.get("preference") is not None:
+        precheck(preference_stage.view(CFG))
 except ConfigError as exc:
     # The message alone, first and last: Snakemake would print a file, a line and a trace around it.
     sys.exit(f"llmft config error: {exc}")
@@ -60,22 +63,25 @@ RUN = CFG["run"]
 LAYOUT = layout(CFG)
 
 
+PREF = CFG.get("preference")
+
+
 def final_outputs():
-    """What a run promises: the page, its summary, the published model (and LoRA's adapter). Each is
-    a target, so one deleted after a finished run is made again: a missing input of a job whose own
-    outputs are current is not rebuilt by Snakemake."""
+    """What a run promises: the page, its summary, the published model (and LoRA's adapter); with a
+    preference section the preference stage's too. Each is a target, so one deleted after a finished
+    run is made again: a missing input of a job whose own outputs are current is not rebuilt by
+    Snakemake."""
     published = [f"results/{RUN}/sft/model"]
     if CFG["sft"]["finetuning_type"] == "lora":
         published.append(f"results/{RUN}/sft/adapter")
-    # The preference stage's data (its training and evaluation, once wired, ask for it too).
-    preference = (
-        [f"results/{RUN}/preference/data/stats.json"] if CFG.get("preference") else []
-    )
+    if PREF is not None:
+        published.append(f"results/{RUN}/preference/model")
+        if preference_stage.finetuning_type(CFG) == "lora":
+            published.append(f"results/{RUN}/preference/adapter")
     return [
         f"results/{RUN}/report/index.html",
         f"results/{RUN}/report/summary.json",
         *published,
-        *preference,
     ]
 
 
@@ -232,6 +238,77 @@ def sft_adapter_output():
 def sft_output_log(wildcards):
     """Where sft's steps append their output: not its declared log, which Snakemake deletes first."""
     return f"results/{wildcards.run}/logs/sft.log"
+
+
+def preference_output_log(wildcards):
+    """The same for the preference stage."""
+    return f"results/{wildcards.run}/logs/preference.log"
+
+
+# The shell of a training stage (sft, preference): check (the verify_env gate), launch (once per
+# node), finalize (publish); bash stops at the first that fails. See the sft rule for the logs.
+_TRAIN_SHELL = """
+        echo "[llmft] STAGE job started $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname): output in" {params.out:q} | tee {log:q} >>{params.out:q}
+        from=$(stat -c %s {params.out:q})
+        trap 'tail -c +$((from + 1)) {params.out:q} | tail -n 60 >>{log:q}' EXIT
+        rm -f {params.page:q}
+        {params.python:q} -m llmft sft check --config {input.config:q} --yaml {input.yaml:q} --verify {input.verify:q} >>{params.out:q} 2>&1
+        {params.launcher} {params.python:q} -m llmft sft launch --config {input.config:q} --yaml {input.yaml:q} >>{params.out:q} 2>&1
+        {params.python:q} -m llmft sft finalize --config {input.config:q} --yaml {input.yaml:q} --model-out {output.model:q} --summary-out {output.summary:q} >>{params.out:q} 2>&1
+        """
+
+
+def train_shell(stage):
+    """The training shell of `stage` (its name in the first line it logs)."""
+    return _TRAIN_SHELL.replace("STAGE", stage, 1)
+
+
+def preference_start(wildcards):
+    """The model the preference stage trains: sft's published model, or the base model."""
+    if PREF["start_from"] == "sft":
+        return f"results/{wildcards.run}/sft/model"
+    return base_model_dir(wildcards)
+
+
+def preference_reference(wildcards):
+    """The reference model's folder when it is not the starting model (reference: base), else none."""
+    if preference_stage.reference(CFG) == "base":
+        return {"ref": base_model_dir(wildcards)}
+    return {}
+
+
+def preference_ref_arg(wildcards, input):
+    return f"--ref-model {shlex.quote(input.ref)}" if "ref" in input.keys() else ""
+
+
+def preference_adapter_output():
+    if PREF is None or preference_stage.finetuning_type(CFG) != "lora":
+        return {}
+    return {"adapter": directory("results/{run}/preference/adapter")}
+
+
+def preference_eval_model(wildcards):
+    """base, tuned (sft's model) or preference."""
+    if wildcards.model == "base":
+        return base_model_dir(wildcards)
+    return f"results/{wildcards.run}/{'sft' if wildcards.model == 'tuned' else 'preference'}/model"
+
+
+# The report's config keys gain `preference` only when the section is set: a run without one
+# renders the same report params as before the stage existed.
+PREFERENCE_KEYS = ("preference",) if PREF is not None else ()
+
+
+def preference_eval_inputs(wildcards):
+    """What the report adds with a preference stage: its training summary and each model's
+    log-probabilities of the held-out answers; none without one."""
+    if PREF is None:
+        return []
+    return [f"results/{wildcards.run}/preference/train_summary.json"] + expand(
+        "results/{run}/preference/eval/{model}/logps.jsonl",
+        run=wildcards.run,
+        model=("base", "tuned", "preference"),
+    )
 
 
 def run_page(wildcards):

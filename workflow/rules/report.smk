@@ -15,6 +15,7 @@ rule report:
         predictions="results/{run}/eval/tuned/predictions.jsonl",
         benchmarks=benchmark_inputs,
         compared=compared_inputs,
+        preference=preference_eval_inputs,
     output:
         html=report(
             "results/{run}/report/index.html",
@@ -91,6 +92,7 @@ rule report:
             "verify",
             "eval",
             "nightly.compare_with",
+            *PREFERENCE_KEYS,
             benchmarks=bool(CFG["eval"]["benchmarks"]),
         ),
     shell:

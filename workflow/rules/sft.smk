@@ -100,12 +100,4 @@ rule sft:
         out=sft_output_log,
         page=run_page,
     shell:
-        """
-        echo "[llmft] sft job started $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname): output in" {params.out:q} | tee {log:q} >>{params.out:q}
-        from=$(stat -c %s {params.out:q})
-        trap 'tail -c +$((from + 1)) {params.out:q} | tail -n 60 >>{log:q}' EXIT
-        rm -f {params.page:q}
-        {params.python:q} -m llmft sft check --config {input.config:q} --yaml {input.yaml:q} --verify {input.verify:q} >>{params.out:q} 2>&1
-        {params.launcher} {params.python:q} -m llmft sft launch --config {input.config:q} --yaml {input.yaml:q} >>{params.out:q} 2>&1
-        {params.python:q} -m llmft sft finalize --config {input.config:q} --yaml {input.yaml:q} --model-out {output.model:q} --summary-out {output.summary:q} >>{params.out:q} 2>&1
-        """
+        train_shell("sft")

@@ -417,6 +417,54 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
     if cfg["sft"]["offload"] is True and cfg["sft"]["zero_stage"] not in (3, "auto"):
         raise ConfigError("config key sft.offload: offload needs sft.zero_stage: 3 (or auto)")
     _finetuning_checks(cfg["sft"], on_cpu=hw["vendor"] == "cpu" or hw["gpus_per_node"] == 0)
+    if cfg.get("preference") is not None:
+        _preference_checks(cfg["preference"])
+    elif cfg["nightly"]["metric"] == "preference_accuracy":
+        raise ConfigError(
+            "config key nightly.metric: preference_accuracy needs a preference stage (config key "
+            "preference); set one or gate on another metric"
+        )
+
+
+# preference.* keys that only one method or loss reads: (key, who reads it, the test).
+PREFERENCE_ONLY = (
+    ("simpo_gamma", "preference.loss: simpo", lambda p: p["method"] == "dpo" and p["loss"] == "simpo"),
+    ("ftx", "preference.method: dpo", lambda p: p["method"] == "dpo"),
+    ("kto_desirable_weight", "preference.method: kto", lambda p: p["method"] == "kto"),
+    ("kto_undesirable_weight", "preference.method: kto", lambda p: p["method"] == "kto"),
+)
+
+
+@functools.cache
+def _preference_defaults() -> dict:
+    props = load_schema()["properties"]["preference"]["properties"]
+    return {k: v.get("default") for k, v in props.items()}
+
+
+def _preference_checks(pref: dict) -> None:
+    """Keys a method or loss does not read are refused by name, as LLaMA-Factory would ignore them."""
+    defaults = _preference_defaults()
+    if pref["method"] == "kto" and pref["loss"] != defaults["loss"]:
+        raise ConfigError(
+            f"config key preference.loss: {pref['loss']!r} but preference.method kto has no loss choice "
+            "(LLaMA-Factory's kto stage has its own); remove the key or set method: dpo"
+        )
+    for key, who, reads in PREFERENCE_ONLY:
+        if pref[key] != defaults[key] and not reads(pref):
+            raise ConfigError(
+                f"config key preference.{key}: {pref[key]!r} is only used with {who}; remove the key"
+            )
+    if uses_reference(pref) is False and pref["reference"] != "auto":
+        raise ConfigError(
+            f"config key preference.reference: {pref['reference']!r} but preference.loss "
+            f"{pref['loss']} uses no reference model; remove the key (or use loss: sigmoid)"
+        )
+
+
+def uses_reference(pref: dict) -> bool:
+    """Whether the preference loss compares the policy with a frozen reference model (LLaMA-Factory's
+    use_ref_model: dpo's sigmoid loss, and kto)."""
+    return pref["method"] == "kto" or pref["loss"] == "sigmoid"
 
 
 @functools.cache

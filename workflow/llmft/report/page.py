@@ -14,6 +14,7 @@ from llmft.core import flops
 from llmft.core.io import read_json, read_jsonl, read_optional, write_json, write_text
 from llmft.core.platform import Platform
 from llmft.report import bench
+from llmft.report import preference as pref_page
 from llmft.report.draw import CSP, STYLE, esc, fmt, svg_bars, svg_lines, table, tsv
 from llmft.report.lineage import lineage_html, run_lineage
 from llmft.report.trend import build_trend
@@ -715,6 +716,7 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
     samples = pick_samples(r.base_pred, r.tuned_pred)
     # eval.benchmarks: only a run configured with them shows them (a stale bench/ folder is not read)
     benchmarks = bench.load(r.run) if cfg["eval"]["benchmarks"] else None
+    pref = pref_page.load(cfg, Path(run_dir))
     git = git_state()
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     page = "".join(
@@ -722,6 +724,7 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
             overview_section(r, results_dir),
             heldout_section(r, metrics),
             bench.section(benchmarks),
+            pref_page.section(pref),
             curves_section(figures),
             throughput_section(r, figures),
             samples_section(samples),
@@ -735,6 +738,13 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
         summary["benchmarks"] = benchmarks
     if cfg["nightly"]["compare_with"]:
         summary["compared_with"] = compared_with(r.run, cfg["nightly"]["compare_with"])
+    if pref:
+        summary["preference"] = pref
+        # The gate's metric (nightly.metric: preference_accuracy) is read from `tuned`: the run's
+        # final model, the preference-tuned one.
+        summary["tuned"]["preference_accuracy"] = (
+            pref["models"].get("preference", {}).get("preference_accuracy")
+        )
     write_text(out / "index.html", page)
     write_json(out / "summary.json", summary)
     for name in FIGURES:

@@ -92,10 +92,11 @@ class Memory:
     loss: float
     mask: float
     step_transient: float
+    reference: float = 0.0  # a preference stage's frozen reference model (16-bit weights, forward only)
 
     @property
     def states(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.buckets
+        return self.weights + self.gradients + self.optimizer + self.buckets + self.reference
 
     @property
     def backward_peak(self) -> float:
@@ -239,9 +240,16 @@ def estimate(
     buckets: tuple[float, float] = (5e8, 5e8),
     trainable: float | None = None,
     fp8: bool = False,
+    reference: str = "none",
+    logits: bool = False,
 ) -> Memory:
     """Per-GPU memory of one configuration (see the module docstring for the model); `trainable`
-    overrides trainable_params' defaults (LoRA rank 8 on all linear layers, freeze 2 layers)."""
+    overrides trainable_params' defaults (LoRA rank 8 on all linear layers, freeze 2 layers).
+    `reference: copy` adds a preference stage's frozen reference model: its weights in the compute
+    precision (fp32 in fp32, else 16 bit), sharded by ZeRO-3 (trl's prepare_deepspeed keeps stage 3
+    for it and runs any other stage as plain inference), and its fp32 log-probabilities' logits, which
+    live beside the policy's. `logits`: the loss needs the logits themselves (a preference loss takes
+    log-probabilities of every answer token), so Liger's fused loss saves nothing there."""
     p = float(shape.params)
     t = float(trainable_params(shape, finetuning_type) if trainable is None else trainable)
     w = max(1, world)
@@ -259,8 +267,13 @@ def estimate(
     if fp8:
         widest = shape.hidden + shape.intermediate
         acts += tokens * FP8_CAST_BYTES * widest + 2 * shape.hidden * shape.intermediate
-    loss = tokens * (8 * shape.hidden if liger else LOGIT_BYTES[mode] * shape.vocab)
+    loss = tokens * (8 * shape.hidden if liger and not logits else LOGIT_BYTES[mode] * shape.vocab)
     mask = micro_batch * seq_len * seq_len * 2 if neat_mask else 0.0
+    ref = 0.0
+    if reference == "copy":
+        ref = (4 if mode == "fp32" else 2) * p / (w if stage == 3 else 1)
+    if reference != "none":
+        loss += tokens * 4 * shape.vocab  # the reference's logits (LoRA's adapter-free pass too)
     return Memory(
         weights=weights / GIB,
         gradients=grads / GIB,
@@ -270,6 +283,7 @@ def estimate(
         loss=loss / GIB,
         mask=mask / GIB,
         step_transient=transient / GIB,
+        reference=ref / GIB,
     )
 
 
@@ -297,6 +311,8 @@ class Plan:
     compile: bool = False  # torch.compile each decoder layer (llmft.sft.train)
     step: StepTime | None = None  # the estimated step time of this plan (steptime.py)
     fp8: bool = False  # torchao float8 on the decoder's linear layers (llmft.core.fp8)
+    sequences_per_row: int = 1  # a preference pair's two sequences
+    reference: str = "none"  # a preference stage's reference model: none | forward | copy
 
     @property
     def predicted_peak_gib(self) -> float:
@@ -304,7 +320,7 @@ class Plan:
 
     @property
     def tokens_per_micro_batch(self) -> int:
-        return self.micro_batch * self.seq_len
+        return self.micro_batch * self.sequences_per_row * self.seq_len
 
     @property
     def tokens_per_step(self) -> int:
@@ -320,6 +336,11 @@ class Plan:
         )
         out["tokens_per_step"] = self.tokens_per_step
         out["step"] = self.step.to_json() if self.step else None
+        if self.sequences_per_row == 1:
+            # sft's plan reads as before the preference stage existed (its rendered YAML is unchanged)
+            for key in ("sequences_per_row", "reference"):
+                out.pop(key)
+            out["memory"].pop("reference")
         return out
 
 
@@ -423,6 +444,10 @@ class _Space:
     trainable: float
     tuning: flops.Tuning
     fp8: bool = False
+    # a preference stage: sequences per row (a pair's two) and its reference model (none | forward |
+    # copy: see estimate and step_time)
+    seqs: int = 1
+    reference: str = "none"
 
     @property
     def world(self) -> int:
@@ -439,7 +464,7 @@ class _Space:
                 for offload in _offload_options(self.sft, on_gpu):
                     if offload and stage != 3:
                         continue
-                    for rows in _rows_options(self.sft, self.seq, self.world):
+                    for rows in _rows_options(self.sft, self.seq * self.seqs, self.world):
                         yield stage, offload, rows, gc
 
     def liger(self, stage: int) -> bool:
@@ -459,7 +484,7 @@ class _Space:
     def accumulation(self, rows: int) -> int:
         if self.sft["gradient_accumulation_steps"] != "auto":
             return self.sft["gradient_accumulation_steps"]
-        return max(1, math.ceil(self.sft["tokens_per_step"] / (rows * self.seq * self.world)))
+        return max(1, math.ceil(self.sft["tokens_per_step"] / (rows * self.seqs * self.seq * self.world)))
 
     def memory(self, cand: Candidate) -> Memory:
         stage, offload, rows, gc = cand
@@ -467,7 +492,7 @@ class _Space:
             self.shape,
             stage=stage,
             world=self.world,
-            micro_batch=rows,
+            micro_batch=rows * self.seqs,
             seq_len=self.seq,
             gradient_checkpointing=gc,
             precision=self.sft["precision"],
@@ -478,6 +503,8 @@ class _Space:
             buckets=_bucket_elems(self.buckets(stage)),
             trainable=self.trainable,
             fp8=self.fp8,
+            reference=self.reference,
+            logits=self.seqs > 1,
         )
 
     def step(self, cand: Candidate) -> StepTime:
@@ -487,7 +514,7 @@ class _Space:
             self.platform,
             stage=stage,
             offload=offload,
-            micro_batch=rows,
+            micro_batch=rows * self.seqs,
             seq_len=self.seq,
             accumulation=self.accumulation(rows),
             gradient_checkpointing=gc,
@@ -495,6 +522,7 @@ class _Space:
             precision=self.sft["precision"],
             tuning=self.tuning,
             fp8=self.fp8,
+            reference=self.reference,
         )
 
     def host_need(self, cand: Candidate) -> float | None:
@@ -554,9 +582,24 @@ def _batch_reasons(sft: dict, rows: int, accum: int, seq: int) -> list[str]:
     return out
 
 
+def _preference_cost(cfg: dict) -> tuple[int, str]:
+    """(sequences per row, reference) of a preference stage's config view; (1, none) for sft."""
+    if cfg.get("stage") not in ("dpo", "kto"):
+        return 1, "none"
+    from llmft.sft import preference
+
+    ref = preference.reference_weights(cfg)
+    if ref == "none" and preference.reference(cfg) != "none":
+        ref = "forward"  # LoRA: the policy's own weights with the adapter disabled
+    return preference.sequences_per_row(cfg), ref
+
+
 def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelShape | None = None) -> Plan:
-    """Concrete settings for every `auto` in cfg['sft'], checked against the devices' memory."""
+    """Concrete settings for every `auto` in cfg['sft'], checked against the devices' memory. A
+    preference stage's view (preference.view) is planned with its pairs' two sequences and its
+    reference model."""
     sft = cfg["sft"]
+    seqs, reference = _preference_cost(cfg)
     shape = shape or model_shape(model_dir)
     world = platform.world_size
     seq = cfg["data"]["cutoff_len"]
@@ -577,6 +620,8 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
         trainable=float(sft_trainable_params(shape, sft)),
         tuning=flops.tuning_of(sft, shape),  # the config's keys are LLaMA-Factory's names
         fp8=use_fp8,
+        seqs=seqs,
+        reference=reference,
     )
     fitting, host_refused, smallest = _evaluate(space, usable)
     if not fitting:
@@ -611,6 +656,8 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
         compile=_use_compile(sft, stage, platform),
         step=estimate_,
         fp8=use_fp8,
+        sequences_per_row=seqs,
+        reference=reference,
     )
 
 
@@ -705,8 +752,16 @@ def _refusal(cfg, shape, gpu, usable, smallest, seq) -> str:
         f"a shorter data.cutoff_len (now {seq})",
         "sft.finetuning_type: lora",
     ]
+    what = "sft"
+    seqs, reference = _preference_cost(cfg)
+    if seqs > 1:
+        what = f"the preference stage ({cfg['stage']}: {seqs} sequences per row, reference model {reference})"
+        if reference == "copy":
+            tips.insert(
+                0, "preference.finetuning_type: lora (its reference is the adapter-free model, no copy)"
+            )
     return (
-        f"sft does not fit: {shape.params / 1e9:.2f} B parameters need at least {peak:.1f} GiB per device "
+        f"{what} does not fit: {shape.params / 1e9:.2f} B parameters need at least {peak:.1f} GiB per device "
         f"(ZeRO-{stage}{' + offload' if offload else ''}, micro-batch {rows} x {seq} tokens, gradient "
         f"checkpointing {'on' if gc else 'off'}) but {gpu} leaves {usable:.1f} GiB usable"
         + (f" with {', '.join(fixed)}" if fixed else "")
@@ -728,9 +783,16 @@ def describe(plan: Plan) -> str:
         + (f", FP8 ({fp8.RECIPE} float8) on the decoder's linear layers" if plan.fp8 else ""),
         f"memory per device on {plan.gpu} ({plan.capacity_gib:.0f} GiB, {plan.usable_gib:.0f} usable): "
         f"peak {m.peak:.1f} GiB = weights {m.weights:.1f} + grads {m.gradients:.1f} + optimizer "
-        f"{m.optimizer:.1f} + buckets {m.buckets:.1f} + max(activations {m.activations:.1f} + loss "
+        f"{m.optimizer:.1f} + buckets {m.buckets:.1f}"
+        + (f" + reference {m.reference:.1f}" if m.reference else "")
+        + f" + max(activations {m.activations:.1f} + loss "
         f"{m.loss:.1f} + mask {m.mask:.1f}, step {m.step_transient:.1f})",
     ]
+    if plan.sequences_per_row > 1:
+        lines.append(
+            f"preference pairs: {plan.sequences_per_row} sequences per row in one batch, reference model "
+            f"{plan.reference} (copy = frozen weights, forward = the policy with its adapter off)"
+        )
     if plan.step:
         st = plan.step
         lines.append(

@@ -16,7 +16,7 @@ from llmft.core.config import BUILTIN_MODEL, ConfigError, lora_settings
 from llmft.core.io import read_json, write_json, write_text
 from llmft.core.platform import Platform
 from llmft.core.shape import ModelShape, model_shape
-from llmft.sft import tracking
+from llmft.sft import preference, tracking
 from llmft.sft.packing import STAMP_FILE, packed_dir_name, packing_args, source_fingerprint
 from llmft.sft.plan import Plan, describe, resolve
 
@@ -84,21 +84,42 @@ def llamafactory_args(
     work_root: str,
     plan: Plan,
     platform: Platform,
+    ref_model: str | None = None,
 ) -> dict:
-    """The LLaMA-Factory training arguments; `sft.extra` wins over our defaults."""
+    """The LLaMA-Factory training arguments; `sft.extra` wins over our defaults. A preference stage's
+    config view (preference.view) renders its own stage, datasets and loss arguments."""
     sft = cfg["sft"]
     args = _default_args(cfg, base_model, data_dir, plan, platform)
     args.update(_packing_and_kernel_args(plan))
     args.update(_precision_args(sft["precision"], platform.vendor))
     args.update(finetuning_args(sft))
     args.update(_distributed_args(deepspeed_path, platform))
+    if is_preference(cfg):
+        args.update(preference.llamafactory_args(cfg, ref_model))
     args.update(sft["extra"])
-    tokenized = _tokenized_path(args, data_dir)
+    tokenized = _tokenized_path(args, data_dir) if not is_preference(cfg) else _preference_tokenized(data_dir)
     if tokenized is not None:
         args["tokenized_path"] = tokenized
     digest = hashlib.sha256(json.dumps(args, sort_keys=True, default=str).encode()).hexdigest()
-    args["output_dir"] = f"{work_root}/sft-{digest[:12]}"
+    args["output_dir"] = f"{work_root}/{work_prefix(cfg)}-{digest[:12]}"
     return args
+
+
+def is_preference(cfg: dict) -> bool:
+    """Whether cfg is a preference stage's view (preference.view), not sft's config."""
+    return cfg.get("stage") in ("dpo", "kto")
+
+
+def work_prefix(cfg: dict) -> str:
+    """The work folder's name before its config hash: sft-<hash> or preference-<hash>."""
+    return "preference" if is_preference(cfg) else "sft"
+
+
+def _preference_tokenized(data_dir: str) -> str | None:
+    """The preference rows prepare_preference tokenized as LLaMA-Factory's pairwise / KTO
+    preprocessing saves them, when it did; else LLaMA-Factory tokenizes them in the job."""
+    path = Path(data_dir) / pretokenize.TOKENIZED_DIR
+    return str(path) if path.is_dir() else None
 
 
 def _default_args(cfg: dict, base_model: str, data_dir: str, plan: Plan, platform: Platform) -> dict:
@@ -113,8 +134,8 @@ def _default_args(cfg: dict, base_model: str, data_dir: str, plan: Plan, platfor
         "stage": "sft",
         "do_train": True,
         "finetuning_type": sft["finetuning_type"],
-        "dataset": "llmft_train",
-        "eval_dataset": "llmft_heldout",
+        "dataset": preference.TRAIN_DATASET if is_preference(cfg) else "llmft_train",
+        "eval_dataset": preference.HELDOUT_DATASET if is_preference(cfg) else "llmft_heldout",
         "dataset_dir": data_dir,
         # Snakemake passes the name it resolved; `auto` here only in a hand-made config.
         "template": template_for_config(cfg, base_model)[0],
@@ -337,11 +358,21 @@ def render(
     work_root: str,
     platform: Platform,
     shape: ModelShape | None = None,
+    ref_model: str | None = None,
 ):
-    """Plan for `platform`; write llamafactory.yaml (+ the launcher's `llmft:` block) and deepspeed.json."""
+    """Plan for `platform`; write llamafactory.yaml (+ the launcher's `llmft:` block) and deepspeed.json.
+    cfg is sft's config or a preference stage's view (preference.view), whose reference model, when
+    it is not the starting model, is `ref_model`."""
     shape = shape or model_shape(base_model)
     check_finetuning(cfg["sft"], shape)
-    if cfg["sft"]["finetuning_type"] == "lora" and cfg["sft"]["learning_rate"] < LORA_LOW_LR:
+    if is_preference(cfg):
+        log.info(
+            "preference stage: %s, reference model %s, learning rate %g",
+            cfg["stage"],
+            preference.reference(cfg),
+            cfg["sft"]["learning_rate"],
+        )
+    elif cfg["sft"]["finetuning_type"] == "lora" and cfg["sft"]["learning_rate"] < LORA_LOW_LR:
         log.warning(
             "sft.learning_rate %g is low for LoRA: the default 1e-5 is the full-SFT recipe; LoRA usually "
             "trains at about 1e-4 (LLaMA-Factory's LoRA examples)",
@@ -354,7 +385,9 @@ def render(
     log.info("%s", start)
     ds = deepspeed_config(plan, platform)
     write_json(out_ds, ds or {"zero_optimization": {"stage": 0}, "disabled": True})
-    args = llamafactory_args(cfg, base_model, data_dir, out_ds if ds else None, work_root, plan, platform)
+    args = llamafactory_args(
+        cfg, base_model, data_dir, out_ds if ds else None, work_root, plan, platform, ref_model
+    )
     args["llmft"] = {
         "attention": plan.attention,
         "divergence_factor": cfg["sft"]["divergence_factor"],

@@ -119,14 +119,19 @@ def step_time(
     precision: str = "bf16",
     tuning: flops.Tuning = flops.FULL,
     fp8: bool = False,
+    reference: str = "none",
 ) -> StepTime:
-    """The estimate for one candidate plan (see the module docstring)."""
+    """The estimate for one candidate plan (see the module docstring). `reference` (preference
+    stages): "forward" = a reference forward pass over every token on the policy's weights (LoRA with
+    its adapter disabled), "copy" = the same on a frozen copy, which ZeRO-3 also gathers."""
     world = platform.world_size
     tokens = micro_batch * seq_len
     # flops.py's model FLOPs, the rows of a pack spanning half of it on average; checkpointing
     # recomputes the forward pass
     count = flops.per_token(shape, seq_len / 2, tuning)
     per_token = count.total + (count.forward if gradient_checkpointing else 0.0)
+    if reference != "none":
+        per_token += flops.per_token(shape, seq_len / 2).forward  # no adapter: the frozen model's forward
     spec = platform.spec
     peak = (spec.peak_bf16_tflops if spec else CPU_TFLOPS) * 1e12 if platform.on_gpu else CPU_TFLOPS * 1e12
     if fp8:
@@ -142,7 +147,9 @@ def step_time(
     if world > 1 and bw:
         share = (world - 1) / world
         if stage == 3:
-            comm = accumulation * (2 * weights + grads) * share / bw
+            # the reference copy is gathered once more for its forward pass
+            gathers = 3 if reference == "copy" else 2
+            comm = accumulation * (gathers * weights + grads) * share / bw
         elif stage in (1, 2):
             comm = (accumulation * grads + weights) * share / bw
         else:

@@ -1,0 +1,216 @@
+"""GPU DPO benchmark (issue 34): llmft's own plan for the preference stage against a hand-tuned
+LLaMA-Factory DPO config, same 1.24 B model, same pairs, one call, both through llmft's render path
+(`render-sft --stage preference`) and launcher (`sft launch`), as bench/sft_bench.py runs sft.
+
+    python bench/dpo_bench.py pairs --out OUT [--rows N]     # the pairs both variants train on
+    python bench/dpo_bench.py run NAME --out OUT             # one variant: hand | ours
+    python bench/dpo_bench.py all --out OUT [--json R.json]  # pairs, both variants, the comparison
+
+Throughput = (tokens seen at the last step - tokens seen at the warm-up step) / (seconds between
+them) / GPUs, read from llmft_steps.jsonl; tokens are the non-padding input tokens of both sequences
+of every pair (chosen and rejected, prompt included), as LLaMA-Factory's include_num_input_tokens_seen
+counts them. Ratio = ours / hand. Both variants run full fine-tuning (the reference model a frozen
+copy) in bf16 at DPO's usual 5e-7, beta 0.1, sigmoid loss.
+
+hand: what a user who tuned LLaMA-Factory's DPO by hand on one H200 runs: ZeRO-2 (trl keeps the
+reference model whole outside ZeRO-3), 4 pairs x 4 accumulation steps, no gradient checkpointing,
+SDPA, no Liger. ours: every throughput key auto (the planner's choice from this machine's facts).
+
+BENCH_DRY_RUN=1 runs the same path on 2 CPU processes with a tiny model (no GPU): a check of the
+script, not a measurement. BENCH_MODELS (default /tmp/models) holds llama1b (bench/sft_models.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "workflow"))
+
+from llmft.sft.run import worker_pids  # noqa: E402
+
+from bench.sft_bench import _read_jsonl, _throughput, llmft_env, node_facts, run_stage  # noqa: E402
+
+MODELS = Path(os.environ.get("BENCH_MODELS", "/tmp/models"))
+RUNS = Path(os.environ.get("BENCH_RUNS", "/tmp/bench_runs"))
+SEQ = 2048
+WARMUP = 5  # steps before the throughput window (kernel set-up, first allocations)
+STEPS = 30
+
+HAND = {
+    "zero_stage": 2,
+    "per_device_train_batch_size": 4,
+    "gradient_accumulation_steps": 4,
+    "gradient_checkpointing": False,
+    "flash_attn": "sdpa",
+    "liger_kernel": False,
+}
+# ours at the hand-tuned run's tokens per optimizer step (4 x 4 pairs x 2 x 2048), so both learn alike
+VARIANTS = {"hand": HAND, "ours": {"tokens_per_step": 65536}}
+# the preference stage's own batch keys; the rest are sft's hardware keys, which the stage shares
+PREF_BATCH = ("per_device_train_batch_size", "gradient_accumulation_steps")
+
+
+def write_pairs(out: Path, rows: int, seed: int = 0) -> Path:
+    """DPO pairs of a realistic length (prompts of ~300 words, answers of ~150-400 words) in the
+    canonical form, and their dataset_info.json: the same file for both variants."""
+    rng = random.Random(seed)
+    vocab = [f"w{i}" for i in range(4000)]
+
+    def text(n: int) -> str:
+        return " ".join(rng.choice(vocab) for _ in range(n))
+
+    data = out / "pairs"
+    data.mkdir(parents=True, exist_ok=True)
+    with open(data / "train.jsonl", "w") as fh:
+        for _ in range(rows):
+            row = {
+                "messages": [{"from": "human", "value": text(rng.randint(200, 400))}],
+                "chosen": {"from": "gpt", "value": text(rng.randint(150, 400))},
+                "rejected": {"from": "gpt", "value": text(rng.randint(150, 400))},
+            }
+            fh.write(json.dumps(row) + "\n")
+    shutil.copy(data / "train.jsonl", data / "heldout.jsonl")
+    tags = {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt"}
+    entry = {"formatting": "sharegpt", "ranking": True, "tags": tags,
+             "columns": {"messages": "messages", "chosen": "chosen", "rejected": "rejected"}}  # fmt: skip
+    info = {"llmft_pref_train": {"file_name": "train.jsonl", **entry}}
+    info["llmft_pref_heldout"] = {"file_name": "heldout.jsonl", **entry}
+    (data / "dataset_info.json").write_text(json.dumps(info, indent=2))
+    return data
+
+
+def config_for(name: str, steps: int) -> dict:
+    overrides = VARIANTS[name]
+    sft = {k: v for k, v in overrides.items() if k not in PREF_BATCH}
+    sft.update(precision="bf16", logging_steps=1, save_steps=100000)
+    sft["extra"] = {"eval_strategy": "no", "disable_tqdm": True, "preprocessing_num_workers": 16}
+    pref = {"method": "dpo", "loss": "sigmoid", "beta": 0.1, "start_from": "base", "finetuning_type": "full"}
+    pref.update({k: overrides[k] for k in PREF_BATCH if k in overrides}, max_steps=steps)
+    hw = {"vendor": "cuda", "nodes": 1, "gpus_per_node": 1, "gpu_model": "h200"}
+    model = str(MODELS / "llama1b")
+    if os.environ.get("BENCH_DRY_RUN"):
+        hw = {"vendor": "cpu", "nodes": 1, "gpus_per_node": 0, "processes_per_node": 2}
+        sft.update(precision="fp32", zero_stage=0 if name == "ours" else 2)
+        sft.pop("flash_attn", None)
+        model = os.environ.get("BENCH_DRY_MODEL", model)
+    return {
+        "run": "bench",
+        "hardware": hw,
+        "model": {"name_or_path": model, "template": "default"},
+        "data": {"cutoff_len": SEQ if not os.environ.get("BENCH_DRY_RUN") else 256},
+        "sft": sft,
+        "preference": pref,
+    }
+
+
+def run_variant(name: str, out: Path, steps: int, timeout: int) -> dict:
+    """Render, launch, stop after the last step is logged (the final save is not timed)."""
+    rd = out / name
+    rd.mkdir(parents=True, exist_ok=True)
+    cfg_path = rd / "config.yaml"
+    cfg = config_for(name, steps)
+    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    py, common, env = sys.executable, ["--config", str(cfg_path)], llmft_env()
+    render = [py, "-m", "llmft", "render-sft", "--stage", "preference", *common]
+    render += ["--base-model", cfg["model"]["name_or_path"], "--verify", str(node_facts(out))]
+    render += ["--data-dir", str(out / "pairs"), "--out-yaml", str(rd / "llamafactory.yaml")]
+    render += ["--out-deepspeed", str(rd / "deepspeed.json"), "--work-root", str(RUNS)]
+    failed = run_stage(render, rd, "render", env)
+    if failed:
+        return failed
+    work = Path(yaml.safe_load((rd / "llamafactory.yaml").read_text())["output_dir"])
+    shutil.rmtree(work, ignore_errors=True)
+    launch = [py, "-m", "llmft", "sft", "launch", *common, "--yaml", str(rd / "llamafactory.yaml")]
+    t0, status = time.time(), "timeout"
+    with open(rd / "train.log", "w") as log:
+        proc = subprocess.Popen(launch, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        while time.time() - t0 < timeout:
+            if proc.poll() is not None:
+                status = "exited" if proc.returncode == 0 else f"failed rc={proc.returncode}"
+                break
+            if any(e.get("step") == steps and "time" in e for e in _read_jsonl(work / "llmft_steps.jsonl")):
+                status = "ok"
+                break
+            time.sleep(0.5)
+        if proc.poll() is None:
+            for pid in [*worker_pids(proc.pid), proc.pid]:
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
+            proc.wait()
+    steps_log = _read_jsonl(work / "llmft_steps.jsonl")
+    (rd / "llmft_steps.jsonl").write_text("".join(json.dumps(e) + "\n" for e in steps_log))
+    result = {"name": name, "status": status, "wall_s": round(time.time() - t0, 1)}
+    plan = yaml.safe_load((rd / "llamafactory.yaml").read_text())["llmft"]["plan"]
+    result["plan"] = {k: plan[k] for k in ("zero_stage", "micro_batch", "gradient_accumulation",
+                                           "gradient_checkpointing", "attention", "liger")}  # fmt: skip
+    result["predicted_peak_gib"] = plan["memory"]["peak"]
+    if any("time" in e for e in steps_log):
+        tps, n, seconds = _throughput(steps_log, WARMUP)
+        result.update(tokens_per_s_per_gpu=round(tps / plan["world_size"], 1), window_steps=n)
+        result["window_s"] = round(seconds, 2)
+    if status != "ok":
+        result["error"] = (rd / "train.log").read_text()[-3000:]
+    (rd / "result.json").write_text(json.dumps(result, indent=2))
+    shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def compare(results: dict) -> dict:
+    hand, ours = (results[n].get("tokens_per_s_per_gpu") for n in ("hand", "ours"))
+    ratio = round(ours / hand, 3) if hand and ours else None
+    print(f"hand-tuned LLaMA-Factory DPO: {hand} tokens/s/GPU ({results['hand']['status']})")
+    print(f"llmft's plan:                 {ours} tokens/s/GPU ({results['ours']['status']})")
+    print(f"ratio = ours / hand = {ours} / {hand} = {ratio}")
+    print(
+        "tokens/s = (non-padding tokens of both sequences of every pair seen at the last step - at step "
+        f"{WARMUP}) / seconds between them / GPUs"
+    )
+    return {"variants": results, "ratio": ratio}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("pairs", help="write the pairs both variants train on")
+    a.add_argument("--out", required=True, help="the benchmark's folder")
+    a.add_argument("--rows", type=int, default=2000, help="pairs to write")
+    r = sub.add_parser("run", help="one variant")
+    r.add_argument("name", choices=sorted(VARIANTS), help="hand or ours")
+    r.add_argument("--out", required=True, help="the benchmark's folder (pairs already written)")
+    r.add_argument("--steps", type=int, default=STEPS, help="optimizer steps to train")
+    r.add_argument("--timeout", type=int, default=900, help="seconds before a variant is stopped")
+    b = sub.add_parser("all", help="pairs, both variants, the comparison")
+    b.add_argument("--out", required=True, help="the benchmark's folder")
+    b.add_argument("--rows", type=int, default=2000, help="pairs to write")
+    b.add_argument("--steps", type=int, default=STEPS, help="optimizer steps per variant")
+    b.add_argument("--timeout", type=int, default=900, help="seconds before a variant is stopped")
+    b.add_argument("--json", default="", help="also write the comparison to this file")
+    args = p.parse_args()
+    out = Path(args.out)
+    if args.cmd == "pairs":
+        print(write_pairs(out, args.rows))
+    elif args.cmd == "run":
+        print(json.dumps(run_variant(args.name, out, args.steps, args.timeout), indent=2))
+    else:
+        write_pairs(out, args.rows)
+        result = compare({n: run_variant(n, out, args.steps, args.timeout) for n in VARIANTS})
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Preemption of the preference stage on the real Slurm test cluster, as test_sft_resume.py does for
+sft: signal the running two-node DPO job, it saves, requeues and resumes every step exactly once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import make_workdir
+from tests.reliability import reliability
+from tests.slurm.test_cluster import SMALL_RUN, _cluster_problem, cluster_start, sbatch_lines, submissions
+
+pytestmark = pytest.mark.slurm
+
+STEPS = 40
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    problem = _cluster_problem()
+    if problem:
+        pytest.skip(f"Slurm test cluster not up: {problem}; run `bash tests/slurm/cluster-up.sh` as root")
+
+
+def preference_job_id() -> str | None:
+    out = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i|%k"], capture_output=True, text=True)
+    ids = [line.split("|")[0] for line in out.stdout.splitlines() if "rule_preference_" in line]
+    return ids[0] if ids else None
+
+
+def trained_steps(work_root) -> list[int]:
+    files = list(work_root.glob("preference-*/llmft_steps.jsonl"))
+    if not files:
+        return []
+    return [json.loads(x)["step"] for x in files[0].read_text().splitlines() if '"time"' in x]
+
+
+@reliability(
+    fault="a two-node Slurm preference (DPO) job signalled before its time limit (`--signal=USR1@600`)",
+    seen="a checkpoint on every rank, `scontrol requeue`, the same job id resumes",
+    steps_lost="none",
+    data_lost="none",
+)
+def test_signalled_preference_job_saves_requeues_and_resumes(tmp_path):
+    run = {
+        **SMALL_RUN,
+        "run": "prefpreempt",
+        "preference": {
+            "method": "dpo",
+            "learning_rate": 1.0e-4,
+            "max_steps": STEPS,
+            "per_device_train_batch_size": 2,
+            "gradient_accumulation_steps": 1,
+            "data": {"synthetic_rows": 300},
+        },
+        "sft__save_steps": 1000,
+        "sft__logging_steps": 1,
+    }
+    work = make_workdir(tmp_path, **run)
+    proc = cluster_start(work, tmp_path / "snakemake.log", "--verbose")
+    work_root = work / "results/prefpreempt/work"
+    deadline = time.time() + 900
+    while time.time() < deadline and proc.poll() is None and len(trained_steps(work_root)) < 10:
+        time.sleep(1)
+    job = preference_job_id()
+    assert job and len(trained_steps(work_root)) >= 10, (tmp_path / "snakemake.log").read_text()[-4000:]
+    subprocess.run(["scancel", "--signal=USR1", job], check=True)
+    try:
+        proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(2)  # Snakemake stops (and cancels its jobs) on SIGINT, not SIGTERM
+            proc.wait(timeout=120)
+    text = (tmp_path / "snakemake.log").read_text()
+    assert proc.returncode == 0, text[-4000:]
+    pref_dir = next(work_root.glob("preference-*"))
+    events = [json.loads(x) for x in (pref_dir / "llmft_events.jsonl").read_text().splitlines()]
+    saved = next(e["content"]["step"] for e in events if e["file"] == "llmft_preempted.json")
+    assert 10 <= saved < STEPS
+    assert trained_steps(work_root) == list(range(1, STEPS + 1))  # each step once: nothing lost or redone
+    assert "--signal=USR1@600" in sbatch_lines(text)["preference"]
+    assert len(submissions(text).get("preference", [])) == 1
+    log = (work / "results/prefpreempt/logs/preference.log").read_text()
+    assert f"Resuming training from {pref_dir.relative_to(work)}/checkpoint-{saved}" in log
+    summary = json.loads((work / "results/prefpreempt/preference/train_summary.json").read_text())
+    assert summary["steps"] == STEPS
+    page = json.loads((work / "results/prefpreempt/report/summary.json").read_text())
+    assert page["preference"]["models"]["preference"]["rows"] > 0

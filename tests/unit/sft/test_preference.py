@@ -1,0 +1,187 @@
+"""The preference stage's config keys, plan (reference model, two sequences per pair) and rendered
+LLaMA-Factory arguments."""
+
+import json
+
+import pytest
+from llmft.core.config import ConfigError, validate
+from llmft.core.platform import Platform
+from llmft.sft import preference
+from llmft.sft.plan import GIB, estimate, resolve
+from llmft.sft.render import render, tiny_shape
+from llmft.sft.steptime import step_time
+
+from tests.reliability import reliability
+from tests.unit.sft.test_plan import SHAPES
+
+
+@pytest.fixture
+def model(tmp_path):
+    def make(size: str) -> str:
+        folder = tmp_path / size
+        folder.mkdir(exist_ok=True)
+        (folder / "config.json").write_text(json.dumps({"model_type": "llama", **SHAPES[size][0]}))
+        return str(folder)
+
+    return make
+
+
+def gpu_cfg(gpus=1, gpu="h200", sft=None, **pref):
+    return validate(
+        {
+            "hardware": {"vendor": "cuda", "nodes": 1, "gpus_per_node": gpus, "gpu_model": gpu},
+            "data": {"cutoff_len": 2048},
+            "sft": sft or {},
+            "preference": pref,
+        }
+    )
+
+
+def plan(cfg, model_dir):
+    view = preference.view(cfg)
+    return resolve(view, model_dir, Platform.declared(view))
+
+
+def test_reference_copy_is_16_bit_weights_sharded_only_by_zero3(model):
+    from llmft.core.shape import model_shape
+
+    shape = model_shape(model("1b"))
+    common = dict(world=8, micro_batch=2, seq_len=2048, gradient_checkpointing=False)
+    for stage, share in ((2, 1), (3, 8)):
+        without = estimate(shape, stage=stage, **common)
+        copy = estimate(shape, stage=stage, reference="copy", **common)
+        assert copy.reference == pytest.approx(2 * shape.params / share / GIB)
+        # the reference's fp32 logits of the micro-batch beside the policy's
+        assert copy.loss - without.loss == pytest.approx(2 * 2048 * 4 * shape.vocab / GIB)
+    lora = estimate(shape, stage=2, finetuning_type="lora", reference="forward", **common)
+    assert lora.reference == 0  # the adapter-free policy: no second set of weights
+    fp32 = estimate(shape, stage=0, precision="fp32", reference="copy", **common)
+    assert fp32.reference == pytest.approx(4 * shape.params / GIB)
+
+
+def test_a_pair_is_planned_as_two_sequences_with_its_reference(model):
+    one_b = model("1b")
+    dpo = plan(gpu_cfg(per_device_train_batch_size=4, gradient_accumulation_steps=1), one_b)
+    sft_cfg = gpu_cfg(
+        sft={"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "packing": "off"}
+    )
+    sft_cfg.pop("preference")
+    sft_cfg["preference"] = None
+    sft = resolve(sft_cfg, one_b, Platform.declared(sft_cfg))
+    assert (dpo.micro_batch, dpo.sequences_per_row, dpo.reference) == (4, 2, "copy")
+    assert dpo.tokens_per_micro_batch == sft.tokens_per_micro_batch == 8 * 2048
+    assert dpo.zero_stage == sft.zero_stage
+    assert dpo.memory.activations == pytest.approx(sft.memory.activations)
+    # + the reference's weights and fp32 logits, and the policy's own logits, which Liger's fused
+    # loss spares sft but not a preference loss
+    assert dpo.liger and sft.liger
+    tokens = 8 * 2048
+    logits = tokens * (4 * 128256 + 10 * 128256 - 8 * 2048) / GIB
+    assert dpo.memory.peak - sft.memory.peak == pytest.approx(dpo.memory.reference + logits, rel=1e-6)
+    # the reference's forward pass: 2 FLOPs per weight and token more than sft's 6 (+ attention)
+    assert 1.25 < dpo.step.compute_s / sft.step.compute_s < 1.45
+    lora = plan(gpu_cfg(finetuning_type="lora", per_device_train_batch_size=4), one_b)
+    assert lora.reference == "forward" and lora.memory.reference == 0
+    orpo = plan(gpu_cfg(loss="orpo", per_device_train_batch_size=4), one_b)
+    assert orpo.reference == "none" and orpo.memory.reference == 0
+
+
+def test_liger_saves_no_logits_in_a_preference_loss(model):
+    from llmft.core.shape import model_shape
+
+    shape = model_shape(model("1b"))
+    common = dict(stage=2, world=1, micro_batch=2, seq_len=2048, gradient_checkpointing=False, liger=True)
+    fused = estimate(shape, **common)
+    pairs = estimate(shape, logits=True, **common)
+    assert fused.loss == pytest.approx(2 * 2048 * 8 * shape.hidden / GIB)
+    assert pairs.loss == pytest.approx(2 * 2048 * 10 * shape.vocab / GIB)
+
+
+def test_auto_batch_counts_both_sequences_of_a_pair(model):
+    p = plan(gpu_cfg(), model("1b"))
+    # 16384-token micro-batch budget and 32768 tokens per step, each pair two rows of 2048
+    assert p.micro_batch * 2 * 2048 <= 16384
+    assert p.tokens_per_step == 32768
+
+
+@reliability(
+    fault="a preference config whose policy and reference model cannot fit",
+    seen="at DAG time, naming the reference model and the keys to change",
+    steps_lost="none (no job starts)",
+    data_lost="none",
+)
+def test_a_preference_stage_that_cannot_fit_is_refused_naming_the_reference(model):
+    with pytest.raises(ConfigError) as err:
+        plan(gpu_cfg(gpu="h100", sft={"zero_stage": 0, "gradient_checkpointing": False}), model("8b"))
+    msg = str(err.value)
+    assert "the preference stage (dpo: 2 sequences per row, reference model copy) does not fit" in msg
+    assert "preference.finetuning_type: lora" in msg
+
+
+def test_step_time_of_a_reference_copy_under_zero3_gathers_it_too(model):
+    from llmft.core.shape import model_shape
+
+    shape = model_shape(model("8b"))
+    platform = Platform.declared(gpu_cfg(gpus=8))
+    kw = dict(
+        stage=3, offload=False, micro_batch=2, seq_len=2048, accumulation=1, gradient_checkpointing=False
+    )
+    base = step_time(shape, platform, trainable=shape.params, **kw)
+    copy = step_time(shape, platform, trainable=shape.params, reference="copy", **kw)
+    # gathers: 2 x weights + grads for the policy, one more set of weights for the reference
+    assert copy.comm_s / base.comm_s == pytest.approx(4 / 3)
+
+
+@pytest.mark.parametrize(
+    "pref, key",
+    [
+        ({"method": "kto", "loss": "orpo"}, "preference.loss"),
+        ({"loss": "simpo", "reference": "start"}, "preference.reference"),
+        ({"simpo_gamma": 1.0}, "preference.simpo_gamma"),
+        ({"method": "kto", "ftx": 0.5}, "preference.ftx"),
+        ({"kto_desirable_weight": 2.0}, "preference.kto_desirable_weight"),
+        ({"method": "ipo"}, "preference.method"),
+    ],
+)
+def test_preference_keys_a_method_does_not_read_are_refused_by_name(pref, key):
+    with pytest.raises(ConfigError, match=f"config key {key}"):
+        validate({"preference": pref})
+
+
+def test_the_gate_metric_preference_accuracy_needs_a_preference_stage():
+    with pytest.raises(ConfigError, match="config key nightly.metric: preference_accuracy needs"):
+        validate({"nightly": {"metric": "preference_accuracy"}})
+    assert (
+        validate({"nightly": {"metric": "preference_accuracy"}, "preference": {}})["preference"]["method"]
+        == "dpo"
+    )
+    assert validate({})["preference"] is None
+
+
+def _rendered(tmp_path, **pref):
+    cfg = validate({"preference": pref})
+    view = preference.view(cfg)
+    shape = tiny_shape(cfg["model"]["tiny"])
+    out = tmp_path / "p"
+    return render(
+        view, "results/r/sft/model", "results/r/preference/data", str(out / "y.yaml"), str(out / "ds.json"),
+        "results/r/work", Platform.declared(view), shape=shape, ref_model="results/r/base_model",
+    )  # fmt: skip
+
+
+def test_rendered_arguments_of_each_method_and_loss(tmp_path):
+    dpo = _rendered(tmp_path)
+    assert (dpo["stage"], dpo["pref_loss"], dpo["pref_beta"], dpo["pref_ftx"]) == ("dpo", "sigmoid", 0.1, 0.0)
+    assert (dpo["dataset"], dpo["eval_dataset"]) == ("llmft_pref_train", "llmft_pref_heldout")
+    assert dpo["learning_rate"] == 5e-7 and dpo["num_train_epochs"] == 1.0
+    assert dpo["model_name_or_path"] == "results/r/sft/model" and "ref_model" not in dpo
+    assert dpo["output_dir"].startswith("results/r/work/preference-")
+    assert "packing" not in dpo and "neat_packing" not in dpo
+    simpo = _rendered(tmp_path, loss="simpo", simpo_gamma=1.0)
+    assert (simpo["pref_loss"], simpo["simpo_gamma"]) == ("simpo", 1.0)
+    kto = _rendered(tmp_path, method="kto", kto_undesirable_weight=1.5)
+    assert kto["stage"] == "kto" and kto["kto_rejected_weight"] == 1.5 and "pref_loss" not in kto
+    base_ref = _rendered(tmp_path, reference="base")
+    assert base_ref["ref_model"] == "results/r/base_model"
+    lora = _rendered(tmp_path, finetuning_type="lora")
+    assert lora["finetuning_type"] == "lora" and lora["learning_rate"] == 5e-6 and lora["lora_rank"] == 8

@@ -1,0 +1,122 @@
+"""The preference stage through the whole DAG on the local executor (builtin:tiny, 2 CPU processes,
+real LLaMA-Factory dpo / kto training): on a synthetic task sft never saw (the right answer to a word
+question preferred over a plausible wrong one), held-out preference accuracy after the stage rises
+well above the sft model's.
+
+TEMPORARY: the preference data comes from the stand-in rule prepare_preference
+(workflow/rules/preference_standin.smk) until the preference data stage is merged.
+"""
+
+import json
+
+import pytest
+import yaml
+
+from tests.conftest import make_workdir, rules_run, snakemake
+
+pytestmark = pytest.mark.workflow
+
+# sft as the demo trains it, shorter; the preference stage at a tiny random-init model's rate.
+# logging_steps 8: LLaMA-Factory evaluates every 40 steps, so also after the last (160) of the DPO run.
+SHORT_SFT = {
+    "data__synthetic_rows": 1500,
+    "sft__num_train_epochs": 3.0,
+    "sft__logging_steps": 8,
+    "eval__max_rows": 128,
+}
+DPO = {
+    "method": "dpo",
+    "learning_rate": 1.0e-3,
+    "num_train_epochs": 5.0,
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "data": {"synthetic_rows": 640},  # 128 held-out pairs: LLaMA-Factory's eval batches are equal
+}
+# KTO from the base model (its reference): sft still runs (the page compares it), briefly.
+KTO = {**DPO, "method": "kto", "start_from": "base"}
+KTO_SFT = {**SHORT_SFT, "sft__max_steps": 5}
+PREFERENCE_RULES = {"prepare_preference", "render_preference_config", "preference", "evaluate_preference"}
+
+
+def dry_rules(work) -> dict[str, int]:
+    """The DAG's jobs per rule, from `snakemake -n`'s job stats table."""
+    proc = snakemake(work, "-n", "--quiet", "rules")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = proc.stdout + proc.stderr
+    table = text.split("Job stats:", 1)[1].split("total", 1)[0]
+    return {
+        w[0]: int(w[1])
+        for w in (line.split() for line in table.splitlines())
+        if len(w) == 2 and w[1].isdigit()
+    }
+
+
+def test_without_a_preference_section_the_dag_has_no_preference_job(tmp_path):
+    today = {"base_model", "synthetic_data", "verify_env", "prepare_data", "evaluate", "render_sft_config"}
+    today |= {"pack_data", "sft", "report", "all"}
+    assert set(dry_rules(make_workdir(tmp_path))) == today
+    with_it = dry_rules(make_workdir(tmp_path / "p", preference=DPO))
+    assert set(with_it) == today | PREFERENCE_RULES and with_it["evaluate_preference"] == 3
+
+
+@pytest.fixture(scope="module")
+def dpo(tmp_path_factory):
+    work = make_workdir(tmp_path_factory.mktemp("dpo"), **SHORT_SFT, preference=DPO)
+    proc = snakemake(work)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return work, proc
+
+
+def test_dpo_after_sft_raises_held_out_preference_accuracy_above_sfts(dpo):
+    work, proc = dpo
+    run = work / "results/demo"
+    assert {"preference", "evaluate_preference", "render_preference_config"} <= set(
+        rules_run(proc.stdout + proc.stderr)
+    )
+    args = yaml.safe_load((run / "preference/llamafactory.yaml").read_text())
+    assert (args["stage"], args["pref_loss"], args["model_name_or_path"]) == (
+        "dpo",
+        "sigmoid",
+        "results/demo/sft/model",
+    )
+    summary = json.loads((run / "report/summary.json").read_text())
+    block = summary["preference"]
+    assert block["reference"] == "sft" and block["method"] == "dpo"
+    sft, tuned = block["models"]["sft"], block["models"]["preference"]
+    # the sft model is the reference: it ranks no pair by implicit reward
+    assert sft["preference_accuracy"] == 0.0 and sft["reward_margin"] == 0.0
+    assert tuned["preference_accuracy"] >= 0.8 and tuned["reward_margin"] > 0
+    # without a reference: the tuned model prefers the chosen answer far more often than sft does
+    assert tuned["likelihood_accuracy"] >= sft["likelihood_accuracy"] + 0.25
+    assert summary["tuned"]["preference_accuracy"] == tuned["preference_accuracy"]
+    page = (run / "report/index.html").read_text()
+    assert "Preference stage: dpo" in page
+    assert (run / "preference/model/config.json").is_file()
+    train = json.loads((run / "preference/train_summary.json").read_text())
+    assert train["steps"] and train["final_loss"] < train["first_loss"]
+    # LLaMA-Factory's own evaluation of the same held-out pairs after training (its DPO trainer's
+    # rewards against the same reference, batches of equal size) gives the same numbers
+    lf = [h for h in train["history"] if "eval_rewards/accuracies" in h][-1]
+    assert lf["step"] == train["steps"] == 160
+    assert tuned["preference_accuracy"] == pytest.approx(lf["eval_rewards/accuracies"], abs=1e-3)
+    assert tuned["reward_margin"] == pytest.approx(lf["eval_rewards/margins"], rel=1e-3)
+
+
+@pytest.fixture(scope="module")
+def kto(tmp_path_factory):
+    work = make_workdir(tmp_path_factory.mktemp("kto"), **KTO_SFT, preference=KTO)
+    proc = snakemake(work)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return work
+
+
+def test_kto_from_base_raises_held_out_preference_accuracy(kto):
+    run = kto / "results/demo"
+    args = yaml.safe_load((run / "preference/llamafactory.yaml").read_text())
+    assert args["stage"] == "kto" and args["model_name_or_path"] == "results/demo/base_model"
+    block = json.loads((run / "report/summary.json").read_text())["preference"]
+    assert block["reference"] == "base" and block["method"] == "kto"
+    base, sft, tuned = (block["models"][n] for n in ("base", "sft", "preference"))
+    assert base["preference_accuracy"] == 0.0  # the reference itself: no reward has a sign
+    assert tuned["preference_accuracy"] >= 0.8 and tuned["reward_margin"] > 0
+    assert tuned["likelihood_accuracy"] >= max(base["likelihood_accuracy"], sft["likelihood_accuracy"]) + 0.25

@@ -1,0 +1,103 @@
+"""The preference stage (DPO, ORPO, SimPO, KTO) as sft's machinery sees it: a view of the config whose
+`sft` section holds the preference stage's settings, the reference model, and LLaMA-Factory's
+preference arguments. The planner, the renderer and sft's check / launch / finalize steps take it as
+they take sft's own config; nothing of theirs is copied here.
+
+Starting point: `start_from: sft` trains the sft run's published model (after LoRA sft that is the
+base with sft's adapter merged in). A LoRA preference stage trains a new adapter on it rather than
+continuing sft's adapter: LLaMA-Factory's reference for LoRA is the policy with its adapter disabled,
+which is then exactly the sft model, the reference the DPO recipe asks for (continuing sft's adapter
+would make the reference the base model, before sft).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from llmft.core.config import uses_reference
+
+# LLaMA-Factory's dataset names of the preference split (prepare_preference's dataset_info.json).
+TRAIN_DATASET = "llmft_pref_train"
+HELDOUT_DATASET = "llmft_pref_heldout"
+# Peak learning rates of `learning_rate: auto`: full/freeze DPO recipes (Zephyr, Tulu 2) train at
+# 5e-7; LoRA moves only its adapters and trains 10x higher.
+AUTO_LR = {"full": 5e-7, "freeze": 5e-7, "lora": 5e-6}
+# The sft keys the preference stage sets itself.
+OWN_KEYS = (
+    "num_train_epochs",
+    "max_steps",
+    "warmup_ratio",
+    "lr_scheduler_type",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+)
+
+
+def finetuning_type(cfg: dict) -> str:
+    kind = cfg["preference"]["finetuning_type"]
+    return cfg["sft"]["finetuning_type"] if kind == "auto" else kind
+
+
+def learning_rate(cfg: dict) -> float:
+    lr = cfg["preference"]["learning_rate"]
+    return AUTO_LR[finetuning_type(cfg)] if lr == "auto" else lr
+
+
+def reference(cfg: dict) -> str:
+    """none | start (the starting model) | base (model.name_or_path)."""
+    pref = cfg["preference"]
+    if not uses_reference(pref):
+        return "none"
+    ref = "start" if pref["reference"] == "auto" else pref["reference"]
+    # From base, the base is the starting model.
+    return "start" if ref == "base" and pref["start_from"] == "base" else ref
+
+
+def reference_weights(cfg: dict) -> str:
+    """What the reference model adds to a GPU: none (no reference, or LoRA's adapter-free policy, the
+    same weights) or copy (a frozen second set of weights, forward only)."""
+    ref = reference(cfg)
+    if ref == "none" or (ref == "start" and finetuning_type(cfg) == "lora"):
+        return "none"
+    return "copy"
+
+
+def view(cfg: dict) -> dict:
+    """cfg with `sft` replaced by the preference stage's training settings: sft's hardware and
+    batch-planning keys, the stage's own schedule, rate and finetuning type. Preference rows are not
+    packed (LLaMA-Factory's pairwise and KTO data are row by row)."""
+    out = copy.deepcopy(cfg)
+    pref, sft = cfg["preference"], out["sft"]
+    kind = finetuning_type(cfg)
+    sft.update({k: pref[k] for k in OWN_KEYS})
+    sft["finetuning_type"] = kind
+    sft["learning_rate"] = learning_rate(cfg)
+    sft["packing"] = "off"
+    if kind != "lora":
+        sft["quantization_bit"] = "none"
+    out["stage"] = pref["method"]
+    return out
+
+
+def llamafactory_args(cfg: dict, ref_model: str | None) -> dict:
+    """LLaMA-Factory's preference arguments (stage, loss, beta, reference)."""
+    pref = cfg["preference"]
+    args: dict = {"stage": pref["method"], "pref_beta": pref["beta"]}
+    if pref["method"] == "dpo":
+        args.update(pref_loss=pref["loss"], pref_ftx=pref["ftx"])
+        if pref["loss"] == "simpo":
+            args["simpo_gamma"] = pref["simpo_gamma"]
+    else:
+        args.update(
+            kto_chosen_weight=pref["kto_desirable_weight"],
+            kto_rejected_weight=pref["kto_undesirable_weight"],
+        )
+    if reference(cfg) == "base" and ref_model:
+        args["ref_model"] = ref_model
+    return args
+
+
+def sequences_per_row(cfg: dict) -> int:
+    """Sequences one training row puts through the model: a pair's chosen and rejected answers in one
+    batch (LLaMA-Factory's PairwiseDataCollatorWithPadding); a KTO row and its mismatched KL row."""
+    return 2

@@ -1,0 +1,88 @@
+# The preference stage (DPO, ORPO, SimPO, KTO; config key preference): planned and rendered like sft
+# from the nodes' facts, through sft's own renderer on the stage's view of the config
+# (llmft.sft.preference), then trained by sft's three steps on the same partition and launcher.
+rule render_preference_config:
+    input:
+        unpack(preference_reference),
+        start=preference_start,
+        info="results/{run}/preference/data/dataset_info.json",
+        verify="results/{run}/env/verify.json",
+    output:
+        yaml="results/{run}/preference/llamafactory.yaml",
+        deepspeed="results/{run}/preference/deepspeed.json",
+        config="results/{run}/preference/config.json",
+    log:
+        "results/{run}/logs/render_preference_config.log",
+    localrule: True
+    container:
+        stage_container()
+    params:
+        cfg=cfg_arg(
+            "hardware", "verify", "model", "data.cutoff_len", "sft", "preference"
+        ),
+        ref=preference_ref_arg,
+    shell:
+        "python -m llmft render-sft --stage preference {params.cfg} --base-model {input.start:q}"
+        " {params.ref} --verify {input.verify:q} --data-dir results/{wildcards.run}/preference/data"
+        " --out-yaml {output.yaml:q} --out-deepspeed {output.deepspeed:q}"
+        " --work-root results/{wildcards.run}/work --out-config {output.config:q} > {log:q} 2>&1"
+
+
+# As sft: checkpoints in results/{run}/work/preference-<config hash>/ (requeue and resume), the
+# divergence guard and verify_env's gate (the numerics canary's) in `sft check`; LoRA publishes its
+# new adapter in preference/adapter and the starting model with it merged in preference/model.
+rule preference:
+    input:
+        config="results/{run}/preference/config.json",
+        yaml="results/{run}/preference/llamafactory.yaml",
+        deepspeed="results/{run}/preference/deepspeed.json",
+        verify="results/{run}/env/verify.json",
+        start=preference_start,
+        train="results/{run}/preference/data/train.jsonl",
+        heldout="results/{run}/preference/data/heldout.jsonl",
+    output:
+        **preference_adapter_output(),
+        model=directory("results/{run}/preference/model"),
+        summary="results/{run}/preference/train_summary.json",
+    log:
+        "results/{run}/logs/preference.job.log",
+    benchmark:
+        "results/{run}/benchmarks/preference.tsv"
+    container:
+        stage_container(per_node=True)
+    resources:
+        **per_node_resources(),
+    params:
+        launcher=per_node_launcher,
+        python=stage_python(),
+        out=preference_output_log,
+        page=run_page,
+    shell:
+        train_shell("preference")
+
+
+# Each model (base, tuned = sft's, preference) on the held-out pairs: log-probabilities of every
+# answer (the report scores them against the stage's reference model) and generation metrics.
+rule evaluate_preference:
+    input:
+        model=preference_eval_model,
+        heldout="results/{run}/preference/data/heldout.jsonl",
+    output:
+        logps="results/{run}/preference/eval/{model}/logps.jsonl",
+        metrics="results/{run}/preference/eval/{model}/metrics.json",
+        predictions="results/{run}/preference/eval/{model}/predictions.jsonl",
+        prompts="results/{run}/preference/eval/{model}/prompts.jsonl",
+    log:
+        "results/{run}/logs/evaluate_preference_{model}.log",
+    benchmark:
+        "results/{run}/benchmarks/evaluate_preference_{model}.tsv"
+    wildcard_constraints:
+        model="base|tuned|preference",
+    container:
+        stage_container()
+    params:
+        cfg=cfg_arg("eval", "model.template"),
+    shell:
+        "python -m llmft evaluate-preference {params.cfg} --model {input.model:q}"
+        " --heldout {input.heldout:q} --out-dir results/{wildcards.run}/preference/eval/{wildcards.model}"
+        " --label {wildcards.model} --threads {threads} > {log:q} 2>&1"
