@@ -44,6 +44,17 @@ RECIPE_WHY = (
         f"{n} {v['trainable']}x trainable / {v['frozen']}x frozen" for n, v in MEASURED_SPEEDUP.items()
     )
 )
+# The whole training step, measured: llmft's FP8 run's tokens/s over bf16's, one H200, the 1.24 B
+# Llama of bench/ (bench/results/sft_fp8_h200x1_{full1b,lora1b}.json; full: over llmft's own bf16
+# plan, LoRA: over the hand-tuned bf16 LoRA). Slower, unlike the decoder layers alone above: the
+# casts and scales of float8 training cost more than its matmuls save at this size (hidden 2048).
+# `auto` turns FP8 on only where a run was measured faster; the planner uses these ratios.
+PIPELINE_RATIO = {"full": 0.4854, "frozen": 0.9052}
+PIPELINE_WHY = (
+    "llmft's float8 path measured slower than bf16 end to end (one H200, 1.24 B: full "
+    f"{PIPELINE_RATIO['full']:.2f}x, LoRA {PIPELINE_RATIO['frozen']:.2f}x) and has not been measured faster "
+    "anywhere"
+)
 # float8 GEMMs need both matrix dimensions divisible by 16 (torch._scaled_mm).
 DIM_MULTIPLE = 16
 # Test only: convert nothing, silently, as an FP8 setting that has no effect would (the canary and
@@ -104,6 +115,9 @@ def decide(sft: dict, platform) -> tuple[bool, str]:
         return True, f"{SETTING_KEY}: true on {why}; {RECIPE_WHY}"
     if blocker:
         return False, f"{SETTING_KEY}: auto -> off: {blocker}"
+    if pipeline_ratio(sft["finetuning_type"]) <= 1.0:
+        turn_on = f"{SETTING_KEY}: true turns it on"
+        return False, f"{SETTING_KEY}: auto -> off: {why} has FP8, but {PIPELINE_WHY}; {turn_on}"
     if not platform.fp8_canary:
         if not platform.hosts:  # declared by the config: no node measured, no canary run
             return False, (
@@ -115,6 +129,12 @@ def decide(sft: dict, platform) -> tuple[bool, str]:
             "every node (verify_env's canary finding says why)"
         )
     return True, f"{SETTING_KEY}: auto -> on: {why}, the canary's FP8 leg passed on every node; {RECIPE_WHY}"
+
+
+def pipeline_ratio(finetuning_type: str) -> float:
+    """FP8 over bf16 tokens/s of a whole training step as measured (PIPELINE_RATIO): full and freeze
+    train their float8 layers' weights, LoRA's are frozen."""
+    return PIPELINE_RATIO["frozen" if finetuning_type in ("lora", "qlora") else "full"]
 
 
 def canary_wants_fp8(sft: dict, vendor: str, arch: str) -> bool:
