@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from llmft.core.config import validate
 from llmft.data.assets import synthetic_rows
 from llmft.nightly.run import retain
 
@@ -246,16 +245,11 @@ def test_the_fallback_to_retrain_is_said_in_the_log_and_the_state(runs):
     assert last["note"] == note and last["started_from"] == "base model" and last["mode"] == "continue"
 
 
-CONTINUE_MERGED = "continue_from" in validate({})["model"]
-
-
 @pytest.fixture(scope="module")
 def night2(night1):
-    """A second real night on 25 appended rows (5 %): in continue mode where model.continue_from
-    exists (the continue side of issue 32), else a retrain; either way the promoted night1 is scored
-    on night2's held-out split for the gate."""
-    mode = "continue" if CONTINUE_MERGED else "retrain"
-    make_workdir(night1, **NIGHT, nightly__mode=mode)
+    """A second real night on 25 appended rows (5 %) in continue mode: it starts from the promoted
+    night1, which is scored on night2's held-out split for the gate."""
+    make_workdir(night1, **NIGHT, nightly__mode="continue")
     write_rows(night1 / "data/rows.jsonl", ROWS[500:525], mode="a")
     proc = night(night1, "night2")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -287,7 +281,6 @@ def test_the_gate_scores_the_promoted_model_on_the_new_runs_heldout_rows(night2)
     assert (history[-1]["from"], history[-1]["to"]) == ("night1", "night2")
 
 
-@pytest.mark.skipif(not CONTINUE_MERGED, reason="needs model.continue_from (the continue side of issue 32)")
 def test_a_continue_night_starts_from_the_promoted_run(night2):
     work, proc = night2
     results = work / "results"

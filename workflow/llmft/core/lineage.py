@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 from llmft.core.config import BUILTIN_MODEL, ConfigError, is_run_name
-from llmft.core.io import read_optional
+from llmft.core.io import read_json, read_optional
 
 KEY = "config key model.continue_from"
 # prepare_data's record of every train row of the split (before a continued run's selection): sorted
@@ -85,10 +85,9 @@ def _recorded_parent(cfg: dict, base_dir: Path, given: str) -> Path:
 
 
 def _check_finished(parent: Path, kind: str) -> None:
-    """The parent ran to the end: its page's summary.json, its published model (and LoRA's adapter),
-    prepare_data's train keys; the model folder readable (safetensors headers, config, tokenizer)."""
-    from llmft.core.modelfiles import folder_problems
-
+    """The parent ran to the end (run_problems: its page's summary.json, a whole published model and
+    LoRA's adapter) and left what a continued run reads: its rendered YAML and prepare_data's train
+    keys."""
     name = parent.name
     stats = read_optional(parent / "data" / "stats.json", {}) or {}
     # a run prepared before train_keys.u64 existed trained every train row: its train.jsonl has them
@@ -102,12 +101,49 @@ def _check_finished(parent: Path, kind: str) -> None:
             f"{KEY}: run {name!r} is not a finished run (no {', '.join(missing)}); finish it "
             "(snakemake --config run=" + name + ") or continue from another run"
         )
-    problems = folder_problems(parent / "sft" / "model")
+    problems = run_problems(parent)
     if problems:
         raise ConfigError(f"{KEY}: run {name!r} has a broken published model: " + "; ".join(problems))
-    summary = read_optional(parent / "report" / "summary.json")
-    if not isinstance(summary, dict):
-        raise ConfigError(f"{KEY}: run {name!r}: report/summary.json is not readable JSON")
+
+
+def run_problems(run_dir: Path) -> list[str]:
+    """Why a run folder is not a finished run a model can be taken from: no summary.json, no whole
+    published model (sft/model), LoRA's adapter missing. Headers only, no weight is read."""
+    from llmft.core.modelfiles import folder_problems, safetensors_problem
+
+    if not run_dir.is_dir():
+        return [f"{run_dir} does not exist"]
+    problems = []
+    summary = run_dir / "report" / "summary.json"
+    try:
+        if not isinstance(read_json(summary), dict):
+            problems.append(f"{summary} is not a JSON object")
+    except (OSError, ValueError) as exc:
+        problems.append(f"{summary} cannot be read ({type(exc).__name__}): the run did not finish")
+    model = run_dir / "sft" / "model"
+    if not model.is_dir():
+        problems.append(f"{model} does not exist: no published model")
+    else:
+        problems += folder_problems(model)
+        if not any(model.glob("*.safetensors")):
+            problems.append(f"{model} holds no *.safetensors weights")
+    if _run_config(run_dir).get("finetuning_type") == "lora" or (run_dir / "sft" / "adapter").exists():
+        adapter = run_dir / "sft" / "adapter"
+        weights = adapter / "adapter_model.safetensors"
+        if not (adapter / "adapter_config.json").is_file() or not weights.is_file():
+            problems.append(f"{adapter} has no adapter_config.json and adapter_model.safetensors")
+        elif problem := safetensors_problem(weights):
+            problems.append(f"{weights} is not a whole safetensors file: {problem}")
+    return problems
+
+
+def _run_config(run_dir: Path) -> dict:
+    """The run's sft settings as its sft step read them (sft/config.json), {} when absent."""
+    try:
+        cfg = read_json(run_dir / "sft" / "config.json")
+        return cfg.get("sft", {}) if isinstance(cfg, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def parent_args(parent: Path) -> dict:

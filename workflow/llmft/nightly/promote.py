@@ -18,49 +18,11 @@ from pathlib import Path
 
 from llmft.core.config import ConfigError, validate
 from llmft.core.io import read_json, write_json
-from llmft.core.modelfiles import folder_problems, safetensors_problem
+from llmft.core.lineage import run_problems
 
 
 class PromotionError(ConfigError):
     """A run cannot be promoted, continued from or rolled back to; the message names run and key."""
-
-
-def run_problems(run_dir: Path) -> list[str]:
-    """Why a run folder is not a finished run a model can be taken from: no summary.json, no whole
-    published model (sft/model), LoRA's adapter missing. Headers only, no weight is read."""
-    if not run_dir.is_dir():
-        return [f"{run_dir} does not exist"]
-    problems = []
-    summary = run_dir / "report" / "summary.json"
-    try:
-        if not isinstance(read_json(summary), dict):
-            problems.append(f"{summary} is not a JSON object")
-    except (OSError, ValueError) as exc:
-        problems.append(f"{summary} cannot be read ({type(exc).__name__}): the run did not finish")
-    model = run_dir / "sft" / "model"
-    if not model.is_dir():
-        problems.append(f"{model} does not exist: no published model")
-    else:
-        problems += folder_problems(model)
-        if not any(model.glob("*.safetensors")):
-            problems.append(f"{model} holds no *.safetensors weights")
-    if _run_config(run_dir).get("finetuning_type") == "lora" or (run_dir / "sft" / "adapter").exists():
-        adapter = run_dir / "sft" / "adapter"
-        weights = adapter / "adapter_model.safetensors"
-        if not (adapter / "adapter_config.json").is_file() or not weights.is_file():
-            problems.append(f"{adapter} has no adapter_config.json and adapter_model.safetensors")
-        elif problem := safetensors_problem(weights):
-            problems.append(f"{weights} is not a whole safetensors file: {problem}")
-    return problems
-
-
-def _run_config(run_dir: Path) -> dict:
-    """The run's sft settings as its sft step read them (sft/config.json), {} when absent."""
-    try:
-        cfg = read_json(run_dir / "sft" / "config.json")
-        return cfg.get("sft", {}) if isinstance(cfg, dict) else {}
-    except (OSError, ValueError):
-        return {}
 
 
 def check_run(results: Path, run: str, what: str) -> None:
