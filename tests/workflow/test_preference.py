@@ -3,8 +3,7 @@ real LLaMA-Factory dpo / kto training): on a synthetic task sft never saw (the r
 question preferred over a plausible wrong one), held-out preference accuracy after the stage rises
 well above the sft model's.
 
-TEMPORARY: the preference data comes from the stand-in rule prepare_preference
-(workflow/rules/preference_standin.smk) until the preference data stage is merged.
+The data is prepare_preference's built-in task (builtin:synthetic_pairs, builtin:synthetic_kto).
 """
 
 import json
@@ -17,12 +16,13 @@ from tests.conftest import make_workdir, rules_run, snakemake
 pytestmark = pytest.mark.workflow
 
 # sft as the demo trains it, shorter; the preference stage at a tiny random-init model's rate.
-# logging_steps 8: LLaMA-Factory evaluates every 40 steps, so also after the last (160) of the DPO run.
+# logging_steps 4: LLaMA-Factory evaluates every 20 steps, so also after the last (220: 44 a pass x 5) of
+# the DPO run.
 SHORT_SFT = {
     "data__synthetic_rows": 1500,
     "sft__num_train_epochs": 3.0,
-    "sft__logging_steps": 8,
-    "eval__max_rows": 128,
+    "sft__logging_steps": 4,
+    "eval__max_rows": 256,  # every held-out pair is scored (176 for DPO, 180 KTO rows)
 }
 DPO = {
     "method": "dpo",
@@ -30,10 +30,17 @@ DPO = {
     "num_train_epochs": 5.0,
     "per_device_train_batch_size": 8,
     "gradient_accumulation_steps": 1,
-    "data": {"synthetic_rows": 640},  # 128 held-out pairs: LLaMA-Factory's eval batches are equal
+    # 176 held-out pairs (the split is by prompt hash): LLaMA-Factory's eval batches (8 pairs x 2
+    # processes) are then equal, so its mean of batch means is the mean over pairs llmft computes
+    "data": {"synthetic_rows": 872, "heldout_fraction": 0.2},
 }
 # KTO from the base model (its reference): sft still runs (the page compares it), briefly.
-KTO = {**DPO, "method": "kto", "start_from": "base"}
+KTO = {
+    **DPO,
+    "method": "kto",
+    "start_from": "base",
+    "data": {**DPO["data"], "sources": [{"path": "builtin:synthetic_kto"}]},
+}
 KTO_SFT = {**SHORT_SFT, "sft__max_steps": 5}
 PREFERENCE_RULES = {"prepare_preference", "render_preference_config", "preference", "evaluate_preference"}
 
@@ -97,7 +104,8 @@ def test_dpo_after_sft_raises_held_out_preference_accuracy_above_sfts(dpo):
     # LLaMA-Factory's own evaluation of the same held-out pairs after training (its DPO trainer's
     # rewards against the same reference, batches of equal size) gives the same numbers
     lf = [h for h in train["history"] if "eval_rewards/accuracies" in h][-1]
-    assert lf["step"] == train["steps"] == 160
+    assert lf["step"] == train["steps"]
+    assert json.loads((run / "preference/data/stats.json").read_text())["heldout_rows"] % 16 == 0
     assert tuned["preference_accuracy"] == pytest.approx(lf["eval_rewards/accuracies"], abs=1e-3)
     assert tuned["reward_margin"] == pytest.approx(lf["eval_rewards/margins"], rel=1e-3)
 
@@ -118,5 +126,6 @@ def test_kto_from_base_raises_held_out_preference_accuracy(kto):
     assert block["reference"] == "base" and block["method"] == "kto"
     base, sft, tuned = (block["models"][n] for n in ("base", "sft", "preference"))
     assert base["preference_accuracy"] == 0.0  # the reference itself: no reward has a sign
-    assert tuned["preference_accuracy"] >= 0.8 and tuned["reward_margin"] > 0
-    assert tuned["likelihood_accuracy"] >= max(base["likelihood_accuracy"], sft["likelihood_accuracy"]) + 0.25
+    # well above sft's (0.50 on this task: a coin toss), by reward and by likelihood alone
+    assert tuned["preference_accuracy"] >= sft["preference_accuracy"] + 0.2 and tuned["reward_margin"] > 0
+    assert tuned["likelihood_accuracy"] >= max(base["likelihood_accuracy"], sft["likelihood_accuracy"]) + 0.2

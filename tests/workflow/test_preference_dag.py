@@ -23,6 +23,9 @@ def test_prepare_preference_is_in_the_dag_only_with_a_preference_section(tmp_pat
     pref = snakemake(make_workdir(tmp_path / "pref", preference={}), "-n", "-p")
     assert pref.returncode == 0, pref.stderr
     out = pref.stdout + pref.stderr
-    assert _jobs(out) == {**today, "prepare_preference": 1, "all": 1}
+    # the data stage, then the stage's render, training and its evaluation (base, sft, preference model)
+    stage = {"prepare_preference": 1, "render_preference_config": 1, "preference": 1}
+    stage["evaluate_preference"] = 3
+    assert _jobs(out) == {**today, **stage, "all": 1}
     assert "python -m llmft prepare-preference --config-json" in out
     assert "--out-dir results/demo/preference/data" in out

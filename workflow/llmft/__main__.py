@@ -149,6 +149,7 @@ def cmd_prepare_preference(args) -> int:
     sources = _read_sources(data["sources"], "preference.data.sources", {})
     # Texts are cleaned and rows capped as for the SFT data.
     opts = {**data, "clean_text": cfg["data"]["clean_text"], "max_row_bytes": cfg["data"]["max_row_bytes"]}
+    opts["method"] = cfg["preference"]["method"]
     stats = prepare_preference(sources, args.out_dir, args.tokenizer, _template(cfg, args.tokenizer), opts)
     print(json.dumps({k: stats[k] for k in ("kind", "train_rows", "heldout_rows", "invalid", "too_long")}))
     return 0

@@ -168,7 +168,11 @@ def preference_inputs(wildcards):
 def preference_data_cfg(wildcards):
     """prepare_preference's config slice (a function: without a preference section there is none)."""
     return cfg_arg(
-        "preference.data", "data.clean_text", "data.max_row_bytes", "model.template"
+        "preference.data",
+        "preference.method",
+        "data.clean_text",
+        "data.max_row_bytes",
+        "model.template",
     )
 
 

@@ -92,38 +92,40 @@ _ROLES = {v: k for k, v in _TAGS.items()}
 # -- the builtin task
 
 
-def _wrong_answer(row: dict, rng: random.Random) -> str:
-    """A wrong answer of the same kind as the demo row's right one."""
-    from llmft.data.assets import CATEGORIES, NUMBER_WORDS
+def _question(rng: random.Random) -> tuple[str, str, str, str, str]:
+    """(task, instruction, input, right answer, wrong answer): a word's category or the number of
+    words in a list, asked in words the SFT demo's data never uses, so the preference stage teaches
+    something sft did not."""
+    from llmft.data.assets import CATEGORIES, NUMBER_WORDS, WORDS
 
-    right, words = row["output"], row["input"].split()
-    pool = {
-        "category": list(CATEGORIES),
-        "first": words,
-        "last": words,
-        "count": list(NUMBER_WORDS.values()),
-        "repeat": [" ".join(words[::-1]), " ".join(words[1:]), " ".join(words + words[:1])],
-    }[row["task"]]
-    return rng.choice([w for w in pool if w != right])
+    if rng.random() < 0.5:
+        word = rng.choice(WORDS)
+        right = next(c for c, ws in CATEGORIES.items() if word in ws)
+        wrong = rng.choice([c for c in CATEGORIES if c != right])
+        return "category", f"Name the category of {word}.", "", right, wrong
+    words = rng.sample(WORDS, rng.randint(2, 5))
+    wrong = rng.choice([w for k, w in NUMBER_WORDS.items() if k != len(words)])
+    return "count", "Count the words.", " ".join(words), NUMBER_WORDS[len(words)], wrong
 
 
 def synthetic_rows(n: int, kind: str = PAIRS, seed: int = 0) -> list[dict]:
-    """The demo's word tasks (assets.synthetic_rows) as preference data: the right answer chosen and a
-    wrong one of the same kind rejected; as KTO rows, alternately the right answer tagged desirable
-    and a wrong one undesirable. Alpaca rows, with the demo's task label."""
-    from llmft.data.assets import synthetic_rows as sft_rows
-
-    rng = random.Random(seed + 1)
-    out = []
-    for i, row in enumerate(sft_rows(n, seed)):
-        base = {"instruction": row["instruction"], "input": row["input"], "task": row["task"]}
-        wrong = _wrong_answer(row, rng)
+    """n rows of the builtin preference task (alpaca rows with the task label), each question once:
+    as pairs, the right answer chosen and a wrong one of the same kind rejected; as KTO rows, each
+    question twice, the right answer tagged desirable and a wrong one undesirable."""
+    rng = random.Random(seed)
+    out, seen = [], set()
+    while len(out) < n:
+        task, instruction, words, right, wrong = _question(rng)
+        if (instruction, words) in seen:
+            continue
+        seen.add((instruction, words))
+        base = {"instruction": instruction, "input": words, "task": task}
         if kind == PAIRS:
-            out.append({**base, "chosen": row["output"], "rejected": wrong})
+            out.append({**base, "chosen": right, "rejected": wrong})
         else:
-            good = i % 2 == 0
-            out.append({**base, "output": row["output"] if good else wrong, "kto_tag": good})
-    return out
+            out.append({**base, "output": right, "kto_tag": True})
+            out.append({**base, "output": wrong, "kto_tag": False})
+    return out[:n]
 
 
 # -- rows
@@ -602,6 +604,24 @@ def _length_filter(kept: list, stats: _Source, run: _Run, tok: Tokenizer, cutoff
     return rows, index, data
 
 
+# The kind of row each preference.method trains on.
+METHOD_KIND = {"dpo": PAIRS, "kto": KTO}
+
+
+def _check_method(kind: str, method: str | None) -> None:
+    """Pairs train under dpo, KTO rows under kto: never one as the other (LLaMA-Factory would fail
+    on the missing columns mid-job, or train on half of each row)."""
+    if method is None or METHOD_KIND[method] == kind:
+        return
+    fix = {"kto": "builtin:synthetic_kto or a KTO file", "dpo": "builtin:synthetic_pairs or a pair file"}
+    fix = fix[method]
+    raise DataError(
+        f"config key preference.method is {method}, which trains on {METHOD_KIND[method]}, but "
+        f"preference.data.sources hold {kind}: give {fix}, or set preference.method: "
+        f"{'dpo' if kind == PAIRS else 'kto'}"
+    )
+
+
 def prepare_preference(
     sources: list[dict],
     out_dir: str | Path,
@@ -623,6 +643,7 @@ def prepare_preference(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         run, tok, sides, encoded = _collect(sources, opts, tokenizer_dir, template)
+        _check_method(run.kind, opts.get("method"))
         stats = _write(run, tok, sides, encoded, tmp, opts)
         stats["template"] = template
         stats["seconds"] = round(time.perf_counter() - started, 2)
