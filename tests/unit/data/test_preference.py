@@ -445,8 +445,10 @@ def test_the_cli_names_bad_rows_without_a_traceback_and_leaves_no_outputs(tmp_pa
     assert not (tmp_path / "out").exists()
     assert run({}, tmp_path / "out") == 2  # no preference section: nothing to prepare
     assert "config key preference: not set" in capsys.readouterr().err
-    cfg = {"preference": {"data": {"sources": [{"path": "builtin:synthetic_kto"}], "synthetic_rows": 40}}}
-    assert run(cfg, tmp_path / "out") == 0
+    data = {"sources": [{"path": "builtin:synthetic_kto"}], "synthetic_rows": 40}
+    assert run({"preference": {"data": data}}, tmp_path / "out") == 2  # KTO rows under dpo (the default)
+    assert "config key preference.method is dpo, which trains on pairs" in capsys.readouterr().err
+    assert run({"preference": {"method": "kto", "data": data}}, tmp_path / "out") == 0
     stats = json.loads((tmp_path / "out" / "stats.json").read_text())
     assert stats["kind"] == "kto" and stats["train_rows"] + stats["heldout_rows"] + stats["duplicates"] == 40
 
