@@ -282,7 +282,8 @@ def preference_reference(wildcards):
 
 
 def preference_ref_arg(wildcards, input):
-    return f"--ref-model {shlex.quote(input.ref)}" if "ref" in input.keys() else ""
+    """render-sft's reference-model words, quoted by the rule's {params.ref:q}; none without one."""
+    return ["--ref-model", input.ref] if "ref" in input.keys() else []
 
 
 def preference_adapter_output():

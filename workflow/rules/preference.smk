@@ -23,7 +23,7 @@ rule render_preference_config:
         ref=preference_ref_arg,
     shell:
         "python -m llmft render-sft --stage preference {params.cfg} --base-model {input.start:q}"
-        " {params.ref} --verify {input.verify:q} --data-dir results/{wildcards.run}/preference/data"
+        " {params.ref:q} --verify {input.verify:q} --data-dir results/{wildcards.run}/preference/data"
         " --out-yaml {output.yaml:q} --out-deepspeed {output.deepspeed:q}"
         " --work-root results/{wildcards.run}/work --out-config {output.config:q} > {log:q} 2>&1"
 
