@@ -5,6 +5,7 @@ every fault test starts from (`Upstream`; the session fixture `slurm_upstream` i
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -117,6 +118,21 @@ def step_nodes(job_id: str) -> set[str]:
         for node in ("n1", "n2")
         if needle in Path(pattern.replace("%n", node)).read_text(errors="replace")
     }
+
+
+def running_job_id(rule: str) -> str | None:
+    """The id of the running Slurm job of a Snakemake rule (the plugin names jobs rule_<rule>_...)."""
+    out = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i|%k"], capture_output=True, text=True)
+    ids = [line.split("|")[0] for line in out.stdout.splitlines() if f"rule_{rule}_" in line]
+    return ids[0] if ids else None
+
+
+def trained_steps(work_root: Path, stage: str) -> list[int]:
+    """The optimizer steps a training stage logged (llmft_steps.jsonl), in order."""
+    files = list(work_root.glob(f"{stage}-*/llmft_steps.jsonl"))
+    if not files:
+        return []
+    return [json.loads(x)["step"] for x in files[0].read_text().splitlines() if '"time"' in x]
 
 
 def sbatch_lines(log: str) -> dict[str, str]:

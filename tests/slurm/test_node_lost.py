@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.reliability import reliability
-from tests.slurm.cluster import RUN, cluster_start, rebuilt_upstream
-from tests.slurm.test_sft_resume import sft_job_id, trained_steps
+from tests.slurm.cluster import RUN, cluster_start, rebuilt_upstream, running_job_id, trained_steps
 
 pytestmark = pytest.mark.slurm
 
@@ -103,11 +102,11 @@ def test_a_node_lost_mid_training_ends_the_job_and_the_run_resumes(tmp_path, slu
     proc = cluster_start(work, tmp_path / "snakemake.log", f"results/{RUN}/sft/train_summary.json")
     work_root = work / f"results/{RUN}/work"
     try:
-        deadline = time.time() + 600
-        while time.time() < deadline and proc.poll() is None and len(trained_steps(work_root)) < SAVE + 4:
+        deadline, need = time.time() + 600, SAVE + 4
+        while time.time() < deadline and proc.poll() is None and len(trained_steps(work_root, "sft")) < need:
             time.sleep(1)
-        job = sft_job_id()
-        at_loss = len(trained_steps(work_root))
+        job = running_job_id("sft")
+        at_loss = len(trained_steps(work_root, "sft"))
         assert job and at_loss >= SAVE + 4, (tmp_path / "snakemake.log").read_text()[-4000:]
         victims = node_processes("n2")
         assert len(victims) >= 3, victims  # slurmd, slurmstepd, the node's launcher (and its ranks)
@@ -139,7 +138,7 @@ def test_a_node_lost_mid_training_ends_the_job_and_the_run_resumes(tmp_path, slu
     assert proc.returncode == 0, text[-5000:]
     assert not rebuilt_upstream(text)
     print(f"node lost: job {job} ended {ended:.0f} s later", flush=True)
-    steps = trained_steps(work_root)
+    steps = trained_steps(work_root, "sft")
     sft_dir = next(work_root.glob("sft-*"))
     starts = [
         json.loads(x)["attempt_start"]

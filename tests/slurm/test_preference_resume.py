@@ -11,31 +11,18 @@ import pytest
 
 from tests.conftest import make_workdir
 from tests.reliability import reliability
-from tests.slurm.test_cluster import SMALL_RUN, _cluster_problem, cluster_start, sbatch_lines, submissions
+from tests.slurm.cluster import (
+    SMALL_RUN,
+    cluster_start,
+    running_job_id,
+    sbatch_lines,
+    submissions,
+    trained_steps,
+)
 
 pytestmark = pytest.mark.slurm
 
 STEPS = 40
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cluster():
-    problem = _cluster_problem()
-    if problem:
-        pytest.skip(f"Slurm test cluster not up: {problem}; run `bash tests/slurm/cluster-up.sh` as root")
-
-
-def preference_job_id() -> str | None:
-    out = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i|%k"], capture_output=True, text=True)
-    ids = [line.split("|")[0] for line in out.stdout.splitlines() if "rule_preference_" in line]
-    return ids[0] if ids else None
-
-
-def trained_steps(work_root) -> list[int]:
-    files = list(work_root.glob("preference-*/llmft_steps.jsonl"))
-    if not files:
-        return []
-    return [json.loads(x)["step"] for x in files[0].read_text().splitlines() if '"time"' in x]
 
 
 @reliability(
@@ -63,10 +50,11 @@ def test_signalled_preference_job_saves_requeues_and_resumes(tmp_path):
     proc = cluster_start(work, tmp_path / "snakemake.log", "--verbose")
     work_root = work / "results/prefpreempt/work"
     deadline = time.time() + 900
-    while time.time() < deadline and proc.poll() is None and len(trained_steps(work_root)) < 10:
+    while time.time() < deadline and proc.poll() is None and len(trained_steps(work_root, "preference")) < 10:
         time.sleep(1)
-    job = preference_job_id()
-    assert job and len(trained_steps(work_root)) >= 10, (tmp_path / "snakemake.log").read_text()[-4000:]
+    job = running_job_id("preference")
+    snake_log = tmp_path / "snakemake.log"
+    assert job and len(trained_steps(work_root, "preference")) >= 10, snake_log.read_text()[-4000:]
     subprocess.run(["scancel", "--signal=USR1", job], check=True)
     try:
         proc.wait(timeout=900)
@@ -80,7 +68,8 @@ def test_signalled_preference_job_saves_requeues_and_resumes(tmp_path):
     events = [json.loads(x) for x in (pref_dir / "llmft_events.jsonl").read_text().splitlines()]
     saved = next(e["content"]["step"] for e in events if e["file"] == "llmft_preempted.json")
     assert 10 <= saved < STEPS
-    assert trained_steps(work_root) == list(range(1, STEPS + 1))  # each step once: nothing lost or redone
+    # each step once: nothing lost or redone
+    assert trained_steps(work_root, "preference") == list(range(1, STEPS + 1))
     assert "--signal=USR1@600" in sbatch_lines(text)["preference"]
     assert len(submissions(text).get("preference", [])) == 1
     log = (work / "results/prefpreempt/logs/preference.log").read_text()

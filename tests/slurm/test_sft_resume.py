@@ -17,24 +17,19 @@ import time
 import pytest
 
 from tests.reliability import reliability
-from tests.slurm.cluster import RUN, cluster_start, rebuilt_upstream, sbatch_lines, submissions
+from tests.slurm.cluster import (
+    RUN,
+    cluster_start,
+    rebuilt_upstream,
+    running_job_id,
+    sbatch_lines,
+    submissions,
+    trained_steps,
+)
 
 pytestmark = pytest.mark.slurm
 
 STEPS = 60
-
-
-def sft_job_id() -> str | None:
-    out = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i|%k"], capture_output=True, text=True)
-    ids = [line.split("|")[0] for line in out.stdout.splitlines() if "rule_sft_" in line]
-    return ids[0] if ids else None
-
-
-def trained_steps(work_root) -> list[int]:
-    files = list(work_root.glob("sft-*/llmft_steps.jsonl"))
-    if not files:
-        return []
-    return [json.loads(x)["step"] for x in files[0].read_text().splitlines() if '"time"' in x]
 
 
 @reliability(
@@ -58,10 +53,11 @@ def test_signalled_sft_job_saves_requeues_and_resumes(tmp_path, slurm_upstream):
     proc = cluster_start(work, tmp_path / "snakemake.log", "--verbose")
     work_root = work / f"results/{RUN}/work"
     deadline = time.time() + 600
-    while time.time() < deadline and proc.poll() is None and len(trained_steps(work_root)) < 10:
+    while time.time() < deadline and proc.poll() is None and len(trained_steps(work_root, "sft")) < 10:
         time.sleep(1)
-    job = sft_job_id()
-    assert job and len(trained_steps(work_root)) >= 10, (tmp_path / "snakemake.log").read_text()[-4000:]
+    job = running_job_id("sft")
+    snake_log = tmp_path / "snakemake.log"
+    assert job and len(trained_steps(work_root, "sft")) >= 10, snake_log.read_text()[-4000:]
     subprocess.run(["scancel", "--signal=USR1", job], check=True)
     try:
         proc.wait(timeout=900)
@@ -76,7 +72,8 @@ def test_signalled_sft_job_saves_requeues_and_resumes(tmp_path, slurm_upstream):
     events = [json.loads(x) for x in (sft_dir / "llmft_events.jsonl").read_text().splitlines()]
     saved = next(e["content"]["step"] for e in events if e["file"] == "llmft_preempted.json")
     assert 10 <= saved < STEPS
-    assert trained_steps(work_root) == list(range(1, STEPS + 1))  # each step once: nothing lost or redone
+    # each step once: nothing lost or redone
+    assert trained_steps(work_root, "sft") == list(range(1, STEPS + 1))
     history = [json.loads(x) for x in (sft_dir / "trainer_log.jsonl").read_text().splitlines()]
     logged = [e["current_steps"] for e in history if "loss" in e]
     assert logged[0] == 1 and logged[-1] == STEPS and saved in logged
