@@ -37,7 +37,6 @@ def choose_recipe(measured: dict) -> str:
 
 
 RECIPE = choose_recipe(MEASURED_SPEEDUP)
-LAYER_SPEEDUP = MEASURED_SPEEDUP[RECIPE]
 RECIPE_WHY = (
     f"{RECIPE} scaling, the fastest measured speed-up of a decoder layer over bf16 on an H200 (issue 33): "
     + ", ".join(
