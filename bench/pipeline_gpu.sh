@@ -93,6 +93,8 @@ fi
 if [ -n "${COMPILE_PID:-}" ]; then wait "$COMPILE_PID"; say "bytecode compiled"; fi
 
 CFGS=("$CFG")
+# PIPELINE_CONFIGS: more --configfile overlays (space-separated), e.g. the benchmarks overlay.
+for c in ${PIPELINE_CONFIGS:-}; do CFGS+=("$c"); done
 if [ -n "$DRY" ]; then
   # The GPU config, made to fit this machine: CPU processes, fp32, the tiny model (which still has
   # the 128 k vocabulary: small batches and rows), a few steps, few held-out rows (LLaMA-Factory also
@@ -101,7 +103,7 @@ if [ -n "$DRY" ]; then
   cat >"$G/dry_overrides.yaml" <<EOF
 hardware: {vendor: cpu, gpus_per_node: 0, processes_per_node: 2}
 model: {name_or_path: $M}
-data: {cutoff_len: 512, heldout_fraction: 0.02}
+data: {cutoff_len: 512, heldout_fraction: 0.02, max_dropped_fraction: 0.99}
 sft: {precision: fp32, per_device_train_batch_size: 2, gradient_accumulation_steps: 1, max_steps: 3, logging_steps: 1}
 eval: {max_rows: 8, batch_size: 8, max_new_tokens: 8}
 EOF
@@ -123,7 +125,7 @@ say "plan (exit $?): $(tr '\n' ' ' <"$R/plan.txt" | tr -s ' ' | head -c 1500)"
 
 SMK=(snakemake --profile profiles/local --configfile "${CFGS[@]}" --config run=$RUN --cores "$CORES")
 if [ "${PIPELINE_GPU_SERIAL:-1}" = 1 ]; then
-  SMK+=(--resources gpu=1 --set-resources verify_env:gpu=1 sft:gpu=1 evaluate:gpu=1)
+  SMK+=(--resources gpu=1 --set-resources verify_env:gpu=1 sft:gpu=1 evaluate:gpu=1 benchmarks:gpu=1)
 fi
 left=$((DEADLINE - $(el) - 20))
 say "\$ timeout -s INT -k 30 $left ${SMK[*]}"
@@ -132,6 +134,22 @@ timeout -s INT -k 30 "$left" "${SMK[@]}" >"$R/snakemake.log" 2>&1
 rc=$?
 say "snakemake exit $rc after $(($(date +%s) - S0)) s"
 [ $rc -ne 0 ] && tail -40 "$R/snakemake.log" | tee -a "$LOG"
+for w in base tuned; do
+  f=results/$RUN/bench/$w/scores.json
+  [ -f "$f" ] && cp "$f" "$R/bench_${w}_scores.json" && say "bench $w: $(tr -d '\n' <"$f" | tr -s ' ' | head -c 700)"
+done
+# PIPELINE_BENCH_HF=1: both models' benchmarks again through lm-eval's `hf` backend, same call.
+if [ $rc -eq 0 ] && [ "${PIPELINE_BENCH_HF:-0}" = 1 ]; then
+  S1=$(date +%s)
+  timeout -s INT -k 30 $((DEADLINE - $(el) - 20)) "${SMK[@]}" --configfile "${CFGS[@]}" \
+    bench/configs/pipeline_h200_benchmarks_hf.yaml -- "results/$RUN/bench/base/scores.json" \
+    "results/$RUN/bench/tuned/scores.json" >"$R/snakemake_hf.log" 2>&1
+  say "hf benchmarks: exit $? after $(($(date +%s) - S1)) s"
+  for w in base tuned; do
+    f=results/$RUN/bench/$w/scores.json
+    [ -f "$f" ] && cp "$f" "$R/bench_${w}_scores_hf.json" && say "bench $w (hf): $(tr -d '\n' <"$f" | tr -s ' ' | head -c 700)"
+  done
+fi
 
 # Stage times: each job's start and end from Snakemake's log, and the benchmark files' wall seconds.
 python - "$R/snakemake.log" "results/$RUN/benchmarks" "$S0" <<'PY' 2>&1 | tee -a "$LOG"

@@ -11,7 +11,7 @@ from llmft.core.slurm import Allocation
 from llmft.evaluate.metrics import exact_match
 from llmft.report.draw import esc, svg_lines, table
 from llmft.sft.plan import ZERO3_SUB_GROUP, resolve
-from llmft.sft.render import deepspeed_config, render
+from llmft.sft.render import deepspeed_config, render, run_lineage
 
 from tests.conftest import REPO, tiny_config
 
@@ -192,3 +192,14 @@ def test_a_resumed_attempt_reports_its_own_steps_and_what_was_lost():
     )
     assert again["republished_without_training"] and again["steps_trained"] == 10
     assert attempts_summary([]) == {"attempts": 0, "republished_without_training": False}
+
+
+def test_lineage_names_the_base_model_folder_the_stage_was_given(tmp_path, tiny):
+    """render-sft's config slice holds no model.name_or_path: the lineage's base model is the folder
+    the rule passed, and a run's own built builtin:tiny folder is named builtin:tiny."""
+    args = render(
+        DEMO, tiny, "d", str(tmp_path / "lf.yaml"), str(tmp_path / "ds.json"), "w", Platform.declared(DEMO)
+    )
+    assert args["llmft"]["lineage"] == {"parent": None, "started_from": tiny, "base_model": tiny, "chain": []}
+    built = run_lineage(DEMO, f"results/{DEMO['run']}/base_model")
+    assert built["base_model"] == built["started_from"] == "builtin:tiny"

@@ -249,7 +249,13 @@ def _older_base(parent: Path) -> str | None:
         name = str(parent_args(parent).get("model_name_or_path"))
     except ConfigError:
         return None
-    return BUILTIN_MODEL if Path(name) == Path("results") / parent.name / "base_model" else name
+    return base_model_name(name, parent.name)
+
+
+def base_model_name(folder: str, run: str) -> str:
+    """model.name_or_path as the user wrote it, from the base model folder a stage was given:
+    builtin:tiny where that is the run's own built `results/<run>/base_model` folder."""
+    return BUILTIN_MODEL if Path(folder) == Path("results") / run / "base_model" else folder
 
 
 def continue_learning_rate(cfg: dict) -> float:

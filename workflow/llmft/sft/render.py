@@ -275,11 +275,12 @@ def precheck(cfg: dict) -> Plan:
 
 
 def run_lineage(cfg: dict, base_model: str) -> dict:
-    """lineage.lineage_head of this run: from model.name_or_path, or model.continue_from's run."""
+    """lineage.lineage_head of this run: from its base model (the folder render-sft was given, as
+    model.name_or_path names it: the stage's config slice does not carry that key), or
+    model.continue_from's run."""
     parent = lineage.parent_of(cfg)
     if parent is None:
-        name = cfg["model"]["name_or_path"]
-        return lineage.lineage_head(None, name)
+        return lineage.lineage_head(None, lineage.base_model_name(base_model, cfg["run"]))
     return lineage.lineage_head(Path(cfg["model"]["continue_from"]))
 
 
