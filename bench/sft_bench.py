@@ -106,6 +106,10 @@ FP8_VARIANTS = {
     "fp8_full_auto_1b": ("1b", {"fp8": True}, 24, 5),
     "fp8_full_bf16_1b": ("1b", {**BF16}, 24, 5),
     "fp8_full_hand_1b": ("1b", {**HAND_1B, **BF16}, 24, 5),
+    # the full FP8 plan with its decoder layers compiled (torchao's float8 casts and scales fused),
+    # and llmft's bf16 plan compiled the same way: is it FP8 or the compile
+    "fp8_full_compile_1b": ("1b", {"fp8": True, "torch_compile": True}, 24, 5),
+    "fp8_full_bf16c_1b": ("1b", {**BF16, "torch_compile": True}, 24, 5),
     # accuracy: 300 steps, the same data order and tokens per step, FP8 (true) against bf16
     "acc_full_bf16_1b": ("1b", {**BF16, "tokens_per_step": 16384, "extra": EVAL}, 300, 5),
     "acc_full_fp8_1b": ("1b", {"fp8": True, "tokens_per_step": 16384, "extra": EVAL}, 300, 5),

@@ -30,6 +30,8 @@ SPEED = [
     ("LoRA 8 B: llmft auto / LLaMA-Factory fp8: true", "fp8_lora_auto_8b", "fp8_lora_lf_8b", 1.3),
     ("full 1.24 B: llmft auto / hand-tuned bf16", "fp8_full_auto_1b", "fp8_full_hand_1b", 1.6),
     ("full 1.24 B: llmft auto / llmft's own bf16 plan", "fp8_full_auto_1b", "fp8_full_bf16_1b", 1.2),
+    ("full 1.24 B compiled: FP8 / bf16 plan", "fp8_full_compile_1b", "fp8_full_bf16_1b", 1.2),
+    ("full 1.24 B: FP8 compiled / bf16 compiled", "fp8_full_compile_1b", "fp8_full_bf16c_1b", None),
 ]
 ACCURACY = [("full", "acc_full_fp8_1b", "acc_full_bf16_1b"), ("LoRA", "acc_lora_fp8_1b", "acc_lora_bf16_1b")]
 ACCURACY_TOL = 0.01

@@ -44,11 +44,13 @@ RECIPE_WHY = (
     )
 )
 # The whole training step, measured: llmft's FP8 run's tokens/s over bf16's, one H200, the 1.24 B
-# Llama of bench/ (bench/results/sft_fp8_h200x1_{full1b,lora1b}.json; full: over llmft's own bf16
-# plan, LoRA: over the hand-tuned bf16 LoRA). Slower, unlike the decoder layers alone above: the
-# casts and scales of float8 training cost more than its matmuls save at this size (hidden 2048).
-# `auto` turns FP8 on only where a run was measured faster; the planner uses these ratios.
-PIPELINE_RATIO = {"full": 0.4854, "frozen": 0.9052}
+# Llama of bench/ (full: bench/results/sft_fp8_h200x1_full1b_compile.json, FP8 with compiled decoder
+# layers over llmft's own bf16 plan in the same call; LoRA: bench/results/sft_fp8_h200x1_lora1b.json,
+# over the hand-tuned bf16 LoRA). Eager, full FP8 ran at 0.49x (sft_fp8_h200x1_full1b.json): torchao's
+# casts and amax reductions are separate kernels until torch.compile fuses them, so an FP8 plan
+# compiles its decoder layers (llmft.sft.plan._use_compile). Still not faster than bf16 at this size
+# (hidden 2048). `auto` turns FP8 on only where a run was measured faster; the planner uses these ratios.
+PIPELINE_RATIO = {"full": 0.9797, "frozen": 0.9052}
 PIPELINE_WHY = (
     "llmft's float8 path measured slower than bf16 end to end (one H200, 1.24 B: full "
     f"{PIPELINE_RATIO['full']:.2f}x, LoRA {PIPELINE_RATIO['frozen']:.2f}x) and has not been measured faster "
