@@ -136,8 +136,20 @@ def test_a_continued_run_trains_the_new_rows_and_a_replay_share(full, lora, pare
         "removed": len(removed),
         "train_rows": len(trained),
     }
-    # one pass over the rows: the continued run's tokens against all train rows'
-    assert 0 < lineage["tokens"]["trained"] < lineage["tokens"]["full_retrain"] / 2
+    # the tokens the trainer feeds (every epoch, each pass's last micro-batches filled), against a
+    # full retrain's: they agree with the trainer's own count (num_input_tokens_seen), up to the
+    # lengths of the repeated fill rows, counted at the mean
+    tokens = lineage["tokens"]
+    assert 0 < tokens["trained"] < tokens["full_retrain"] / 2
+    for run, planned in (
+        (child, tokens["trained"]),
+        (parent, summary(results / parent)["lineage"]["tokens"]),
+    ):
+        fed = json.loads((results / run / "sft/train_summary.json").read_text())["train_tokens"]
+        planned = planned if isinstance(planned, int) else planned["trained"]
+        assert planned == pytest.approx(fed, rel=0.03), (run, planned, fed)
+    # two epochs of whole 2 x 16-row micro-batches: the one-pass token count alone is far off
+    assert tokens["trained"] >= 2 * tokens["one_pass"]["trained"]
     from llmft.data.prepare import content_key
 
     # the held-out split never moves: every parent held-out row still in the data is held out again
