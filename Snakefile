@@ -32,7 +32,7 @@ include: "workflow/rules/common.smk"
 
 wildcard_constraints:
     run=r"[A-Za-z0-9_][A-Za-z0-9_.-]*",
-    which=r"base|tuned|promoted",
+    which=r"base|tuned|promoted|gate",
 
 
 include: "workflow/rules/env.smk"

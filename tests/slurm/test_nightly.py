@@ -156,7 +156,11 @@ def test_three_nights_and_a_concurrent_start(tmp_path):
     assert cont["first_loss"] < midway, (cont["first_loss"], first["first_loss"], first["final_loss"])
     s2 = summary(work, "night2")
     assert s2["compared_with"]["run"] == "night1"
-    assert s2["compared_with"]["heldout_fingerprint"] == s2["heldout_fingerprint"]
+    # the gate's scores: both models on every held-out row (the page's eval.max_rows 24 are fewer)
+    assert s2["compared_with"]["heldout_fingerprint"] == s2["gate"]["heldout_fingerprint"]
+    assert s2["gate"]["heldout_rows"] == len(
+        (work / "results/night2/data/heldout.jsonl").read_text().splitlines()
+    )
     assert os.readlink(work / "results/current") == "night2", out[-2000:]
 
     # Night 3: appended rows whose answers are noise; continues from night2 and the gate refuses it.
@@ -167,7 +171,7 @@ def test_three_nights_and_a_concurrent_start(tmp_path):
     s3 = summary(work, "night3")
     assert s3["lineage"]["parent"] == "night2" and s3["lineage"]["chain"] == ["night1", "night2"]
     old, new_loss = s3["compared_with"]["tuned"]["eval_loss"], decision["metric"]["eval_loss"]
-    assert s3["compared_with"]["heldout_fingerprint"] == s3["heldout_fingerprint"]
+    assert s3["compared_with"]["heldout_fingerprint"] == s3["gate"]["heldout_fingerprint"]
     assert new_loss > old + NIGHT["nightly__tolerance"], (new_loss, old)
     assert decision["status"] == "rejected", decision
     assert f"{new_loss:.4f}" in decision["reason"] and f"{old:.4f}" in decision["reason"]

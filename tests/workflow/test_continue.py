@@ -136,8 +136,20 @@ def test_a_continued_run_trains_the_new_rows_and_a_replay_share(full, lora, pare
         "removed": len(removed),
         "train_rows": len(trained),
     }
-    # one pass over the rows: the continued run's tokens against all train rows'
-    assert 0 < lineage["tokens"]["trained"] < lineage["tokens"]["full_retrain"] / 2
+    # the tokens the trainer feeds (every epoch, each pass's last micro-batches filled), against a
+    # full retrain's: they agree with the trainer's own count (num_input_tokens_seen), up to the
+    # lengths of the repeated fill rows, counted at the mean
+    tokens = lineage["tokens"]
+    assert 0 < tokens["trained"] < tokens["full_retrain"] / 2
+    for run, planned in (
+        (child, tokens["trained"]),
+        (parent, summary(results / parent)["lineage"]["tokens"]),
+    ):
+        fed = json.loads((results / run / "sft/train_summary.json").read_text())["train_tokens"]
+        planned = planned if isinstance(planned, int) else planned["trained"]
+        assert planned == pytest.approx(fed, rel=0.03), (run, planned, fed)
+    # two epochs of whole 2 x 16-row micro-batches: the one-pass token count alone is far off
+    assert tokens["trained"] >= 2 * tokens["one_pass"]["trained"]
     from llmft.data.prepare import content_key
 
     # the held-out split never moves: every parent held-out row still in the data is held out again
@@ -178,6 +190,54 @@ def test_lora_continue_keeps_training_the_parents_adapter(lora):
     after = load_file(results / "lc/sft/adapter/adapter_model.safetensors")
     assert set(after) == set(adapter)  # the same adapter, trained on: no second one
     assert any(not (after[k] == adapter[k]).all() for k in adapter)
+
+
+@pytest.fixture(scope="module")
+def lora_night(lora, tmp_path_factory):
+    """A nightly `mode: continue` night with finetuning_type lora, in its own folder: the LoRA run lp
+    (copied, without its checkpoints) is promoted by `llmft promote`; the night trains child.jsonl."""
+    from tests.workflow.test_promote import llmft, night
+
+    work = tmp_path_factory.mktemp("lora_night")
+    shutil.copytree(lora / "results/lp", work / "results/lp", ignore=shutil.ignore_patterns("work"))
+    write_rows(work / "child.jsonl", CHILD_ROWS)
+    night_cfg = {"nightly__mode": "continue", "nightly__metric": "eval_loss", "nightly__tolerance": 10.0}
+    # the page's evaluation and the gate's (nightly.gate_max_rows) on 8 rows: the night stays cheap
+    night_cfg |= {"eval__max_rows": 8, "nightly__gate_max_rows": 8}
+    make_workdir(
+        work, **FAST, **LORA, **night_cfg, data__sources=[{"path": "child.jsonl", "format": "alpaca"}]
+    )
+    (work / "results/ln/env").mkdir(parents=True)
+    shutil.copy(lora / "results/p/env/verify.json", work / "results/ln/env/verify.json")
+    proc = llmft(work, "promote", "lp", "--why", "the LoRA night's parent")
+    assert proc.returncode == 0, proc.stderr
+    proc = night(work, "ln")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return work, proc
+
+
+def test_a_lora_continue_night_trains_on_the_promoted_adapter(lora_night):
+    """nightly.mode continue with LoRA: the night starts from results/current's adapter (lp's), keeps
+    training that adapter, and its gate promotes the result."""
+    work, proc = lora_night
+    results = work / "results"
+    assert "training run ln from results/lp" in proc.stdout
+    args = yaml.safe_load((results / "ln/sft/llamafactory.yaml").read_text())
+    assert args["finetuning_type"] == "lora" and args["create_new_adapter"] is False
+    assert args["adapter_name_or_path"] == "results/lp/sft/adapter"
+    start = json.loads((results / "ln/sft/train_summary.json").read_text())["start_weights"]
+    adapter = load_file(results / "lp/sft/adapter/adapter_model.safetensors")
+    assert "lora_" in start["name"]
+    assert {k: start[k] for k in ("shape", "sum", "sha256")} == digest(
+        adapter[start["name"].replace(".default", "")]
+    )
+    after = load_file(results / "ln/sft/adapter/adapter_model.safetensors")
+    assert set(after) == set(adapter) and any(not (after[k] == adapter[k]).all() for k in adapter)
+    assert summary(results / "ln")["lineage"]["started_from"] == "results/lp/sft/adapter"
+    night = json.loads((results / "nightly/state.json").read_text())["nights"][-1]
+    assert night["mode"] == "continue" and night["started_from"] == "results/lp"
+    assert night["status"] == "promoted" and "(run lp) on 8 held-out rows" in night["reason"]
+    assert (results / "current").resolve().name == "ln"
 
 
 def test_lineage_in_summary_plan_page_and_trend(full, lora):

@@ -25,7 +25,7 @@ NIGHT = {
     "data__sources": [{"path": "data/rows.jsonl", "format": "alpaca", "weight": 1.0}],
     "sft__max_steps": 30,
     "sft__logging_steps": 10,
-    "eval__max_rows": 100,  # the whole held-out split (~60 rows): appended rows reach it
+    "eval__max_rows": 48,  # the page's rows: fewer than the held-out split (61, then 65 rows)
     "nightly__metric": "eval_loss",
     "nightly__tolerance": 0.5,
 }
@@ -256,26 +256,41 @@ def night2(night1):
     return night1, proc
 
 
-def test_the_gate_scores_the_promoted_model_on_the_new_runs_heldout_rows(night2):
+def test_the_gate_scores_both_models_on_every_heldout_row(night2):
+    """The page scores the first eval.max_rows (48) rows; the gate scores night2's tuned model and
+    the promoted night1 on all of night2's held-out rows (65), and compares those."""
+    from llmft.evaluate.run import heldout_fingerprint
+
     work, proc = night2
     results = work / "results"
     over = yaml.safe_load((results / "nightly/night2.config.yaml").read_text())
     assert over["nightly"] == {"compare_with": "results/night1"}
-    s1 = json.loads((results / "night1/report/summary.json").read_text())
     s2 = json.loads((results / "night2/report/summary.json").read_text())
+    split = [json.loads(line) for line in (results / "night2/data/heldout.jsonl").read_text().splitlines()]
+    split1 = (results / "night1/data/heldout.jsonl").read_text().splitlines()
+    assert len(split) > len(split1) > s2["heldout_rows"] == 48  # appended rows reached the split
+    assert s2["heldout_fingerprint"] == heldout_fingerprint(split[:48])
+    everything = {"heldout_rows": len(split), "heldout_fingerprint": heldout_fingerprint(split)}
     promoted = json.loads((results / "night2/eval/promoted/metrics.json").read_text())
-    # the promoted model, scored in night2's run on night2's rows: the same rows as night2's tuned
-    assert promoted["model"] == "results/night1/sft/model"
+    mine = json.loads((results / "night2/eval/gate/metrics.json").read_text())
+    # the promoted model and night2's tuned model, each on every row of night2's split
+    assert promoted["model"] == "results/night1/sft/model" and mine["model"] == "results/night2/sft/model"
     assert s2["compared_with"] == {
         "run": "night1",
         "tuned": {m: promoted.get(m) for m in s2["tuned"]},
-        "heldout_fingerprint": s2["heldout_fingerprint"],
+        **everything,
     }
-    # appended rows reached the held-out split: night1's own summary scored other rows
-    assert s1["heldout_fingerprint"] != s2["heldout_fingerprint"]
+    assert s2["gate"] == {"tuned": {m: mine.get(m) for m in s2["tuned"]}, **everything}
     decision = json.loads((results / "night2/promotion.json").read_text())
-    old = s2["compared_with"]["tuned"]["eval_loss"]
-    assert f"vs current {old:.4f} (run night1)" in decision["reason"], decision
+    old, new = s2["compared_with"]["tuned"]["eval_loss"], s2["gate"]["tuned"]["eval_loss"]
+    assert decision["metric"] == {"eval_loss": new}
+    assert (
+        f"eval_loss {new:.4f} vs current {old:.4f} (run night1) on {len(split)} held-out rows"
+        in (decision["reason"])
+    ), decision
+    # what the next night compares against: night2's scores on those rows
+    current = json.loads((results / "current.json").read_text())
+    assert current["heldout_fingerprint"] == everything["heldout_fingerprint"]
     assert decision["status"] == "promoted" and os.readlink(results / "current") == "night2"
     history = state(results)["promotions"]
     assert (history[-1]["from"], history[-1]["to"]) == ("night1", "night2")

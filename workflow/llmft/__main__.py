@@ -35,6 +35,15 @@ def _json_arg(text: str, flag: str) -> dict:
     return value
 
 
+def _rows_arg(text: str) -> int | str:
+    """--max-rows: a positive row count, or all."""
+    if text == "all":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive row count or all")
+    return int(text)
+
+
 def _cfg(args) -> dict:
     """The validated config: a JSON slice from Snakemake, or a YAML file plus overrides."""
     if args.config_json:
@@ -308,6 +317,7 @@ def cmd_evaluate(args) -> int:
         label=args.label,
         processes=args.processes,
         threads=args.threads,
+        max_rows=args.max_rows,
     )
     return 0
 
@@ -578,6 +588,12 @@ def _later_commands(sub, add) -> None:
     )
     p.add_argument("--processes", type=int, default=0, help="0 = one per GPU (one on CPU)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per process (0 = torch default)")
+    p.add_argument(
+        "--max-rows",
+        type=_rows_arg,
+        default=None,
+        help="held-out rows scored: N (the first N) or all; default eval.max_rows",
+    )
     p = add(
         "evaluate-preference",
         cmd_evaluate_preference,

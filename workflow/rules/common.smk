@@ -325,7 +325,7 @@ def run_page(wildcards):
 
 
 def eval_model(wildcards):
-    if wildcards.which == "tuned":
+    if wildcards.which in ("tuned", "gate"):
         return f"results/{wildcards.run}/sft/model"
     if wildcards.which == "promoted":
         # not an input: results/<that run>/sft/model matches sft's output, and Snakemake would try
@@ -341,11 +341,20 @@ def eval_model_path(wildcards, input):
     return input.model
 
 
+def eval_rows(wildcards):
+    """`--max-rows` of evaluate: none for base and tuned (eval.max_rows, the page's rows); for the
+    two models the nightly gate compares, every held-out row or nightly.gate_max_rows."""
+    if wildcards.which in ("promoted", "gate"):
+        return f"--max-rows {CFG['nightly']['gate_max_rows'] or 'all'}"
+    return ""
+
+
 def compared_inputs(wildcards):
-    """The promoted model's scores on this run's held-out split, when the nightly asks for them."""
+    """The gate's scores, when the nightly asks for them (nightly.compare_with): the promoted model
+    and this run's tuned model, both on the gate's held-out rows."""
     if not CFG["nightly"]["compare_with"]:
         return []
-    return f"results/{wildcards.run}/eval/promoted/metrics.json"
+    return expand("results/{run}/eval/{which}/metrics.json", run=wildcards.run, which=("promoted", "gate"))
 
 
 # -- eval.benchmarks (rules/benchmarks.smk) -------------------------------------------------------

@@ -1,6 +1,8 @@
-# One job per model (base, tuned, and promoted: the nightly's promoted model on this run's held-out
-# split, for the gate). On a GPU node the job runs one evaluation process per GPU it was given; on
-# CPU it is one process with {threads} compute threads (more would fight other jobs).
+# One job per model: base and tuned on the page's eval.max_rows rows; with nightly.compare_with, the
+# gate's two: promoted (the promoted run's model) and gate (this run's tuned model), both on every
+# held-out row unless nightly.gate_max_rows caps them. On a GPU node the job runs one evaluation
+# process per GPU it was given; on CPU it is one process with {threads} compute threads (more would
+# fight other jobs).
 rule evaluate:
     input:
         model=eval_model,
@@ -17,7 +19,8 @@ rule evaluate:
     params:
         cfg=cfg_arg("eval", "model.template"),
         model=eval_model_path,
+        rows=eval_rows,
     shell:
         "python -m llmft evaluate {params.cfg} --model {params.model:q} --heldout {input.heldout:q}"
         " --out-dir results/{wildcards.run}/eval/{wildcards.which} --label {wildcards.which}"
-        " --threads {threads} > {log:q} 2>&1"
+        " {params.rows} --threads {threads} > {log:q} 2>&1"

@@ -126,3 +126,27 @@ def test_an_adapter_in_sft_extra_is_refused_when_continuing(tmp_path):
     raw = {"model": {"continue_from": "results/p"}, "sft": {"extra": {"adapter_name_or_path": "x"}}}
     with pytest.raises(ConfigError, match=r"sft.extra.adapter_name_or_path: set by model.continue_from"):
         resolve_parent(validate(raw, base_dir=tmp_path), tmp_path)
+
+
+def test_the_cost_counts_the_tokens_the_trainer_feeds():
+    """Each pass feeds whole micro-batches to every process (the first rows repeated to fill the last
+    ones, at the mean row length), every epoch; max_steps fixes the rows fed instead."""
+    from llmft.core.lineage import cost_line, fed_tokens, run_cost
+
+    steps = {
+        "world": 2,
+        "micro_batch": 16,
+        "accumulation": 1,
+        "epochs": 10.0,
+        "max_steps": -1,
+        "packed": False,
+    }
+    assert fed_tokens(64, 640, steps) == 6400  # two whole steps a pass: no fill
+    assert fed_tokens(65, 650, steps) == 10 * 96 * 10  # a third step: 31 repeated rows of 10 tokens
+    assert fed_tokens(65, 650, {**steps, "packed": True}) == 6500
+    assert fed_tokens(65, 650, {**steps, "max_steps": 7, "accumulation": 2}) == 7 * 2 * 32 * 10
+    cost = run_cost(
+        {"train_rows": 65, "full_train_rows": 640, "tokens": {"trained": 650, "full_retrain": 6400}}, steps
+    )
+    assert (cost["trained"], cost["full_retrain"]) == (9600, 64000)
+    assert cost_line(cost) == "trains 9,600 tokens, a full retrain would train 64,000: 6.7x fewer"

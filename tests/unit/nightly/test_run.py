@@ -15,6 +15,7 @@ from llmft.nightly.run import (
     config_fingerprint,
     data_fingerprint,
     gate,
+    gate_view,
     retain,
     run_name,
     same_rows_reference,
@@ -177,6 +178,22 @@ def test_the_gate_compares_on_the_same_heldout_rows_only():
     ref, why = same_rows_reference({**new, "compared_with": {**tonight, "run": "z"}}, current)
     assert ref is None and why.startswith("rejected: not compared")
     assert same_rows_reference(new, None) == (None, None)
+
+
+def test_the_gate_compares_its_own_scores_over_every_heldout_row():
+    """A night scores its tuned model again on the gate's rows (summary `gate`, eval/gate: every
+    held-out row), beside the promoted model on the same rows (`compared_with`); the page's scores
+    (eval.max_rows rows, fingerprint `first`) are not what the gate compares."""
+    page = {"run": "b", "tuned": {"eval_loss": 0.5}, "heldout_rows": 40, "heldout_fingerprint": "first"}
+    tonight = {"run": "a", "tuned": {"eval_loss": 1.0}, "heldout_rows": 57, "heldout_fingerprint": "all"}
+    night = {**page, "compared_with": tonight}
+    ref, why = same_rows_reference(night, {"run": "a"})
+    assert ref is None and "run b was scored on held-out rows first" in why
+    night["gate"] = {"tuned": {"eval_loss": 1.2}, "heldout_rows": 57, "heldout_fingerprint": "all"}
+    ref, why = same_rows_reference(night, {"run": "a"})
+    assert why is None
+    ok, reason = gate(gate_view(night), ref, "eval_loss", 0.1)
+    assert not ok and reason.startswith("rejected: eval_loss 1.2000 vs current 1.0000 (run a) on 57 held-out")
 
 
 def test_a_state_from_before_the_history_keeps_its_promoted_run_for_rollback():

@@ -281,8 +281,56 @@ def start_args(cfg: dict, base_model: str) -> dict:
     return {"model_name_or_path": str(parent / "sft" / "model")}
 
 
+def fed_tokens(rows: int, tokens: int, steps: dict) -> int:
+    """The tokens the trainer feeds (what its num_input_tokens_seen counts) when it trains `rows` rows
+    holding `tokens` tokens in one pass (prompt + answer, as prepare_data counts them), under
+    `steps` (training_steps).
+
+    Every pass gives each of the `world` processes whole micro-batches: ceil(rows / (world x
+    micro_batch)) x world x micro_batch rows, the sampler repeating the pass's first rows to fill the
+    last ones (Accelerate's even_batches); the repeated rows count at the mean row length. Times
+    num_train_epochs; with max_steps set, max_steps x accumulation x world x micro_batch rows instead.
+    Packed rows (sft.packing) count one pass's tokens per epoch, the last step's fill not counted."""
+    if rows <= 0:
+        return 0
+    per_row = tokens / rows
+    batch = steps["world"] * steps["micro_batch"]
+    if steps["max_steps"] > 0:
+        return round(steps["max_steps"] * steps["accumulation"] * batch * per_row)
+    fed = rows if steps["packed"] else -(-rows // batch) * batch
+    return round(steps["epochs"] * fed * per_row)
+
+
+def training_steps(cfg: dict, plan, world: int) -> dict:
+    """What fed_tokens needs of a rendered plan: processes, micro-batch, accumulation, epochs."""
+    return {
+        "world": world,
+        "micro_batch": plan.micro_batch,
+        "accumulation": plan.gradient_accumulation,
+        "epochs": cfg["sft"]["num_train_epochs"],
+        "max_steps": cfg["sft"]["max_steps"],
+        "packed": plan.packing != "off",
+    }
+
+
+def run_cost(delta: dict, steps: dict) -> dict | None:
+    """This run's tokens and a full retrain's, as the trainer feeds them (fed_tokens), from
+    prepare_data's rows and one-pass tokens (stats.json `continue`); None without those."""
+    tokens = delta.get("tokens") or {}
+    if not tokens.get("trained") or not delta.get("train_rows"):
+        return None
+    full_rows = delta.get("full_train_rows") or delta["train_rows"]
+    return {
+        "trained": fed_tokens(delta["train_rows"], tokens["trained"], steps),
+        "full_retrain": fed_tokens(full_rows, tokens["full_retrain"], steps),
+        "one_pass": {"trained": tokens["trained"], "full_retrain": tokens["full_retrain"]},
+        "steps": steps,
+    }
+
+
 def cost_line(tokens: dict | None) -> str:
-    """ "trains N tokens, a full retrain would train M: M/N x fewer" (one pass over the train rows)."""
+    """ "trains N tokens, a full retrain would train M: M/N x fewer": run_cost's figures, the tokens
+    the trainer feeds (every epoch, the last step's repeated rows included)."""
     if not tokens or not tokens.get("trained"):
         return ""
     n, m = tokens["trained"], tokens["full_retrain"]

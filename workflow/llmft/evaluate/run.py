@@ -199,6 +199,7 @@ def evaluate(
     label: str,
     processes: int = 0,
     threads: int = 0,
+    max_rows: int | str | None = None,
 ) -> dict:
     """Evaluate `model_dir` on the held-out rows; write predictions.jsonl and metrics.json.
 
@@ -207,14 +208,17 @@ def evaluate(
     `threads`: CPU compute threads per process (0 = torch's default). On a shared CPU, more threads
     than the cores the scheduler granted make torch's thread pool wait on descheduled threads, which
     slows generation many times over (bench/README.md, Held-out evaluation).
+    `max_rows`: the first N rows of the split, "all" (the nightly gate's pass), None: eval.max_rows.
     """
     from llmft.core.chat_templates import for_config as template_for_config
 
     ecfg = cfg["eval"]
+    limit = ecfg["max_rows"] if max_rows is None else max_rows
+    rows = read_jsonl(heldout)
+    rows = rows if limit == "all" else rows[: int(limit)]
     clock = _SetupClock()
     weights = safetensors_stats(model_dir)
     kind, n, pool = plan_eval(processes, weights["weight_bytes"], clock)
-    rows = read_jsonl(heldout)[: ecfg["max_rows"]]
     template_name = template_for_config(cfg, model_dir)[0]
     tokenizer, encoded = encode(rows, model_dir, template_name)
     clock("encode")  # transformers import, tokenizer, prompts

@@ -58,11 +58,12 @@ def set_current(results: Path, run: str, reason: str) -> None:
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(run, target_is_directory=True)
     os.replace(tmp, results / "current")
+    scores = summary.get("gate") or summary  # the gate's rows when the night scored them (run.gate_view)
     record = {
         "run": run,
         "reason": reason,
-        "tuned": summary.get("tuned"),
-        "heldout_fingerprint": summary.get("heldout_fingerprint"),
+        "tuned": scores.get("tuned"),
+        "heldout_fingerprint": scores.get("heldout_fingerprint"),
     }
     if summary.get("benchmarks"):  # the promoted model's scores, for the next night's forgetting budget
         record["benchmarks"] = summary["benchmarks"]["tasks"]

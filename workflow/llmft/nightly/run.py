@@ -95,18 +95,20 @@ class Lock:
 
 
 def gate(new: dict, current: dict | None, metric: str, tolerance: float) -> tuple[bool, str]:
-    """Promote unless the new model is worse than the current one by more than `tolerance`."""
+    """Promote unless the new model is worse than the current one by more than `tolerance`; `new`
+    is gate_view(summary): its scores on the rows `current`'s were scored on."""
     value = new["tuned"][metric]
     if current is None:
         return True, f"first promoted model ({metric} {value:.4f})"
     ref = current["tuned"][metric]
+    rows = f" on {new['heldout_rows']} held-out rows" if new.get("heldout_rows") else ""
     if metric in LOWER_IS_BETTER:
         ok, worse = value <= ref + tolerance, value - ref
     else:
         ok, worse = value >= ref - tolerance, ref - value
     verdict = "promoted" if ok else "rejected"
     return ok, (
-        f"{verdict}: {metric} {value:.4f} vs current {ref:.4f} (run {current['run']}); "
+        f"{verdict}: {metric} {value:.4f} vs current {ref:.4f} (run {current['run']}){rows}; "
         f"worse by {max(worse, 0):.4f}, tolerance {tolerance}"
     )
 
@@ -368,20 +370,32 @@ def _judge(cfg: dict, results: Path, run: str, night: dict, state: dict) -> None
     if mismatch:
         ok, reason = False, mismatch
     else:
-        ok, reason = gate(summary, reference, metric, tol)
+        ok, reason = gate(gate_view(summary), reference, metric, tol)
     if ok:
         ok, why = benchmark_gate(summary, reference, cfg["nightly"]["max_benchmark_drop"])
         reason = why if not ok else "; ".join(filter(None, [reason, why]))
     night.update(
         status="promoted" if ok else "rejected",
         reason=reason,
-        metric={metric: summary["tuned"][metric]},
+        metric={metric: gate_view(summary)["tuned"][metric]},
     )
     write_json(results / run / "promotion.json", night)
     if ok:
         set_current(results, run, reason)
         record(state, "promote", current["run"] if current else None, run, f"nightly gate: {reason}")
     print(f"[nightly] run {run} {reason}")
+
+
+def gate_view(summary: dict) -> dict:
+    """The new model's scores the gate compares: its `gate` scores (eval/gate: every held-out row, or
+    nightly.gate_max_rows) when the night scored them, else the page's (eval.max_rows rows)."""
+    scores = summary.get("gate") or summary
+    return {
+        "run": summary["run"],
+        "tuned": scores["tuned"],
+        "heldout_rows": scores.get("heldout_rows"),
+        "heldout_fingerprint": scores.get("heldout_fingerprint"),
+    }
 
 
 def same_rows_reference(summary: dict, current: dict | None) -> tuple[dict | None, str | None]:
@@ -391,7 +405,8 @@ def same_rows_reference(summary: dict, current: dict | None) -> tuple[dict | Non
     The split never moves (rows are assigned by content), but appended rows add held-out rows, so
     the promoted model's own summary scored other rows than tonight's. The nightly therefore has
     tonight's run score the promoted model too (nightly.compare_with -> eval/promoted, in the
-    summary as `compared_with`); the fingerprint of the rows each evaluation scored must match.
+    summary as `compared_with`), and its own tuned model again (eval/gate, the summary's `gate`),
+    both on every held-out row; the fingerprint of the rows each evaluation scored must match.
     """
     if current is None:
         return None, None
@@ -401,7 +416,7 @@ def same_rows_reference(summary: dict, current: dict | None) -> tuple[dict | Non
     compared = summary.get("compared_with") or {}
     if compared.get("run") == promoted:  # the promoted model, scored in tonight's run
         ref["tuned"], fingerprint = compared["tuned"], compared.get("heldout_fingerprint")
-    ours = summary.get("heldout_fingerprint")
+    ours = gate_view(summary)["heldout_fingerprint"]
     if ours is None or ours != fingerprint:
         return None, (
             f"rejected: not compared: run {summary['run']} was scored on held-out rows {ours} and the "

@@ -15,7 +15,9 @@ def run_lineage(cfg: dict, sft_args: dict, stats: dict) -> dict:
     data = {k: delta.get(k) for k in ("new", "replayed", "removed", "train_rows")}
     if not delta:  # stats.json of an older prepare_data: every train row was new
         data.update(new=stats.get("train_rows"), replayed=0, removed=0, train_rows=stats.get("train_rows"))
-    tokens = delta.get("tokens") or {"trained": None, "full_retrain": None}
+    # the tokens the trainer feeds, as render-sft planned them (a run rendered before: one pass)
+    cost = (sft_args.get("llmft") or {}).get("cost")
+    tokens = cost or delta.get("tokens") or {"trained": None, "full_retrain": None}
     return {**head, "data": data, "tokens": dict(tokens)}
 
 
@@ -30,6 +32,6 @@ def lineage_html(lineage: dict) -> str:
         f"<code>{esc(lineage.get('started_from'))}</code>. Chain: {esc(chain_text(lineage))}. "
         f"Rows: {esc(d.get('new'))} new, {esc(d.get('replayed'))} replayed, {esc(d.get('removed'))} removed "
         f"since {esc(lineage['parent'])} ({esc(d.get('train_rows'))} trained)."
-        + (f" Cost: {esc(cost)}." if cost else "")
+        + (f" Cost: {esc(cost)} (tokens the trainer feeds, every epoch)." if cost else "")
         + "</p>"
     )

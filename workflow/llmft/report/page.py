@@ -696,12 +696,24 @@ def report_summary(r: LoadedRun, generated: str, git: dict) -> dict:
 
 
 def compared_with(run_dir: Path, other: str) -> dict:
-    """summary.json's `compared_with`: the promoted model (nightly.compare_with) scored on this run's
-    held-out rows (eval/promoted), which the nightly gate compares the tuned model against."""
+    """summary.json's `compared_with`: the promoted model (nightly.compare_with) scored on the gate's
+    held-out rows (eval/promoted: every row of this run's split, or nightly.gate_max_rows)."""
     scores = read_json(run_dir / "eval" / "promoted" / "metrics.json")
     return {
         "run": Path(other).name,
         "tuned": {m: scores.get(m) for m in METRICS},
+        "heldout_rows": scores.get("rows"),
+        "heldout_fingerprint": scores.get("heldout_fingerprint"),
+    }
+
+
+def gate_scores(run_dir: Path) -> dict:
+    """summary.json's `gate`: this run's tuned model on the same rows as `compared_with` (eval/gate),
+    the scores the nightly gate compares; `tuned` and `heldout_rows` stay the page's eval.max_rows."""
+    scores = read_json(run_dir / "eval" / "gate" / "metrics.json")
+    return {
+        "tuned": {m: scores.get(m) for m in METRICS},
+        "heldout_rows": scores.get("rows"),
         "heldout_fingerprint": scores.get("heldout_fingerprint"),
     }
 
@@ -738,6 +750,7 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
         summary["benchmarks"] = benchmarks
     if cfg["nightly"]["compare_with"]:
         summary["compared_with"] = compared_with(r.run, cfg["nightly"]["compare_with"])
+        summary["gate"] = gate_scores(r.run)
     if pref:
         summary["preference"] = pref
         # The gate's metric (nightly.metric: preference_accuracy) is read from `tuned`: the run's

@@ -284,22 +284,36 @@ def run_lineage(cfg: dict, base_model: str) -> dict:
     return lineage.lineage_head(Path(cfg["model"]["continue_from"]))
 
 
-def continue_text(cfg: dict, base_model: str, data_dir: str) -> str:
-    """The plan's lines on where training starts and, for a continued run, what it trains and costs."""
+def data_delta(data_dir: str) -> dict:
+    """prepare_data's rows and one-pass tokens of this run (stats.json `continue`), {} without."""
+    stats = read_json(Path(data_dir) / "stats.json") if (Path(data_dir) / "stats.json").is_file() else {}
+    return stats.get("continue") or {}
+
+
+def continue_text(cfg: dict, base_model: str, data_dir: str, cost: dict | None = None) -> str:
+    """The plan's lines on where training starts and, for a continued run, what it trains and costs
+    (`cost`: lineage.run_cost)."""
     head = run_lineage(cfg, base_model)
     if head["parent"] is None:
         return f"starts from the base model {head['base_model']}"
-    stats = read_json(Path(data_dir) / "stats.json") if (Path(data_dir) / "stats.json").is_file() else {}
-    delta = stats.get("continue") or {}
+    delta = data_delta(data_dir)
     lines = [
         f"continues run {head['parent']} from {head['started_from']} (chain: {lineage.chain_text(head)});"
         f" fresh schedule at learning rate {lineage.continue_learning_rate(cfg):g}, new optimizer state",
         f"rows: {delta.get('new')} new, {delta.get('replayed')} replayed, {delta.get('removed')} removed"
         f" since {head['parent']}; {delta.get('train_rows')} train rows of {delta.get('full_train_rows')}",
     ]
-    cost = lineage.cost_line(delta.get("tokens"))
-    if cost:
-        lines.append(cost + " (one pass over the train rows)")
+    line = lineage.cost_line(cost)
+    if line:
+        steps = cost["steps"]
+        how = (
+            f"{steps['max_steps']} steps" if steps["max_steps"] > 0 else f"{steps['epochs']:g} epoch(s)"
+        ) + (
+            ""
+            if steps["packed"]
+            else f", each pass's last micro-batches filled to {steps['world']} x {steps['micro_batch']} rows"
+        )
+        lines.append(f"{line} (tokens the trainer feeds: {how})")
     return "\n".join(lines)
 
 
@@ -382,7 +396,12 @@ def render(
     plan = resolve(cfg, base_model, platform, shape)
     log.info("platform: %s (%s)", platform.describe(), platform.source)
     log.info("%s", describe(plan))
-    start = continue_text(cfg, base_model, data_dir)
+    cost = (
+        None
+        if is_preference(cfg)
+        else lineage.run_cost(data_delta(data_dir), lineage.training_steps(cfg, plan, platform.world_size))
+    )
+    start = continue_text(cfg, base_model, data_dir, cost)
     log.info("%s", start)
     ds = deepspeed_config(plan, platform)
     write_json(out_ds, ds or {"zero_optimization": {"stage": 0}, "disabled": True})
@@ -405,6 +424,8 @@ def render(
         "tracking": tracking.settings(cfg["sft"]["tracking"], f"results/{cfg['run']}/tracking", cfg["run"]),
         # parent, started_from, base_model, chain: what the page and summary.json say this run grew from
         "lineage": run_lineage(cfg, base_model),
+        # this run's tokens and a full retrain's as the trainer feeds them (lineage.run_cost)
+        "cost": cost,
     }
     if plan.fp8:  # llmft.sft.train converts the loaded model (LLaMA-Factory's own fp8 flag is refused)
         args["llmft"]["fp8"] = {"recipe": fp8.RECIPE}
