@@ -1,8 +1,6 @@
 """The preference stage's config keys, plan (reference model, two sequences per pair) and rendered
 LLaMA-Factory arguments."""
 
-import json
-
 import pytest
 from llmft.core.config import ConfigError, validate
 from llmft.core.platform import Platform
@@ -12,18 +10,6 @@ from llmft.sft.render import render, tiny_shape
 from llmft.sft.steptime import step_time
 
 from tests.reliability import reliability
-from tests.unit.sft.test_plan import SHAPES
-
-
-@pytest.fixture
-def model(tmp_path):
-    def make(size: str) -> str:
-        folder = tmp_path / size
-        folder.mkdir(exist_ok=True)
-        (folder / "config.json").write_text(json.dumps({"model_type": "llama", **SHAPES[size][0]}))
-        return str(folder)
-
-    return make
 
 
 def gpu_cfg(gpus=1, gpu="h200", sft=None, **pref):
