@@ -27,7 +27,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,15 +35,19 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "workflow"))
 
-from llmft.sft.run import worker_pids  # noqa: E402
+from bench.sft_bench import (  # noqa: E402
+    MODELS,
+    SEQ,
+    _read_jsonl,
+    _throughput,
+    llmft_env,
+    node_facts,
+    render_cmd,
+    run_stage,
+    train_until,
+)
 
-from bench.sft_bench import _read_jsonl, _throughput, llmft_env, node_facts, run_stage  # noqa: E402
-
-MODELS = Path(os.environ.get("BENCH_MODELS", "/tmp/models"))
-RUNS = Path(os.environ.get("BENCH_RUNS", "/tmp/bench_runs"))
-SEQ = 2048
 WARMUP = 5  # steps before the throughput window (kernel set-up, first allocations)
 STEPS = 30
 
@@ -122,35 +125,18 @@ def run_variant(name: str, out: Path, steps: int, timeout: int) -> dict:
     cfg_path = rd / "config.yaml"
     cfg = config_for(name, steps)
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    py, common, env = sys.executable, ["--config", str(cfg_path)], llmft_env()
-    render = [py, "-m", "llmft", "render-sft", "--stage", "preference", *common]
-    render += ["--base-model", cfg["model"]["name_or_path"], "--verify", str(node_facts(out))]
-    render += ["--data-dir", str(out / "pairs"), "--out-yaml", str(rd / "llamafactory.yaml")]
-    render += ["--out-deepspeed", str(rd / "deepspeed.json"), "--work-root", str(RUNS)]
-    failed = run_stage(render, rd, "render", env)
+    env = llmft_env()
+    render = render_cmd(cfg_path, cfg["model"]["name_or_path"], node_facts(out), out / "pairs", rd)
+    failed = run_stage([*render, "--stage", "preference"], rd, "render", env)
     if failed:
         return failed
     work = Path(yaml.safe_load((rd / "llamafactory.yaml").read_text())["output_dir"])
     shutil.rmtree(work, ignore_errors=True)
-    launch = [py, "-m", "llmft", "sft", "launch", *common, "--yaml", str(rd / "llamafactory.yaml")]
-    t0, status = time.time(), "timeout"
-    with open(rd / "train.log", "w") as log:
-        proc = subprocess.Popen(launch, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        while time.time() - t0 < timeout:
-            if proc.poll() is not None:
-                status = "exited" if proc.returncode == 0 else f"failed rc={proc.returncode}"
-                break
-            if any(e.get("step") == steps and "time" in e for e in _read_jsonl(work / "llmft_steps.jsonl")):
-                status = "ok"
-                break
-            time.sleep(0.5)
-        if proc.poll() is None:
-            for pid in [*worker_pids(proc.pid), proc.pid]:
-                try:
-                    os.kill(pid, 9)
-                except OSError:
-                    pass
-            proc.wait()
+    launch = [sys.executable, "-m", "llmft", "sft", "launch", "--config", str(cfg_path)]
+    t0 = time.time()
+    status = train_until(
+        [*launch, "--yaml", str(rd / "llamafactory.yaml")], rd, work, steps, env, t0 + timeout
+    )
     steps_log = _read_jsonl(work / "llmft_steps.jsonl")
     (rd / "llmft_steps.jsonl").write_text("".join(json.dumps(e) + "\n" for e in steps_log))
     result = {"name": name, "status": status, "wall_s": round(time.time() - t0, 1)}
