@@ -6,6 +6,10 @@ LLaMA-Factory DPO config, same 1.24 B model, same pairs, one call, both through 
     python bench/dpo_bench.py run NAME --out OUT             # one variant: hand | ours
     python bench/dpo_bench.py all --out OUT [--json R.json]  # pairs, both variants, the comparison
 
+The pairs are written as a sharegpt file and prepared by `llmft prepare-preference` as the workflow
+prepares them (checked, split, tokenized once with each pair's length; pairs over the cutoff are
+dropped): both variants train the same tokenized pairs, which LLaMA-Factory loads as they are.
+
 Throughput = (tokens seen at the last step - tokens seen at the warm-up step) / (seconds between
 them) / GPUs, read from llmft_steps.jsonl; tokens are the non-padding input tokens of both sequences
 of every pair (chosen and rejected, prompt included), as LLaMA-Factory's include_num_input_tokens_seen
@@ -14,10 +18,14 @@ copy) in bf16 at DPO's usual 5e-7, beta 0.1, sigmoid loss.
 
 hand: what a user who tuned LLaMA-Factory's DPO by hand on one H200 runs: ZeRO-2 (trl keeps the
 reference model whole outside ZeRO-3), 4 pairs x 4 accumulation steps, no gradient checkpointing,
-SDPA, no Liger. ours: every throughput key auto (the planner's choice from this machine's facts).
+SDPA, no Liger, random batches of pairs (LLaMA-Factory's own pairwise rows carry no length for
+transformers' length-grouped sampler). ours: every throughput key auto (the planner's choice from
+this machine's facts), preference.group_by_length included.
 
 BENCH_DRY_RUN=1 runs the same path on 2 CPU processes with a tiny model (no GPU): a check of the
-script, not a measurement. BENCH_MODELS (default /tmp/models) holds llama1b (bench/sft_models.py).
+script, not a measurement: pairs a twentieth as long (cutoff 256), ours with group_by_length
+forced on (auto keeps it for GPUs). BENCH_MODELS (default /tmp/models) holds llama1b
+(bench/sft_models.py), whose tokenizer prepares the pairs.
 """
 
 from __future__ import annotations
@@ -36,15 +44,19 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "workflow"))
 
-from llmft.sft.run import worker_pids  # noqa: E402
+from bench.sft_bench import (  # noqa: E402
+    MODELS,
+    SEQ,
+    _read_jsonl,
+    _throughput,
+    llmft_env,
+    node_facts,
+    render_cmd,
+    run_stage,
+    train_until,
+)
 
-from bench.sft_bench import _read_jsonl, _throughput, llmft_env, node_facts, run_stage  # noqa: E402
-
-MODELS = Path(os.environ.get("BENCH_MODELS", "/tmp/models"))
-RUNS = Path(os.environ.get("BENCH_RUNS", "/tmp/bench_runs"))
-SEQ = 2048
 WARMUP = 5  # steps before the throughput window (kernel set-up, first allocations)
 STEPS = 30
 
@@ -55,61 +67,81 @@ HAND = {
     "gradient_checkpointing": False,
     "flash_attn": "sdpa",
     "liger_kernel": False,
+    "group_by_length": False,
 }
 # ours at the hand-tuned run's tokens per optimizer step (4 x 4 pairs x 2 x 2048), so both learn alike
 VARIANTS = {"hand": HAND, "ours": {"tokens_per_step": 65536}}
-# the preference stage's own batch keys; the rest are sft's hardware keys, which the stage shares
-PREF_BATCH = ("per_device_train_batch_size", "gradient_accumulation_steps")
+# the preference stage's own keys; the rest are sft's hardware keys, which the stage shares
+PREF_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "group_by_length")
 
 
 def write_pairs(out: Path, rows: int, seed: int = 0) -> Path:
-    """DPO pairs of a realistic length (prompts of ~300 words, answers of ~150-400 words) in the
-    canonical form, and their dataset_info.json: the same file for both variants."""
+    """DPO pairs of a realistic length (prompts of 200-400 words, answers of 150-400 words; a dry
+    run's a twentieth) in the canonical sharegpt form: the source both variants' data is prepared from."""
     rng = random.Random(seed)
     vocab = [f"w{i}" for i in range(4000)]
+    scale = 20 if os.environ.get("BENCH_DRY_RUN") else 1
 
-    def text(n: int) -> str:
-        return " ".join(rng.choice(vocab) for _ in range(n))
+    def text(lo: int, hi: int) -> str:
+        return " ".join(rng.choice(vocab) for _ in range(rng.randint(lo // scale, hi // scale)))
 
-    data = out / "pairs"
-    data.mkdir(parents=True, exist_ok=True)
-    with open(data / "train.jsonl", "w") as fh:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "pairs.jsonl", "w") as fh:
         for _ in range(rows):
             row = {
-                "messages": [{"from": "human", "value": text(rng.randint(200, 400))}],
-                "chosen": {"from": "gpt", "value": text(rng.randint(150, 400))},
-                "rejected": {"from": "gpt", "value": text(rng.randint(150, 400))},
+                "conversations": [{"from": "human", "value": text(200, 400)}],
+                "chosen": {"from": "gpt", "value": text(150, 400)},
+                "rejected": {"from": "gpt", "value": text(150, 400)},
             }
             fh.write(json.dumps(row) + "\n")
-    shutil.copy(data / "train.jsonl", data / "heldout.jsonl")
-    tags = {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt"}
-    entry = {"formatting": "sharegpt", "ranking": True, "tags": tags,
-             "columns": {"messages": "messages", "chosen": "chosen", "rejected": "rejected"}}  # fmt: skip
-    info = {"llmft_pref_train": {"file_name": "train.jsonl", **entry}}
-    info["llmft_pref_heldout"] = {"file_name": "heldout.jsonl", **entry}
-    (data / "dataset_info.json").write_text(json.dumps(info, indent=2))
-    return data
+    return out / "pairs.jsonl"
 
 
-def config_for(name: str, steps: int) -> dict:
+def prepare_pairs(out: Path) -> dict:
+    """`llmft prepare-preference` on the pairs (the workflow's prepare_preference): its stats line."""
+    cfg = config_for("ours", STEPS, out)
+    cmd = [sys.executable, "-m", "llmft", "prepare-preference", "--config-json", json.dumps(cfg)]
+    cmd += ["--tokenizer", cfg["model"]["name_or_path"], "--out-dir", str(out / "data")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=llmft_env(), cwd=REPO)
+    if proc.returncode:
+        raise SystemExit(f"prepare-preference failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    stats = json.loads(proc.stdout.strip().splitlines()[-1])
+    (out / "pairs.stats.json").write_text(json.dumps(stats, indent=2))
+    return stats
+
+
+def config_for(name: str, steps: int, out: Path) -> dict:
     overrides = VARIANTS[name]
-    sft = {k: v for k, v in overrides.items() if k not in PREF_BATCH}
+    dry = bool(os.environ.get("BENCH_DRY_RUN"))
+    seq = 256 if dry else SEQ
+    sft = {k: v for k, v in overrides.items() if k not in PREF_KEYS}
     sft.update(precision="bf16", logging_steps=1, save_steps=100000)
     sft["extra"] = {"eval_strategy": "no", "disable_tqdm": True, "preprocessing_num_workers": 16}
     pref = {"method": "dpo", "loss": "sigmoid", "beta": 0.1, "start_from": "base", "finetuning_type": "full"}
-    pref.update({k: overrides[k] for k in PREF_BATCH if k in overrides}, max_steps=steps)
+    pref.update({k: overrides[k] for k in PREF_KEYS if k in overrides}, max_steps=steps)
+    # pairs longer than the cutoff are dropped, not cut (up to half of them: the comparison's pairs
+    # are whatever fits, the same for both variants); a few held out, which the bench does not score
+    source = {"path": str(out / "pairs.jsonl"), "format": "sharegpt"}
+    pref["data"] = {
+        "sources": [source],
+        "cutoff_len": seq,
+        "heldout_fraction": 0.05,
+        "max_dropped_fraction": 0.5,
+    }
     hw = {"vendor": "cuda", "nodes": 1, "gpus_per_node": 1, "gpu_model": "h200"}
     model = str(MODELS / "llama1b")
-    if os.environ.get("BENCH_DRY_RUN"):
+    if dry:
         hw = {"vendor": "cpu", "nodes": 1, "gpus_per_node": 0, "processes_per_node": 2}
         sft.update(precision="fp32", zero_stage=0 if name == "ours" else 2)
         sft.pop("flash_attn", None)
         model = os.environ.get("BENCH_DRY_MODEL", model)
+        if name == "ours":
+            pref["group_by_length"] = True
     return {
         "run": "bench",
         "hardware": hw,
         "model": {"name_or_path": model, "template": "default"},
-        "data": {"cutoff_len": SEQ if not os.environ.get("BENCH_DRY_RUN") else 256},
+        "data": {"cutoff_len": seq},
         "sft": sft,
         "preference": pref,
     }
@@ -120,43 +152,26 @@ def run_variant(name: str, out: Path, steps: int, timeout: int) -> dict:
     rd = out / name
     rd.mkdir(parents=True, exist_ok=True)
     cfg_path = rd / "config.yaml"
-    cfg = config_for(name, steps)
+    cfg = config_for(name, steps, out)
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    py, common, env = sys.executable, ["--config", str(cfg_path)], llmft_env()
-    render = [py, "-m", "llmft", "render-sft", "--stage", "preference", *common]
-    render += ["--base-model", cfg["model"]["name_or_path"], "--verify", str(node_facts(out))]
-    render += ["--data-dir", str(out / "pairs"), "--out-yaml", str(rd / "llamafactory.yaml")]
-    render += ["--out-deepspeed", str(rd / "deepspeed.json"), "--work-root", str(RUNS)]
-    failed = run_stage(render, rd, "render", env)
+    env = llmft_env()
+    render = render_cmd(cfg_path, cfg["model"]["name_or_path"], node_facts(out), out / "data", rd)
+    failed = run_stage([*render, "--stage", "preference"], rd, "render", env)
     if failed:
         return failed
     work = Path(yaml.safe_load((rd / "llamafactory.yaml").read_text())["output_dir"])
     shutil.rmtree(work, ignore_errors=True)
-    launch = [py, "-m", "llmft", "sft", "launch", *common, "--yaml", str(rd / "llamafactory.yaml")]
-    t0, status = time.time(), "timeout"
-    with open(rd / "train.log", "w") as log:
-        proc = subprocess.Popen(launch, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        while time.time() - t0 < timeout:
-            if proc.poll() is not None:
-                status = "exited" if proc.returncode == 0 else f"failed rc={proc.returncode}"
-                break
-            if any(e.get("step") == steps and "time" in e for e in _read_jsonl(work / "llmft_steps.jsonl")):
-                status = "ok"
-                break
-            time.sleep(0.5)
-        if proc.poll() is None:
-            for pid in [*worker_pids(proc.pid), proc.pid]:
-                try:
-                    os.kill(pid, 9)
-                except OSError:
-                    pass
-            proc.wait()
+    launch = [sys.executable, "-m", "llmft", "sft", "launch", "--config", str(cfg_path)]
+    t0 = time.time()
+    status = train_until(
+        [*launch, "--yaml", str(rd / "llamafactory.yaml")], rd, work, steps, env, t0 + timeout
+    )
     steps_log = _read_jsonl(work / "llmft_steps.jsonl")
     (rd / "llmft_steps.jsonl").write_text("".join(json.dumps(e) + "\n" for e in steps_log))
     result = {"name": name, "status": status, "wall_s": round(time.time() - t0, 1)}
     plan = yaml.safe_load((rd / "llamafactory.yaml").read_text())["llmft"]["plan"]
-    result["plan"] = {k: plan[k] for k in ("zero_stage", "micro_batch", "gradient_accumulation",
-                                           "gradient_checkpointing", "attention", "liger")}  # fmt: skip
+    keys = ("zero_stage", "micro_batch", "gradient_accumulation", "gradient_checkpointing", "attention")
+    result["plan"] = {k: plan[k] for k in (*keys, "liger", "group_by_length")}
     result["predicted_peak_gib"] = plan["memory"]["peak"]
     if any("time" in e for e in steps_log):
         tps, n, seconds = _throughput(steps_log, WARMUP)
@@ -169,7 +184,7 @@ def run_variant(name: str, out: Path, steps: int, timeout: int) -> dict:
     return result
 
 
-def compare(results: dict) -> dict:
+def compare(results: dict, pairs: dict) -> dict:
     hand, ours = (results[n].get("tokens_per_s_per_gpu") for n in ("hand", "ours"))
     ratio = round(ours / hand, 3) if hand and ours else None
     print(f"hand-tuned LLaMA-Factory DPO: {hand} tokens/s/GPU ({results['hand']['status']})")
@@ -179,7 +194,7 @@ def compare(results: dict) -> dict:
         "tokens/s = (non-padding tokens of both sequences of every pair seen at the last step - at step "
         f"{WARMUP}) / seconds between them / GPUs"
     )
-    return {"variants": results, "ratio": ratio}
+    return {"pairs": pairs, "variants": results, "ratio": ratio}
 
 
 def main() -> None:
@@ -202,12 +217,14 @@ def main() -> None:
     args = p.parse_args()
     out = Path(args.out)
     if args.cmd == "pairs":
-        print(write_pairs(out, args.rows))
+        write_pairs(out, args.rows)
+        print(json.dumps(prepare_pairs(out)))
     elif args.cmd == "run":
         print(json.dumps(run_variant(args.name, out, args.steps, args.timeout), indent=2))
     else:
         write_pairs(out, args.rows)
-        result = compare({n: run_variant(n, out, args.steps, args.timeout) for n in VARIANTS})
+        pairs = prepare_pairs(out)
+        result = compare({n: run_variant(n, out, args.steps, args.timeout) for n in VARIANTS}, pairs)
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2))
 

@@ -348,6 +348,48 @@ def _canary(out: Path, facts: Path) -> dict:
     return json.loads(result.read_text())
 
 
+def render_cmd(cfg_path: Path, base_model: Path | str, facts: Path, data_dir: Path, rd: Path, *extra) -> list:
+    """A variant's `llmft render-sft`: its YAML and DeepSpeed JSON in rd, its work folder under RUNS."""
+    cmd = [sys.executable, "-m", "llmft", "render-sft", *extra, "--config", str(cfg_path)]
+    cmd += ["--base-model", str(base_model), "--verify", str(facts), "--data-dir", str(data_dir)]
+    cmd += ["--out-yaml", str(rd / "llamafactory.yaml"), "--out-deepspeed", str(rd / "deepspeed.json")]
+    return cmd + ["--work-root", str(RUNS)]
+
+
+def train_until(
+    launch: list, rd: Path, work: Path, steps: int, env: dict, deadline: float, to_end=False
+) -> str:
+    """Run a variant's `sft launch` (output in rd/train.log) until step `steps`'s loss is in
+    llmft_steps.jsonl, then stop it before the final save (not part of training throughput); to_end:
+    let it finish. The status: ok, exited (finished first), failed rc=N, or timeout (past deadline)."""
+    with open(rd / "train.log", "w") as log:
+        proc = subprocess.Popen(
+            launch, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
+        )
+        status = "timeout"
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                status = "exited" if proc.returncode == 0 else f"failed rc={proc.returncode}"
+                break
+            done = [
+                e for e in _read_jsonl(work / "llmft_steps.jsonl") if e.get("step") == steps and "loss" in e
+            ]
+            if done and not to_end:
+                time.sleep(2)  # LLaMA-Factory's log thread writes trainer_log.jsonl
+                status = "ok"
+                break
+            time.sleep(0.5)
+        if proc.poll() is None:
+            # torchrun puts its workers in sessions of their own: kill the whole tree, not the group.
+            for pid in [*worker_pids(proc.pid), proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            proc.wait()
+    return status
+
+
 def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> dict:
     size, _, default_steps, _ = VARIANTS[name]
     steps = max_steps or int(os.environ.get("BENCH_MAX_STEPS", 0)) or default_steps
@@ -357,11 +399,7 @@ def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> di
     cfg_path.write_text(yaml.safe_dump(config_for(name, steps), sort_keys=False))
     py = sys.executable
     common = ["--config", str(cfg_path)]
-    facts = node_facts(out)
-    render = [py, "-m", "llmft", "render-sft", *common, "--base-model", str(MODELS / f"llama{size}")]
-    render += ["--verify", str(facts)]
-    render += ["--data-dir", str(WORK / "data"), "--out-yaml", str(rd / "llamafactory.yaml")]
-    render += ["--out-deepspeed", str(rd / "deepspeed.json"), "--work-root", str(RUNS)]
+    render = render_cmd(cfg_path, MODELS / f"llama{size}", node_facts(out), WORK / "data", rd)
     env = llmft_env(**VARIANT_ENV.get(name, {}))
     t0 = time.time()
     failed = run_stage(render, rd, "render", env)
@@ -396,32 +434,7 @@ def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> di
     stop = threading.Event()
     sampler = threading.Thread(target=_smi_sampler, args=(stop, peaks), daemon=True)
     sampler.start()
-    with open(rd / "train.log", "w") as log:
-        proc = subprocess.Popen(
-            launch, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
-        )
-        status = "timeout"
-        while time.time() - t0 < timeout:
-            if proc.poll() is not None:
-                status = "exited" if proc.returncode == 0 else f"failed rc={proc.returncode}"
-                break
-            done = [
-                e for e in _read_jsonl(work / "llmft_steps.jsonl") if e.get("step") == steps and "loss" in e
-            ]
-            if done and name not in RUN_TO_END:
-                time.sleep(2)  # LLaMA-Factory's log thread writes trainer_log.jsonl
-                status = "ok"
-                break
-            time.sleep(0.5)
-        if proc.poll() is None:
-            # The last step is in: stop before the final save (not part of training throughput).
-            # torchrun puts its workers in sessions of their own: kill the whole tree, not the group.
-            for pid in [*worker_pids(proc.pid), proc.pid]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            proc.wait()
+    status = train_until(launch, rd, work, steps, env, t0 + timeout, to_end=name in RUN_TO_END)
     _wait_gpus_free()
     stop.set()
     sampler.join(timeout=5)

@@ -4,9 +4,15 @@ question preferred over a plausible wrong one), held-out preference accuracy aft
 well above the sft model's.
 
 The data is prepare_preference's built-in task (builtin:synthetic_pairs, builtin:synthetic_kto).
+
+The losses and the reference the DAG runs leave untrained (ORPO, SimPO; `reference: base`) are trained
+by LLaMA-Factory itself for a few steps on the DPO run's own models and pairs, each rendered by llmft
+for one CPU process; the checks read what LLaMA-Factory logged.
 """
 
 import json
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -129,3 +135,138 @@ def test_kto_from_base_raises_held_out_preference_accuracy(kto):
     # well above sft's (0.50 on this task: a coin toss), by reward and by likelihood alone
     assert tuned["preference_accuracy"] >= sft["preference_accuracy"] + 0.2 and tuned["reward_margin"] > 0
     assert tuned["likelihood_accuracy"] >= max(base["likelihood_accuracy"], sft["likelihood_accuracy"]) + 0.2
+
+
+# -- ORPO, SimPO and a base reference: LLaMA-Factory's own training, a few steps each
+
+# What each variant changes in the DPO run's preference section. SimPO's margin is far above the
+# policy's reward differences (beta x a length-normalised log-probability, within a few tenths here),
+# so its loss, mean(softplus(gamma - beta x (chosen - rejected))), is within 1e-4 of its linear part.
+VARIANTS = {
+    "orpo": {"loss": "orpo"},
+    "simpo": {"loss": "simpo", "simpo_gamma": 10.0},
+    "base_reference": {"reference": "base", "group_by_length": True},  # auto: off on CPUs
+}
+STEPS = 3
+# One Python process renders each variant as render_preference_config does and trains them one
+# after the other: LLaMA-Factory's imports, most of a short run's time, are paid once. One CPU
+# process without DeepSpeed (the demo's ZeRO-3 needs torchrun): nothing distributed outlives a run.
+LF_RUNS = """
+import json, sys
+from llamafactory.train.tuner import run_exp
+from llmft.__main__ import main
+from llmft.sft.train import split_args
+for name, overrides, ref in json.loads(sys.argv[1]):
+    argv = ["render-sft", "--stage", "preference", "--overrides", json.dumps(overrides),
+            "--base-model", "results/demo/sft/model", "--verify", "results/demo/env/verify.json",
+            "--data-dir", "results/demo/preference/data", "--out-yaml", f"variants/{name}.yaml",
+            "--out-deepspeed", f"variants/{name}.json", "--work-root", "variants"]
+    assert main(argv + (["--ref-model", ref] if ref else [])) == 0, name
+    print(f"== {name}", flush=True)
+    run_exp(args=split_args(f"variants/{name}.yaml")[0])
+"""
+
+
+@pytest.fixture(scope="module")
+def variants(dpo):
+    work, _ = dpo
+    runs = []
+    for name, pref in VARIANTS.items():
+        overrides = {"hardware": {"processes_per_node": 1}, "sft": {"logging_steps": 1, "zero_stage": 0}}
+        overrides["preference"] = {**pref, "max_steps": STEPS}
+        runs.append((name, overrides, "results/demo/base_model" if pref.get("reference") == "base" else ""))
+    proc = subprocess.run(
+        [sys.executable, "-c", LF_RUNS, json.dumps(runs)],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    logs = dict(zip(VARIANTS, out.split("== ")[1:], strict=True))
+    result = {}
+    for name in VARIANTS:
+        args = yaml.safe_load((work / f"variants/{name}.yaml").read_text())
+        state = json.loads((work / args["output_dir"] / "trainer_state.json").read_text())
+        history = state["log_history"]
+        train = [h for h in history if "loss" in h]
+        evals = [h for h in history if "eval_loss" in h]
+        assert [h["step"] for h in train] == list(range(1, STEPS + 1)) and evals, history
+        result[name] = {"args": args, "log": logs[name], "train": train, "eval": evals[-1]}
+    return work, result
+
+
+def test_orpo_trains_with_its_odds_ratio_loss_and_no_reference_model(variants):
+    _, runs = variants
+    run = runs["orpo"]
+    args = run["args"]
+    assert (args["stage"], args["pref_loss"], args["pref_beta"]) == ("dpo", "orpo", 0.1)
+    assert "ref_model" not in args and "Created reference model" not in run["log"]
+    for h in run["train"]:
+        # ORPO's own terms: the chosen answers' NLL per token, and the odds-ratio term beta weighs
+        assert h["sft_loss"] == pytest.approx(-h["logps/chosen"], rel=1e-5)
+        assert h["loss"] == pytest.approx(h["sft_loss"] + 0.1 * h["odds_ratio_loss"], rel=1e-4)
+        # reference-free rewards: beta x the policy's length-normalised log-probability
+        assert h["rewards/chosen"] == pytest.approx(0.1 * h["logps/chosen"], rel=1e-5)
+
+
+def test_simpo_trains_with_its_margin_and_no_reference_model(variants):
+    _, runs = variants
+    run = runs["simpo"]
+    args = run["args"]
+    assert (args["pref_loss"], args["simpo_gamma"], args["pref_beta"]) == ("simpo", 10.0, 0.1)
+    assert "ref_model" not in args and "Created reference model" not in run["log"]
+    for h in run["train"]:
+        assert "odds_ratio_loss" not in h
+        assert h["rewards/chosen"] == pytest.approx(0.1 * h["logps/chosen"], rel=1e-5)
+        # SimPO's loss with its margin gamma (sigmoid DPO would be near log 2, ORPO near the NLL)
+        linear = 10.0 - 0.1 * (h["logps/chosen"] - h["logps/rejected"])
+        assert h["loss"] == pytest.approx(linear, abs=1e-3)
+
+
+def test_a_base_reference_is_the_base_models_files_not_the_sft_model(variants):
+    work, runs = variants
+    run = runs["base_reference"]
+    args = run["args"]
+    assert args["model_name_or_path"] == "results/demo/sft/model"
+    assert args["ref_model"] == "results/demo/base_model" and args["pref_loss"] == "sigmoid"
+    assert "Created reference model from results/demo/base_model" in run["log"]
+    # LLaMA-Factory's evaluation of the held-out pairs: reward = beta x (policy - reference), so its
+    # reference's mean log-probability of the chosen answers is policy - reward / beta; it is the base
+    # model's as llmft's own evaluation scores it (equal batches: the mean over pairs), not sft's
+    ev = run["eval"]
+    reference = ev["eval_logps/chosen"] - ev["eval_rewards/chosen"] / 0.1
+    evals = work / "results/demo/preference/eval"
+    mean = {m: _mean_chosen(evals / m / "logps.jsonl") for m in ("base", "tuned")}
+    assert reference == pytest.approx(mean["base"], rel=1e-3)
+    assert abs(mean["tuned"] - mean["base"]) > 0.1 * abs(mean["base"])
+
+
+def test_pairs_batched_by_length_train_the_longest_pairs_first(variants):
+    """transformers' length-grouped sampler over the lengths prepare_preference stored (without them
+    it stops the run at its start): it sorts each mega-batch of pairs (here 21 steps' worth) by length,
+    longest first, so the first steps train only pairs of the longest length there is."""
+    from datasets import load_from_disk
+
+    work, runs = variants
+    run = runs["base_reference"]
+    assert (run["args"]["train_sampling_strategy"], run["args"]["length_column_name"]) == (
+        "group_by_length",
+        "length",
+    )
+    pairs = load_from_disk(str(work / "results/demo/preference/data/tokenized"))["train"]
+    both = zip(pairs["chosen_input_ids"], pairs["rejected_input_ids"], pairs["length"], strict=True)
+    longest = max(pairs["length"])
+    tokens = [len(c) + len(r) for c, r, n in both if n == longest]  # non-padding tokens per pair
+    seen = [0] + [h["num_input_tokens_seen"] for h in run["train"]]
+    per_step = [b - a for a, b in zip(seen, seen[1:], strict=False)]
+    batch = run["args"]["per_device_train_batch_size"]
+    # each step's 8 pairs are of the longest length: at least 8 x the fewest tokens such a pair has
+    # (a random batch of these pairs reaches that bound 0.3 % of the time, three in a row never)
+    assert len(tokens) >= STEPS * batch and all(n >= batch * min(tokens) for n in per_step), per_step
+
+
+def _mean_chosen(path) -> float:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return sum(r["chosen"] for r in rows) / len(rows)

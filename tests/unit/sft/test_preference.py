@@ -1,8 +1,6 @@
 """The preference stage's config keys, plan (reference model, two sequences per pair) and rendered
 LLaMA-Factory arguments."""
 
-import json
-
 import pytest
 from llmft.core.config import ConfigError, validate
 from llmft.core.platform import Platform
@@ -12,18 +10,6 @@ from llmft.sft.render import render, tiny_shape
 from llmft.sft.steptime import step_time
 
 from tests.reliability import reliability
-from tests.unit.sft.test_plan import SHAPES
-
-
-@pytest.fixture
-def model(tmp_path):
-    def make(size: str) -> str:
-        folder = tmp_path / size
-        folder.mkdir(exist_ok=True)
-        (folder / "config.json").write_text(json.dumps({"model_type": "llama", **SHAPES[size][0]}))
-        return str(folder)
-
-    return make
 
 
 def gpu_cfg(gpus=1, gpu="h200", sft=None, **pref):
@@ -141,6 +127,7 @@ def test_step_time_of_a_reference_copy_under_zero3_gathers_it_too(model):
         ({"method": "kto", "ftx": 0.5}, "preference.ftx"),
         ({"kto_desirable_weight": 2.0}, "preference.kto_desirable_weight"),
         ({"method": "ipo"}, "preference.method"),
+        ({"method": "kto", "group_by_length": True}, "preference.group_by_length"),
     ],
 )
 def test_preference_keys_a_method_does_not_read_are_refused_by_name(pref, key):
@@ -185,3 +172,57 @@ def test_rendered_arguments_of_each_method_and_loss(tmp_path):
     assert base_ref["ref_model"] == "results/r/base_model"
     lora = _rendered(tmp_path, finetuning_type="lora")
     assert lora["finetuning_type"] == "lora" and lora["learning_rate"] == 5e-6 and lora["lora_rank"] == 8
+
+
+def _tokenized_pairs(data_dir, lengths: bool):
+    """A tokenized-pairs folder as prepare_preference saves it, with or without the length column."""
+    from datasets import Dataset, DatasetDict
+
+    rows = {"chosen_input_ids": [[1, 2, 3], [4, 5]], "rejected_input_ids": [[6], [7, 8, 9, 10]]}
+    if lengths:
+        rows[preference.LENGTH_COLUMN] = [3, 4]
+    split = Dataset.from_dict(rows)
+    DatasetDict({"train": split, "validation": split}).save_to_disk(str(data_dir / "tokenized"))
+    return str(data_dir)
+
+
+def test_pairs_are_batched_by_length_on_gpus_when_their_lengths_were_stored(model, tmp_path):
+    from llmft.sft.plan import describe
+
+    one_b = model("1b")
+    gpu = plan(gpu_cfg(), one_b)
+    assert gpu.group_by_length and "batched by length" in describe(gpu)
+    assert any(r.startswith("group_by_length on: a micro-batch of pairs is padded") for r in gpu.reasons)
+    assert not plan(gpu_cfg(method="kto"), one_b).group_by_length
+    assert not plan(gpu_cfg(group_by_length=False), one_b).group_by_length
+    for pref, grouped in (({}, False), ({"group_by_length": True}, True)):  # the CPU demo
+        cfg = validate({"preference": pref})
+        view = preference.view(cfg)
+        cpu = resolve(view, "tiny", Platform.declared(view), tiny_shape(cfg["model"]["tiny"]))
+        assert cpu.group_by_length is grouped
+    # sft's plan and YAML are unchanged by the key
+    sft = gpu_cfg(sft={"packing": "off"})
+    assert "group_by_length" not in resolve(sft, one_b, Platform.declared(sft)).to_json()
+
+    def rendered(data_dir, **pref):
+        cfg = gpu_cfg(**pref)
+        view = preference.view(cfg)
+        out = tmp_path / "out"
+        return render(
+            view, one_b, data_dir, str(out / "y.yaml"), str(out / "ds.json"), "work", Platform.declared(view)
+        )
+
+    with_lengths = _tokenized_pairs(tmp_path / "with", lengths=True)
+    args = rendered(with_lengths)
+    assert (args["train_sampling_strategy"], args["length_column_name"]) == ("group_by_length", "length")
+    assert args["llmft"]["plan"]["group_by_length"] is True
+    assert "train_sampling_strategy" not in rendered(with_lengths, group_by_length=False)
+    # pairs tokenized without their lengths: transformers' sampler would stop the job at its start
+    without = _tokenized_pairs(tmp_path / "without", lengths=False)
+    args = rendered(without)
+    assert "train_sampling_strategy" not in args and args["llmft"]["plan"]["group_by_length"] is False
+    assert any("holds no pair lengths" in r for r in args["llmft"]["plan"]["reasons"])
+    with pytest.raises(
+        ConfigError, match="config key preference.group_by_length: true, but .* no pair lengths"
+    ):
+        rendered(without, group_by_length=True)

@@ -25,7 +25,8 @@ Canonical rows (train.jsonl, heldout.jsonl; LLaMA-Factory's default sharegpt tag
   KTO   {"messages": [..., the user turn, the answer], "kto_tag": true|false, optional "system", "tools"}
 
 Tokens: LLaMA-Factory's processors through `datasets`' map, as its loader runs them. Pairs are
-encoded once, untruncated, to measure them; a pair that fits is not cut, so that encoding is saved.
+encoded once, untruncated, to measure them; a pair that fits is not cut, so that encoding is saved,
+with one column more than LLaMA-Factory's: the pair's length (LENGTH_COLUMN).
 KTO rows are encoded again in their split's order: the KL pairs depend on batch neighbours. The rows
 are held in memory (preference sets are small next to SFT corpora).
 
@@ -70,6 +71,7 @@ from llmft.data.sources import (
     iter_raw,
     validate,
 )
+from llmft.sft.preference import LENGTH_COLUMN
 
 log = logging.getLogger("llmft.data.preference")
 
@@ -726,13 +728,16 @@ def _check(run: _Run, sides: dict, opts: dict) -> None:
 
 def _tokenized(tok: Tokenizer, rows: list[dict], encoded: list):
     """One side's tokenized rows. Pairs: the rows the length check encoded (each pair is encoded on
-    its own, and a row that fits is not cut). KTO rows: encoded again in the side's final order, as
-    LLaMA-Factory's processor pairs each prompt with its batch neighbour's answer (the KL pairs)."""
+    its own, and a row that fits is not cut), with LENGTH_COLUMN beside LLaMA-Factory's columns. KTO
+    rows: encoded again in the side's final order, as LLaMA-Factory's processor pairs each prompt with
+    its batch neighbour's answer (the KL pairs)."""
     from datasets import concatenate_datasets
 
     if tok.kind == KTO:
         return tok.dataset(rows)
-    return concatenate_datasets([data.select(index) for data, index in encoded])
+    data = concatenate_datasets([data.select(index) for data, index in encoded])
+    both = zip(data["chosen_input_ids"], data["rejected_input_ids"], strict=True)
+    return data.add_column(LENGTH_COLUMN, [max(len(c), len(r)) for c, r in both])
 
 
 def _write(run: _Run, tok: Tokenizer, sides: dict, encoded: dict, tmp: Path, opts: dict) -> dict:

@@ -313,6 +313,7 @@ class Plan:
     fp8: bool = False  # torchao float8 on the decoder's linear layers (llmft.core.fp8)
     sequences_per_row: int = 1  # a preference pair's two sequences
     reference: str = "none"  # a preference stage's reference model: none | forward | copy
+    group_by_length: bool = False  # dpo: batches of pairs of similar length (preference.group_by_length)
 
     @property
     def predicted_peak_gib(self) -> float:
@@ -338,7 +339,7 @@ class Plan:
         out["step"] = self.step.to_json() if self.step else None
         if self.sequences_per_row == 1:
             # sft's plan reads as before the preference stage existed (its rendered YAML is unchanged)
-            for key in ("sequences_per_row", "reference"):
+            for key in ("sequences_per_row", "reference", "group_by_length"):
                 out.pop(key)
             out["memory"].pop("reference")
         return out
@@ -594,6 +595,22 @@ def _preference_cost(cfg: dict) -> tuple[int, str]:
     return preference.sequences_per_row(cfg), ref
 
 
+def _length_grouping(cfg: dict, platform: Platform) -> tuple[bool, str]:
+    """preference.group_by_length for a dpo stage's view, with the reason for what `auto` chose."""
+    if cfg.get("stage") != "dpo":
+        return False, ""
+    setting = cfg["preference"]["group_by_length"]
+    if setting != "auto":
+        return bool(setting), ""
+    if not platform.on_gpu:
+        return False, "group_by_length off: the CPU demo keeps LLaMA-Factory's random batches of pairs"
+    return True, (
+        "group_by_length on: a micro-batch of pairs is padded to its longest sequence, and pairs of "
+        "similar length (transformers' length-grouped sampler over the lengths prepare_preference "
+        "stores; LLaMA-Factory's own pairwise rows have none) pad less than random batches"
+    )
+
+
 def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelShape | None = None) -> Plan:
     """Concrete settings for every `auto` in cfg['sft'], checked against the devices' memory. A
     preference stage's view (preference.view) is planned with its pairs' two sequences and its
@@ -609,6 +626,9 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
     packing, attention, reasons = _packing_and_attention(sft, platform)
     use_fp8, fp8_why = fp8.decide(sft, platform)
     reasons.append(fp8_why)
+    grouping, grouping_why = _length_grouping(cfg, platform)
+    if grouping_why:
+        reasons.append(grouping_why)
     space = _Space(
         sft=sft,
         shape=shape,
@@ -658,6 +678,7 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
         fp8=use_fp8,
         sequences_per_row=seqs,
         reference=reference,
+        group_by_length=grouping,
     )
 
 
@@ -794,6 +815,7 @@ def describe(plan: Plan) -> str:
         lines.append(
             f"preference pairs: {plan.sequences_per_row} sequences per row in one batch, reference model "
             f"{plan.reference} (copy = frozen weights, forward = the policy with its adapter off)"
+            + (", batched by length" if plan.group_by_length else "")
         )
     if plan.step:
         st = plan.step

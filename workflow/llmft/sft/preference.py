@@ -13,8 +13,15 @@ would make the reference the base model, before sft).
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
-from llmft.core.config import uses_reference
+from llmft.core.config import ConfigError, uses_reference
+
+# The column prepare_preference adds to the tokenized pairs: each pair's longer side (prompt + answer)
+# in tokens, the width a micro-batch holding it is padded to; transformers' length-grouped sampler
+# reads it (its default length_column_name), LLaMA-Factory's pairwise collator ignores it.
+LENGTH_COLUMN = "length"
 
 # LLaMA-Factory's dataset names of the preference split (prepare_preference's dataset_info.json).
 TRAIN_DATASET = "llmft_pref_train"
@@ -101,3 +108,45 @@ def sequences_per_row(cfg: dict) -> int:
     """Sequences one training row puts through the model: a pair's chosen and rejected answers in one
     batch (LLaMA-Factory's PairwiseDataCollatorWithPadding); a KTO row and its mismatched KL row."""
     return 2
+
+
+def sampler_args(plan) -> dict:
+    """LLaMA-Factory's (transformers') sampler arguments of a plan that batches pairs by length."""
+    if not plan.group_by_length:
+        return {}
+    return {"train_sampling_strategy": "group_by_length", "length_column_name": LENGTH_COLUMN}
+
+
+def pairs_have_lengths(data_dir: str) -> bool:
+    """Whether both splits of the tokenized pairs in data_dir hold LENGTH_COLUMN (prepare_preference
+    writes it; the sampler needs it in the held-out split too, for LLaMA-Factory's evaluation)."""
+    from llmft.core.pretokenize import TOKENIZED_DIR
+
+    for split in ("train", "validation"):
+        info = Path(data_dir) / TOKENIZED_DIR / split / "dataset_info.json"
+        try:
+            if LENGTH_COLUMN not in json.loads(info.read_text())["features"]:
+                return False
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+    return True
+
+
+def settle_grouping(cfg: dict, plan, data_dir: str) -> None:
+    """A plan that batches pairs by length needs their lengths in the tokenized data: without them
+    transformers' sampler stops the job at its start, as it does under plain LLaMA-Factory. auto then
+    plans random batches (the plan says why); true is refused by name."""
+    from llmft.core.pretokenize import TOKENIZED_DIR
+
+    if not plan.group_by_length or pairs_have_lengths(data_dir):
+        return
+    where = f"{data_dir}/{TOKENIZED_DIR}"
+    if cfg["preference"]["group_by_length"] is True:
+        raise ConfigError(
+            f"config key preference.group_by_length: true, but {where} holds no pair lengths (column "
+            f"{LENGTH_COLUMN!r}, which prepare_preference writes); rerun prepare_preference or set the "
+            "key to auto"
+        )
+    plan.group_by_length = False
+    plan.reasons[:] = [r for r in plan.reasons if not r.startswith("group_by_length on")]
+    plan.reasons.append(f"group_by_length off: {where} holds no pair lengths (column {LENGTH_COLUMN!r})")

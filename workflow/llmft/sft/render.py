@@ -96,6 +96,7 @@ def llamafactory_args(
     args.update(_distributed_args(deepspeed_path, platform))
     if is_preference(cfg):
         args.update(preference.llamafactory_args(cfg, ref_model))
+        args.update(preference.sampler_args(plan))
     args.update(sft["extra"])
     tokenized = _tokenized_path(args, data_dir) if not is_preference(cfg) else _preference_tokenized(data_dir)
     if tokenized is not None:
@@ -394,6 +395,8 @@ def render(
             cfg["sft"]["learning_rate"],
         )
     plan = resolve(cfg, base_model, platform, shape)
+    if is_preference(cfg):
+        preference.settle_grouping(cfg, plan, data_dir)
     log.info("platform: %s (%s)", platform.describe(), platform.source)
     log.info("%s", describe(plan))
     cost = (
