@@ -20,12 +20,11 @@ hand: what a user who tuned LLaMA-Factory's DPO by hand on one H200 runs: ZeRO-2
 reference model whole outside ZeRO-3), 4 pairs x 4 accumulation steps, no gradient checkpointing,
 SDPA, no Liger, random batches of pairs (LLaMA-Factory's own pairwise rows carry no length for
 transformers' length-grouped sampler). ours: every throughput key auto (the planner's choice from
-this machine's facts), preference.group_by_length included.
+this machine's facts). grouped: ours with preference.group_by_length: true.
 
 BENCH_DRY_RUN=1 runs the same path on 2 CPU processes with a tiny model (no GPU): a check of the
-script, not a measurement: pairs a twentieth as long (cutoff 256), ours with group_by_length
-forced on (auto keeps it for GPUs). BENCH_MODELS (default /tmp/models) holds llama1b
-(bench/sft_models.py), whose tokenizer prepares the pairs.
+script, not a measurement: pairs a twentieth as long (cutoff 256). BENCH_MODELS (default
+/tmp/models) holds llama1b (bench/sft_models.py), whose tokenizer prepares the pairs.
 """
 
 from __future__ import annotations
@@ -70,7 +69,13 @@ HAND = {
     "group_by_length": False,
 }
 # ours at the hand-tuned run's tokens per optimizer step (4 x 4 pairs x 2 x 2048), so both learn alike
-VARIANTS = {"hand": HAND, "ours": {"tokens_per_step": 65536}}
+# grouped: ours with pairs of similar length batched together (preference.group_by_length: true; auto
+# leaves it off, as one call measured it no faster than an earlier call's plan without it)
+VARIANTS = {
+    "hand": HAND,
+    "ours": {"tokens_per_step": 65536},
+    "grouped": {"tokens_per_step": 65536, "group_by_length": True},
+}
 # the preference stage's own keys; the rest are sft's hardware keys, which the stage shares
 PREF_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "group_by_length")
 
@@ -132,11 +137,9 @@ def config_for(name: str, steps: int, out: Path) -> dict:
     model = str(MODELS / "llama1b")
     if dry:
         hw = {"vendor": "cpu", "nodes": 1, "gpus_per_node": 0, "processes_per_node": 2}
-        sft.update(precision="fp32", zero_stage=0 if name == "ours" else 2)
+        sft.update(precision="fp32", zero_stage=2 if name == "hand" else 0)
         sft.pop("flash_attn", None)
         model = os.environ.get("BENCH_DRY_MODEL", model)
-        if name == "ours":
-            pref["group_by_length"] = True
     return {
         "run": "bench",
         "hardware": hw,
@@ -190,11 +193,14 @@ def compare(results: dict, pairs: dict) -> dict:
     print(f"hand-tuned LLaMA-Factory DPO: {hand} tokens/s/GPU ({results['hand']['status']})")
     print(f"llmft's plan:                 {ours} tokens/s/GPU ({results['ours']['status']})")
     print(f"ratio = ours / hand = {ours} / {hand} = {ratio}")
+    grouped = results.get("grouped", {}).get("tokens_per_s_per_gpu")
+    by_length = round(grouped / hand, 3) if hand and grouped else None
+    print(f"grouped (group_by_length: true) / hand = {grouped} / {hand} = {by_length}")
     print(
         "tokens/s = (non-padding tokens of both sequences of every pair seen at the last step - at step "
         f"{WARMUP}) / seconds between them / GPUs"
     )
-    return {"pairs": pairs, "variants": results, "ratio": ratio}
+    return {"pairs": pairs, "variants": results, "ratio": ratio, "grouped_ratio": by_length}
 
 
 def main() -> None:
@@ -204,7 +210,7 @@ def main() -> None:
     a.add_argument("--out", required=True, help="the benchmark's folder")
     a.add_argument("--rows", type=int, default=2000, help="pairs to write")
     r = sub.add_parser("run", help="one variant")
-    r.add_argument("name", choices=sorted(VARIANTS), help="hand or ours")
+    r.add_argument("name", choices=sorted(VARIANTS), help="hand, ours or grouped")
     r.add_argument("--out", required=True, help="the benchmark's folder (pairs already written)")
     r.add_argument("--steps", type=int, default=STEPS, help="optimizer steps to train")
     r.add_argument("--timeout", type=int, default=900, help="seconds before a variant is stopped")

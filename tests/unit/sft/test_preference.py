@@ -186,13 +186,15 @@ def _tokenized_pairs(data_dir, lengths: bool):
     return str(data_dir)
 
 
-def test_pairs_are_batched_by_length_on_gpus_when_their_lengths_were_stored(model, tmp_path):
+def test_pairs_are_batched_by_length_when_asked_and_their_lengths_were_stored(model, tmp_path):
     from llmft.sft.plan import describe
 
     one_b = model("1b")
-    gpu = plan(gpu_cfg(), one_b)
-    assert gpu.group_by_length and "batched by length" in describe(gpu)
-    assert any(r.startswith("group_by_length on: a micro-batch of pairs is padded") for r in gpu.reasons)
+    gpu = plan(gpu_cfg(), one_b)  # auto: off, saying what was measured
+    assert not gpu.group_by_length and "batched by length" not in describe(gpu)
+    assert any(r.startswith("group_by_length auto -> off: on one H200") for r in gpu.reasons)
+    grouped = plan(gpu_cfg(group_by_length=True), one_b)
+    assert grouped.group_by_length and "batched by length" in describe(grouped)
     assert not plan(gpu_cfg(method="kto"), one_b).group_by_length
     assert not plan(gpu_cfg(group_by_length=False), one_b).group_by_length
     for pref, grouped in (({}, False), ({"group_by_length": True}, True)):  # the CPU demo
@@ -213,15 +215,14 @@ def test_pairs_are_batched_by_length_on_gpus_when_their_lengths_were_stored(mode
         )
 
     with_lengths = _tokenized_pairs(tmp_path / "with", lengths=True)
-    args = rendered(with_lengths)
+    args = rendered(with_lengths, group_by_length=True)
     assert (args["train_sampling_strategy"], args["length_column_name"]) == ("group_by_length", "length")
     assert args["llmft"]["plan"]["group_by_length"] is True
-    assert "train_sampling_strategy" not in rendered(with_lengths, group_by_length=False)
+    assert "train_sampling_strategy" not in rendered(with_lengths)
     # pairs tokenized without their lengths: transformers' sampler would stop the job at its start
     without = _tokenized_pairs(tmp_path / "without", lengths=False)
     args = rendered(without)
     assert "train_sampling_strategy" not in args and args["llmft"]["plan"]["group_by_length"] is False
-    assert any("holds no pair lengths" in r for r in args["llmft"]["plan"]["reasons"])
     with pytest.raises(
         ConfigError, match="config key preference.group_by_length: true, but .* no pair lengths"
     ):

@@ -602,12 +602,10 @@ def _length_grouping(cfg: dict, platform: Platform) -> tuple[bool, str]:
     setting = cfg["preference"]["group_by_length"]
     if setting != "auto":
         return bool(setting), ""
-    if not platform.on_gpu:
-        return False, "group_by_length off: the CPU demo keeps LLaMA-Factory's random batches of pairs"
-    return True, (
-        "group_by_length on: a micro-batch of pairs is padded to its longest sequence, and pairs of "
-        "similar length (transformers' length-grouped sampler over the lengths prepare_preference "
-        "stores; LLaMA-Factory's own pairwise rows have none) pad less than random batches"
+    return False, (
+        "group_by_length auto -> off: on one H200 (1.24 B DPO) the plan with it measured 1.12x a "
+        "hand-tuned LLaMA-Factory DPO, against 1.19x without it in an earlier call (never compared in "
+        "one call); preference.group_by_length: true batches pairs of similar length"
     )
 
 

@@ -133,20 +133,15 @@ def pairs_have_lengths(data_dir: str) -> bool:
 
 
 def settle_grouping(cfg: dict, plan, data_dir: str) -> None:
-    """A plan that batches pairs by length needs their lengths in the tokenized data: without them
-    transformers' sampler stops the job at its start, as it does under plain LLaMA-Factory. auto then
-    plans random batches (the plan says why); true is refused by name."""
+    """A plan that batches pairs by length (preference.group_by_length: true; auto leaves it off)
+    needs their lengths in the tokenized data: without them transformers' sampler stops the job at
+    its start, as it does under plain LLaMA-Factory. Refused by name before the job."""
     from llmft.core.pretokenize import TOKENIZED_DIR
 
     if not plan.group_by_length or pairs_have_lengths(data_dir):
         return
-    where = f"{data_dir}/{TOKENIZED_DIR}"
-    if cfg["preference"]["group_by_length"] is True:
-        raise ConfigError(
-            f"config key preference.group_by_length: true, but {where} holds no pair lengths (column "
-            f"{LENGTH_COLUMN!r}, which prepare_preference writes); rerun prepare_preference or set the "
-            "key to auto"
-        )
-    plan.group_by_length = False
-    plan.reasons[:] = [r for r in plan.reasons if not r.startswith("group_by_length on")]
-    plan.reasons.append(f"group_by_length off: {where} holds no pair lengths (column {LENGTH_COLUMN!r})")
+    raise ConfigError(
+        f"config key preference.group_by_length: true, but {data_dir}/{TOKENIZED_DIR} holds no pair "
+        f"lengths (column {LENGTH_COLUMN!r}, which prepare_preference writes); rerun prepare_preference "
+        "or set the key to auto"
+    )
