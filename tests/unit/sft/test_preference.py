@@ -13,6 +13,7 @@ from tests.reliability import reliability
 
 
 def gpu_cfg(gpus=1, gpu="h200", sft=None, **pref):
+    pref.setdefault("data", {"cutoff_len": 2048})
     return validate(
         {
             "hardware": {"vendor": "cuda", "nodes": 1, "gpus_per_node": gpus, "gpu_model": gpu},
@@ -227,3 +228,13 @@ def test_pairs_are_batched_by_length_when_asked_and_their_lengths_were_stored(mo
         ConfigError, match="config key preference.group_by_length: true, but .* no pair lengths"
     ):
         rendered(without, group_by_length=True)
+
+
+def test_the_plan_sizes_sequences_by_the_preference_cutoff_not_sfts(model):
+    """A pair's side is at most preference.data.cutoff_len tokens (prepare_preference drops longer
+    ones), whatever data.cutoff_len says for sft: the planner's sequences are that long."""
+    from llmft.sft.plan import describe
+
+    short, long = (plan(gpu_cfg(data={"cutoff_len": n}), model("1b")) for n in (512, 4096))
+    assert (short.seq_len, long.seq_len) == (512, 4096)
+    assert "x 4096 tokens" in describe(long)

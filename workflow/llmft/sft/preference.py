@@ -72,8 +72,10 @@ def reference_weights(cfg: dict) -> str:
 def view(cfg: dict) -> dict:
     """cfg with `sft` replaced by the preference stage's training settings: sft's hardware and
     batch-planning keys, the stage's own schedule, rate and finetuning type. Preference rows are not
-    packed (LLaMA-Factory's pairwise and KTO data are row by row)."""
+    packed (LLaMA-Factory's pairwise and KTO data are row by row); a row is at most
+    preference.data.cutoff_len tokens a side, so that is the sequence length the planner sizes."""
     out = copy.deepcopy(cfg)
+    out["data"]["cutoff_len"] = cfg["preference"]["data"]["cutoff_len"]
     pref, sft = cfg["preference"], out["sft"]
     kind = finetuning_type(cfg)
     sft.update({k: pref[k] for k in OWN_KEYS})
