@@ -368,9 +368,11 @@ if PREF_GATE:
     from llmft.report.preference import reference_model as pref_reference_model
 
     # The promoted run's preference model is scored on this run's pairs: a run without one (trained
-    # before the preference section was set) cannot be compared on the metric.
+    # before the preference section was set) cannot be compared on the metric. Once scored it is not
+    # read again (the night re-renders the page after retention).
     _promoted_pref = Path(CFG["nightly"]["compare_with"]) / "preference" / "model"
-    if not _promoted_pref.is_dir():
+    _scored = Path(f"results/{RUN}/preference/gate/promoted/logps.jsonl")
+    if not _promoted_pref.is_dir() and not _scored.is_file():
         sys.exit(
             f"llmft config error: config key nightly.metric: {CFG['nightly']['metric']} compares the "
             f"preference models, but the promoted run {Path(CFG['nightly']['compare_with']).name} "
