@@ -325,7 +325,16 @@ def cmd_evaluate(args) -> int:
 def cmd_evaluate_preference(args) -> int:
     from llmft.evaluate.preference import evaluate_model
 
-    evaluate_model(_cfg(args), args.model, args.heldout, args.out_dir, args.label, threads=args.threads)
+    cfg = _cfg(args)
+    if args.logps_only:  # the nightly gate's pass: log-probabilities only, no generation
+        from pathlib import Path
+
+        from llmft.evaluate.preference import logps
+
+        out = str(Path(args.out_dir) / "logps.jsonl")
+        logps(cfg, args.model, args.heldout, out, threads=args.threads, max_rows=args.max_rows)
+        return 0
+    evaluate_model(cfg, args.model, args.heldout, args.out_dir, args.label, threads=args.threads)
     return 0
 
 
@@ -604,6 +613,17 @@ def _later_commands(sub, add) -> None:
         help="a model's log-probabilities of the held-out preference answers, and generation metrics",
     )
     p.add_argument("--threads", type=int, default=0, help="CPU threads per process (0 = torch default)")
+    p.add_argument(
+        "--logps-only",
+        action="store_true",
+        help="log-probabilities only (logps.jsonl, rows.json), no generation: the nightly gate's pass",
+    )
+    p.add_argument(
+        "--max-rows",
+        type=_rows_arg,
+        default=None,
+        help="held-out rows scored: N (the first N) or all; default eval.max_rows",
+    )
     p = add(
         "bench",
         cmd_bench,

@@ -10,7 +10,7 @@ from snakemake.settings.types import DeploymentMethod
 # llmft is importable: the Snakefile puts workflow/ on sys.path before it reads the config.
 from llmft.core.chat_templates import AUTO as AUTO_TEMPLATE
 from llmft.core.chat_templates import for_workflow as template_for_workflow
-from llmft.core.config import BUILTIN_DATA, BUILTIN_MODEL, ConfigError, layout, validate
+from llmft.core.config import BUILTIN_DATA, BUILTIN_MODEL, PREFERENCE_METRICS, ConfigError, layout, validate
 from llmft.core.lfdataset import resolve as resolve_lf_entry
 from llmft.sft import preference as preference_stage
 from llmft.sft.render import precheck
@@ -301,7 +301,7 @@ def preference_eval_model(wildcards):
 
 # The report's config keys gain `preference` only when the section is set: a run without one
 # renders the same report params as before the stage existed.
-PREFERENCE_KEYS = ("preference",) if PREF is not None else ()
+PREFERENCE_KEYS = ("preference", "nightly.metric") if PREF is not None else ()
 
 
 def preference_eval_inputs(wildcards):
@@ -351,10 +351,66 @@ def eval_rows(wildcards):
 
 def compared_inputs(wildcards):
     """The gate's scores, when the nightly asks for them (nightly.compare_with): the promoted model
-    and this run's tuned model, both on the gate's held-out rows."""
+    and this run's tuned model, both on the gate's held-out rows; with a preference nightly.metric
+    their preference models (and reference models) on the held-out pairs instead."""
     if not CFG["nightly"]["compare_with"]:
         return []
+    if PREF_GATE:
+        return expand(
+            "results/{run}/preference/gate/{side}/logps.jsonl", run=wildcards.run, side=pref_gate_sides()
+        )
     return expand("results/{run}/eval/{which}/metrics.json", run=wildcards.run, which=("promoted", "gate"))
+
+
+# -- the nightly gate on a preference metric (rules/preference.smk, evaluate_preference_gate) -------
+PREF_GATE = bool(CFG["nightly"]["compare_with"]) and CFG["nightly"]["metric"] in PREFERENCE_METRICS
+if PREF_GATE:
+    from llmft.report.preference import reference_model as pref_reference_model
+
+    # The promoted run's preference model is scored on this run's pairs: a run without one (trained
+    # before the preference section was set) cannot be compared on the metric. Once scored it is not
+    # read again (the night re-renders the page after retention).
+    _promoted_pref = Path(CFG["nightly"]["compare_with"]) / "preference" / "model"
+    _scored = Path(f"results/{RUN}/preference/gate/promoted/logps.jsonl")
+    if not _promoted_pref.is_dir() and not _scored.is_file():
+        sys.exit(
+            f"llmft config error: config key nightly.metric: {CFG['nightly']['metric']} compares the "
+            f"preference models, but the promoted run {Path(CFG['nightly']['compare_with']).name} "
+            f"(nightly.compare_with) has none ({_promoted_pref} does not exist); promote a run with a "
+            "preference stage (`llmft promote RUN`) or gate on another metric"
+        )
+
+
+def pref_gate_sides():
+    """evaluate_preference_gate's jobs: this run's preference model (gate) and the promoted run's
+    (promoted); with a reference model also theirs: reference base, the one base model for both
+    (gate_reference); reference sft, each run's own sft model (gate_reference, promoted_reference)."""
+    ref = pref_reference_model(CFG)
+    return {"none": [], "base": ["gate_reference"], "sft": ["gate_reference", "promoted_reference"]}[
+        ref
+    ] + ["gate", "promoted"]
+
+
+def pref_gate_model(wildcards):
+    """The model evaluate_preference_gate scores, when it is this run's (or the base model)."""
+    if wildcards.side == "gate":
+        return f"results/{wildcards.run}/preference/model"
+    if wildcards.side == "gate_reference":
+        if pref_reference_model(CFG) == "base":
+            return base_model_dir(wildcards)
+        return f"results/{wildcards.run}/sft/model"
+    # not an input (see eval_model): the promoted run's folders, checked before any job
+    return []
+
+
+def pref_gate_model_path(wildcards, input):
+    """The model folder evaluate_preference_gate scores (promoted: nightly.compare_with's)."""
+    promoted = CFG["nightly"]["compare_with"]
+    if wildcards.side == "promoted":
+        return f"{promoted}/preference/model"
+    if wildcards.side == "promoted_reference":
+        return f"{promoted}/sft/model"
+    return input.model
 
 
 # -- eval.benchmarks (rules/benchmarks.smk) -------------------------------------------------------

@@ -86,3 +86,32 @@ rule evaluate_preference:
         "python -m llmft evaluate-preference {params.cfg} --model {input.model:q}"
         " --heldout {input.heldout:q} --out-dir results/{wildcards.run}/preference/eval/{wildcards.model}"
         " --label {wildcards.model} --threads {threads} > {log:q} 2>&1"
+
+
+# The nightly gate on a preference metric (nightly.metric preference_accuracy or reward_margin, with
+# nightly.compare_with): this run's preference model and the promoted run's, and their reference
+# models, on this run's held-out pairs (every pair, or nightly.gate_max_rows): log-probabilities
+# only, no generation; rows.json says which pairs (count and fingerprint). The report scores them.
+rule evaluate_preference_gate:
+    input:
+        model=pref_gate_model,
+        heldout="results/{run}/preference/data/heldout.jsonl",
+    output:
+        logps="results/{run}/preference/gate/{side}/logps.jsonl",
+        rows="results/{run}/preference/gate/{side}/rows.json",
+    log:
+        "results/{run}/logs/evaluate_preference_gate_{side}.log",
+    benchmark:
+        "results/{run}/benchmarks/evaluate_preference_gate_{side}.tsv"
+    wildcard_constraints:
+        side="gate|promoted|gate_reference|promoted_reference",
+    container:
+        stage_container()
+    params:
+        cfg=cfg_arg("eval", "model.template"),
+        model=pref_gate_model_path,
+        rows=lambda wildcards: f"--max-rows {CFG['nightly']['gate_max_rows'] or 'all'}",
+    shell:
+        "python -m llmft evaluate-preference {params.cfg} --model {params.model:q}"
+        " --heldout {input.heldout:q} --out-dir results/{wildcards.run}/preference/gate/{wildcards.side}"
+        " --label {wildcards.side} --logps-only {params.rows} --threads {threads} > {log:q} 2>&1"

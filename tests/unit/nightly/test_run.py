@@ -1,5 +1,6 @@
 """Nightly building blocks: fingerprints, the promotion gate, retention, the lock."""
 
+import json
 import shlex
 import subprocess
 import sys
@@ -7,6 +8,7 @@ import sys
 import pytest
 import yaml
 from llmft.core.config import validate
+from llmft.evaluate.preference import gate_block
 from llmft.nightly.promote import promoted_stack, record
 from llmft.nightly.run import (
     Lock,
@@ -21,6 +23,7 @@ from llmft.nightly.run import (
     same_rows_reference,
     schedule_lines,
 )
+from llmft.report.preference import gate_blocks
 
 from tests.conftest import REPO
 from tests.reliability import reliability
@@ -230,3 +233,60 @@ def test_the_nights_overrides_go_in_one_configfile_flag(tmp_path):
     assert (
         _configfiles(tmp_path, "n3", nothing, []) == [] and not (tmp_path / "nightly/n3.config.yaml").exists()
     )
+
+
+def _logps(folder, pairs, fingerprint="pairs-a"):
+    """A model's log-probabilities of held-out pairs as evaluate_preference_gate writes them."""
+    folder.mkdir(parents=True)
+    rows = [
+        {"kind": "dpo", "index": i, "prompt": f"p{i}", "chosen": c, "rejected": r}
+        | {"chosen_tokens": 3, "rejected_tokens": 3}
+        for i, (c, r) in enumerate(pairs)
+    ]
+    (folder / "logps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows_json = {"model": str(folder), "kind": "dpo", "rows": len(rows), "heldout_fingerprint": fingerprint}
+    (folder / "rows.json").write_text(json.dumps(rows_json))
+
+
+def test_the_gate_on_a_preference_metric_compares_both_preference_models_on_the_same_pairs(tmp_path):
+    """nightly.metric preference_accuracy with a promoted model: the night scores its preference model
+    and the promoted run's, each against its own sft model (reference sft), on its 4 held-out pairs;
+    the verdict names the metric, both scores and the pair count. A summary whose gate scores lack
+    the metric (the SFT gate's rows) is a named rejection, not a KeyError."""
+    cfg = validate(
+        {"preference": {}, "nightly": {"metric": "preference_accuracy", "compare_with": "results/n1"}}
+    )
+    gate_dir = tmp_path / "preference" / "gate"
+    refs = [(-5.0, -5.0)] * 4
+    # implicit reward margins vs its reference: +1, +1, +1, -1 (tonight); +1 on every pair (promoted)
+    _logps(gate_dir / "gate", [(-4.0, -5.0), (-4.0, -5.0), (-4.0, -5.0), (-6.0, -5.0)])
+    _logps(gate_dir / "gate_reference", refs)
+    _logps(gate_dir / "promoted", [(-4.0, -5.0)] * 4)
+    _logps(gate_dir / "promoted_reference", refs)
+    ours, theirs = gate_blocks(cfg, tmp_path)
+    beta = cfg["preference"]["beta"]
+    assert ours["tuned"]["preference_accuracy"] == 0.75 and theirs["tuned"]["preference_accuracy"] == 1.0
+    assert ours["tuned"]["reward_margin"] == round(beta * 0.5, 4) and theirs["run"] == "n1"
+    night = {"run": "n2", "tuned": {"exact_match": 0.5}, "gate": ours, "compared_with": theirs}
+    ref, why = same_rows_reference(night, {"run": "n1", "tuned": {"exact_match": 0.4}})
+    assert why is None
+    ok, reason = gate(gate_view(night), ref, "preference_accuracy", 0.01)
+    assert not ok and reason.startswith(
+        "rejected: preference_accuracy 0.7500 vs current 1.0000 (run n1) on 4 held-out pairs"
+    )
+    assert gate(gate_view(night), ref, "preference_accuracy", 0.3)[0]
+    # the promoted model scored against another row set: not compared
+    _logps(gate_dir / "other", [(-4.0, -5.0)] * 4, fingerprint="pairs-b")
+    night["compared_with"] = {"run": "n1", **gate_block(cfg["preference"], gate_dir / "other", None)}
+    assert same_rows_reference(night, {"run": "n1"})[1].startswith("rejected: not compared")
+    # the SFT gate's scores carry no preference metric: rejected by name
+    sft_night = {"run": "n2", "gate": {"tuned": {"exact_match": 0.5}, "heldout_fingerprint": "r"}}
+    ok, reason = gate(
+        gate_view(sft_night), {"run": "n1", "tuned": {"exact_match": 0.4}}, "preference_accuracy", 0
+    )
+    assert (
+        not ok
+        and reason == "rejected: run n2 has no preference_accuracy score in its summary.json (nightly.metric)"
+    )
+    ok, reason = gate(gate_view(night), {"run": "n1", "tuned": {"exact_match": 0.4}}, "reward_margin", 0)
+    assert not ok and "promoted run n1 has no reward_margin score" in reason

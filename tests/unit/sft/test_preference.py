@@ -136,9 +136,10 @@ def test_preference_keys_a_method_does_not_read_are_refused_by_name(pref, key):
         validate({"preference": pref})
 
 
-def test_the_gate_metric_preference_accuracy_needs_a_preference_stage():
-    with pytest.raises(ConfigError, match="config key nightly.metric: preference_accuracy needs"):
-        validate({"nightly": {"metric": "preference_accuracy"}})
+@pytest.mark.parametrize("metric", ["preference_accuracy", "reward_margin"])
+def test_the_gate_metric_preference_accuracy_needs_a_preference_stage(metric):
+    with pytest.raises(ConfigError, match=f"config key nightly.metric: {metric} needs a preference stage"):
+        validate({"nightly": {"metric": metric}})
     assert (
         validate({"nightly": {"metric": "preference_accuracy"}, "preference": {}})["preference"]["method"]
         == "dpo"

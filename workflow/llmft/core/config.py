@@ -419,11 +419,15 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
     _finetuning_checks(cfg["sft"], on_cpu=hw["vendor"] == "cpu" or hw["gpus_per_node"] == 0)
     if cfg.get("preference") is not None:
         _preference_checks(cfg["preference"])
-    elif cfg["nightly"]["metric"] == "preference_accuracy":
+    elif cfg["nightly"]["metric"] in PREFERENCE_METRICS:
         raise ConfigError(
-            "config key nightly.metric: preference_accuracy needs a preference stage (config key "
-            "preference); set one or gate on another metric"
+            f"config key nightly.metric: {cfg['nightly']['metric']} needs a preference stage (config "
+            "key preference); set one or gate on another metric"
         )
+
+
+# nightly.metric values that the preference stage's evaluation produces (held-out pairs, not rows).
+PREFERENCE_METRICS = ("preference_accuracy", "reward_margin")
 
 
 # preference.* keys that only one method or loss reads: (key, who reads it, the test).

@@ -23,7 +23,7 @@ import logging
 from collections import defaultdict
 from pathlib import Path
 
-from llmft.core.io import read_jsonl, write_jsonl
+from llmft.core.io import read_json, read_jsonl, write_json, write_jsonl
 
 log = logging.getLogger("llmft.evaluate")
 
@@ -52,15 +52,26 @@ def answer_rows(pref_rows: list[dict]) -> tuple[str, list[dict]]:
     return kind, out
 
 
-def logps(cfg: dict, model_dir: str, heldout: str, out: str, threads: int = 0) -> list[float]:
+def logps(
+    cfg: dict,
+    model_dir: str,
+    heldout: str,
+    out: str,
+    threads: int = 0,
+    max_rows: int | str | None = None,
+) -> list[float]:
     """Summed answer log-probabilities of every answer row under `model_dir` (evaluate's loss pass,
-    no generation), written to `out` with the row's answer length and tag."""
+    no generation), written to `out` with the row's answer length and tag; beside it `rows.json`:
+    how many held-out rows were scored and their fingerprint (the nightly gate compares two models'
+    scores only on the same rows). `max_rows`: the first N rows, "all", None: eval.max_rows."""
     from llmft.core.chat_templates import for_config as template_for_config
     from llmft.core.modelfiles import safetensors_stats
-    from llmft.evaluate.run import _SetupClock, encode, plan_eval, shard_jobs
+    from llmft.evaluate.run import _SetupClock, encode, heldout_fingerprint, plan_eval, shard_jobs
     from llmft.evaluate.worker import run_all
 
-    pref_rows = read_jsonl(heldout)[: cfg["eval"]["max_rows"]]
+    limit = cfg["eval"]["max_rows"] if max_rows is None else max_rows
+    pref_rows = read_jsonl(heldout)
+    pref_rows = pref_rows if limit == "all" else pref_rows[: int(limit)]
     kind, rows = answer_rows(pref_rows)
     clock = _SetupClock()
     devices, n, pool = plan_eval(0, safetensors_stats(model_dir)["weight_bytes"], clock)
@@ -88,6 +99,14 @@ def logps(cfg: dict, model_dir: str, heldout: str, out: str, threads: int = 0) -
         )
         records.append(rec)
     write_jsonl(out, records)
+    fingerprint = heldout_fingerprint(pref_rows)
+    rows_scored = {
+        "model": str(model_dir),
+        "kind": kind,
+        "rows": len(records),
+        "heldout_fingerprint": fingerprint,
+    }
+    write_json(Path(out).parent / "rows.json", rows_scored)
     log.info("%s: log-probabilities of %d held-out %s rows -> %s", model_dir, len(records), kind, out)
     return values
 
@@ -156,6 +175,33 @@ def scores(pref: dict, reference_of: str, files: dict[str, str]) -> dict:
         "beta": pref["beta"],
         "reference": reference_of,
         "models": {name: score(rows, ref, pref["beta"]) for name, rows in loaded.items()},
+    }
+
+
+# What the nightly gate's rows are called, per held-out kind; the scores a gate block carries.
+UNITS = {"dpo": "pairs", "kto": "KTO rows"}
+GATE_SCORES = ("preference_accuracy", "reward_margin", "likelihood_accuracy")
+
+
+def gate_block(pref: dict, policy_dir: Path, reference_dir: Path | None) -> dict:
+    """One model's scores for the nightly gate (summary.json `gate` or `compared_with`): the
+    log-probabilities evaluate_preference_gate wrote in `policy_dir`, against its reference model's
+    in `reference_dir` (None: the loss has no reference), both on the same held-out rows. The rows'
+    count and fingerprint come from rows.json; a reference scored on other rows leaves the fingerprint
+    None, which the gate refuses to compare."""
+    rows = read_json(policy_dir / "rows.json")
+    reference, fingerprint = None, rows["heldout_fingerprint"]
+    if reference_dir is not None:
+        reference = read_jsonl(reference_dir / "logps.jsonl")
+        if read_json(reference_dir / "rows.json")["heldout_fingerprint"] != fingerprint:
+            reference, fingerprint = None, None
+    scored = score(read_jsonl(policy_dir / "logps.jsonl"), reference, pref["beta"])
+    return {
+        "tuned": {m: scored.get(m) for m in GATE_SCORES},
+        "heldout_rows": rows["rows"],
+        "heldout_fingerprint": fingerprint,
+        "rows_unit": UNITS[rows["kind"]],
+        "model": rows["model"],
     }
 
 

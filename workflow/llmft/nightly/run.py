@@ -20,7 +20,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from llmft.core.config import BUILTIN_DATA
+from llmft.core.config import BUILTIN_DATA, PREFERENCE_METRICS
 from llmft.core.io import read_json, write_json, write_text
 from llmft.nightly.promote import PromotionError, current_run, protected, record, set_current
 
@@ -96,12 +96,21 @@ class Lock:
 
 def gate(new: dict, current: dict | None, metric: str, tolerance: float) -> tuple[bool, str]:
     """Promote unless the new model is worse than the current one by more than `tolerance`; `new`
-    is gate_view(summary): its scores on the rows `current`'s were scored on."""
-    value = new["tuned"][metric]
+    is gate_view(summary): its scores on the rows (or pairs) `current`'s were scored on. A score
+    that is missing is a rejection naming the metric and the run, never a promotion."""
+    value = (new.get("tuned") or {}).get(metric)
+    if value is None:
+        return False, f"rejected: run {new['run']} has no {metric} score in its summary.json (nightly.metric)"
     if current is None:
         return True, f"first promoted model ({metric} {value:.4f})"
-    ref = current["tuned"][metric]
-    rows = f" on {new['heldout_rows']} held-out rows" if new.get("heldout_rows") else ""
+    ref = (current.get("tuned") or {}).get(metric)
+    if ref is None:
+        return False, (
+            f"rejected: not compared: the promoted run {current['run']} has no {metric} score "
+            f"(nightly.metric) on the rows run {new['run']} was scored on"
+        )
+    unit = new.get("rows_unit") or "rows"
+    rows = f" on {new['heldout_rows']} held-out {unit}" if new.get("heldout_rows") else ""
     if metric in LOWER_IS_BETTER:
         ok, worse = value <= ref + tolerance, value - ref
     else:
@@ -270,6 +279,14 @@ def starting_point(cfg: dict, results: Path) -> dict:
     mode = cfg["nightly"]["mode"]
     promoted = current_run(results, f"nightly.mode {mode}")
     point = {"promoted": promoted, "continue_from": None, "note": None}
+    if promoted and cfg["nightly"]["metric"] in PREFERENCE_METRICS:
+        model = results / promoted / "preference" / "model"
+        if not model.is_dir():
+            raise PromotionError(
+                f"nightly.metric {cfg['nightly']['metric']}: the promoted run {promoted} has no "
+                f"preference model ({model} does not exist) to score on tonight's held-out pairs; "
+                "promote a run with a preference stage (`llmft promote RUN`) or gate on another metric"
+            )
     if mode == "retrain":
         return point
     if promoted:
@@ -377,7 +394,7 @@ def _judge(cfg: dict, results: Path, run: str, night: dict, state: dict) -> None
     night.update(
         status="promoted" if ok else "rejected",
         reason=reason,
-        metric={metric: gate_view(summary)["tuned"][metric]},
+        metric={metric: (gate_view(summary)["tuned"] or {}).get(metric)},
     )
     write_json(results / run / "promotion.json", night)
     if ok:
@@ -392,9 +409,10 @@ def gate_view(summary: dict) -> dict:
     scores = summary.get("gate") or summary
     return {
         "run": summary["run"],
-        "tuned": scores["tuned"],
+        "tuned": scores.get("tuned"),
         "heldout_rows": scores.get("heldout_rows"),
         "heldout_fingerprint": scores.get("heldout_fingerprint"),
+        "rows_unit": scores.get("rows_unit"),  # pairs (or KTO rows) on a preference metric
     }
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 from llmft.core import flops
+from llmft.core.config import PREFERENCE_METRICS
 from llmft.core.io import read_json, read_jsonl, read_optional, write_json, write_text
 from llmft.core.platform import Platform
 from llmft.report import bench
@@ -748,16 +749,18 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
     summary = report_summary(r, generated, git)
     if benchmarks:
         summary["benchmarks"] = benchmarks
-    if cfg["nightly"]["compare_with"]:
+    if cfg["nightly"]["compare_with"] and cfg["nightly"]["metric"] in PREFERENCE_METRICS:
+        # a preference metric: the two preference models on this run's held-out pairs
+        summary["gate"], summary["compared_with"] = pref_page.gate_blocks(cfg, r.run)
+    elif cfg["nightly"]["compare_with"]:
         summary["compared_with"] = compared_with(r.run, cfg["nightly"]["compare_with"])
         summary["gate"] = gate_scores(r.run)
     if pref:
         summary["preference"] = pref
-        # The gate's metric (nightly.metric: preference_accuracy) is read from `tuned`: the run's
-        # final model, the preference-tuned one.
-        summary["tuned"]["preference_accuracy"] = (
-            pref["models"].get("preference", {}).get("preference_accuracy")
-        )
+        # A preference nightly.metric of a night without a promoted model is read from `tuned`: the
+        # run's final model, the preference-tuned one (on the page's eval.max_rows pairs).
+        for m in PREFERENCE_METRICS:
+            summary["tuned"][m] = pref["models"].get("preference", {}).get(m)
     write_text(out / "index.html", page)
     write_json(out / "summary.json", summary)
     for name in FIGURES:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmft.core.io import read_json
-from llmft.evaluate.preference import scores
+from llmft.evaluate.preference import gate_block, scores
 from llmft.report.draw import esc, table
 from llmft.sft import preference as stage
 
@@ -46,6 +46,21 @@ def load(cfg: dict, run_dir: Path) -> dict | None:
         out["train"] = {k: t.get(k) for k in ("steps", "first_loss", "final_loss", "tokens_per_second")}
         out["train"]["finetuning_type"] = t.get("finetuning_type")
     return out
+
+
+def gate_blocks(cfg: dict, run_dir: Path) -> tuple[dict, dict]:
+    """summary.json's `gate` and `compared_with` on a preference nightly.metric: this run's preference
+    model and the promoted run's (nightly.compare_with), each against its own reference model (base:
+    the one base model; sft: each run's sft model), on this run's held-out pairs (preference/gate/)."""
+    folder = run_dir / "preference" / "gate"
+    ref = reference_model(cfg)
+    own = folder / "gate_reference" if ref != "none" else None
+    theirs = {"none": None, "base": own, "sft": folder / "promoted_reference"}[ref]
+    promoted = {"run": Path(cfg["nightly"]["compare_with"]).name}
+    return (
+        gate_block(cfg["preference"], folder / "gate", own),
+        {**promoted, **gate_block(cfg["preference"], folder / "promoted", theirs)},
+    )
 
 
 def section(block: dict | None) -> str:
