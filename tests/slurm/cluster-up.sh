@@ -116,6 +116,9 @@ KillWait=5
 InactiveLimit=0
 Waittime=0
 SlurmdTimeout=60
+# A requeued job may start again only once its old credential has expired: cred_expire (default 120 s)
+# after the requeue. The resume tests requeue three jobs; 20 s is still ample for a step's launch here.
+AuthInfo=cred_expire=20
 EOF
 for i in $(seq 1 $NODES); do
   echo "NodeName=n$i NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((17000 + i)) $HW" \

@@ -66,14 +66,27 @@ def box_args() -> list[str]:
     rules = sorted({a.split(":", 1)[0] for a in prof["set-resources"]})
     keep_set = [a for a in prof["set-resources"] if a.split(":", 1)[1].split("=", 1)[0] not in BOX]
     sets = keep_set + [f"{r}:{k}={v}" for r in rules for k, v in BOX.items()]
-    # The plugin backs off by +10 s per poll from this first interval; 2 s keeps stages short.
+    # The plugin backs off by +10 s per poll from this first interval (capped by FAST_POLL).
     polling = ["--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2"]
     return ["--default-resources", *default, "--set-resources", *sets, *polling]
 
 
+# Its sitecustomize.py caps the Slurm plugin's status-poll interval at a few seconds (the plugin backs
+# off by +10 s per poll to 180 s, with no setting to cap it): jobs are noticed seconds after they end.
+FAST_POLL = Path(__file__).resolve().parent / "fastpoll"
+
+
+def fast_poll_env() -> dict:
+    """PYTHONPATH for a snakemake (or `llmft nightly`) these tests start: FAST_POLL first."""
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAST_POLL), os.environ.get("PYTHONPATH")]))}
+
+
 def cluster_run(
-    work: Path, *args: str, timeout: int = 600, env: dict | None = None
+    work: Path, *args: str, timeout: int = 600, env: dict | None = None, fast_poll: bool = True
 ) -> subprocess.CompletedProcess:
+    """Snakemake through the production profile on the cluster; `fast_poll=False` leaves the plugin's
+    own back-off (for a test that times how soon Snakemake notices a job)."""
+    env = {**(fast_poll_env() if fast_poll else {}), **(env or {})}
     return snakemake(work, *box_args(), *args, profile="slurm", timeout=timeout, env=env)
 
 
@@ -81,7 +94,7 @@ def cluster_start(work: Path, log: Path, *args: str) -> subprocess.Popen:
     """`cluster_run` in the background, its output to `log`: for tests that act while it runs."""
     cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(work)]
     cmd += ["--profile", str(REPO / "profiles/slurm"), *box_args(), *args]
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **fast_poll_env())
     with open(log, "w") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(cmd, cwd=work, stdout=out, stderr=subprocess.STDOUT, env=env)
 

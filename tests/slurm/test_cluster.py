@@ -162,7 +162,8 @@ def test_failing_stage_exits_nonzero_in_bounded_time_and_shows_its_log(tmp_path)
         verify__required_packages=["torch", "llmft_no_such_package"],
     )
     start = time.monotonic()
-    proc = cluster_run(work, "results/broken/env/verify.json", timeout=300)
+    # the plugin's own poll back-off, uncapped: the bound is on how soon Snakemake notices the failure
+    proc = cluster_run(work, "results/broken/env/verify.json", timeout=300, fast_poll=False)
     elapsed = time.monotonic() - start
     log = proc.stdout + proc.stderr
     assert proc.returncode not in (0, 124, 137), log[-4000:]  # failed by itself, not by the timeout

@@ -18,6 +18,7 @@ from llmft.data.assets import synthetic_rows
 
 from tests.conftest import BIN, REPO, make_workdir
 from tests.reliability import reliability
+from tests.slurm.cluster import fast_poll_env
 from tests.slurm.test_cluster import _cluster_problem, box_args
 
 pytestmark = pytest.mark.slurm
@@ -35,6 +36,9 @@ NIGHT = {
     # held-out loss: deterministic and sensitive, so a damaged night is refused for sure
     "nightly__metric": "eval_loss",
     "nightly__tolerance": 0.02,
+    # no night here is about the environment check's numerics canary (test_cluster.py checks it on
+    # both nodes): three nights would train it six times, ~30 s each on this box
+    "verify__canary": False,
 }
 
 
@@ -60,7 +64,8 @@ def nightly_cmd(run: str) -> list[str]:
 
 
 def start(work: Path, run: str) -> subprocess.Popen:
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    # its snakemake polls the cluster every few seconds (tests/slurm/fastpoll)
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **fast_poll_env())
     return subprocess.Popen(nightly_cmd(run), cwd=work, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
 

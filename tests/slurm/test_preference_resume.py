@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from tests.conftest import make_workdir
 from tests.reliability import reliability
 from tests.slurm.cluster import (
-    SMALL_RUN,
+    RUN,
     cluster_start,
+    rebuilt_upstream,
     running_job_id,
     sbatch_lines,
     submissions,
@@ -31,10 +31,8 @@ STEPS = 40
     steps_lost="none",
     data_lost="none",
 )
-def test_signalled_preference_job_saves_requeues_and_resumes(tmp_path):
+def test_signalled_preference_job_saves_requeues_and_resumes(tmp_path, slurm_upstream):
     run = {
-        **SMALL_RUN,
-        "run": "prefpreempt",
         "preference": {
             "method": "dpo",
             "learning_rate": 1.0e-4,
@@ -46,9 +44,10 @@ def test_signalled_preference_job_saves_requeues_and_resumes(tmp_path):
         "sft__save_steps": 1000,
         "sft__logging_steps": 1,
     }
-    work = make_workdir(tmp_path, **run)
+    # the shared verify_env, base model and data (no key they read changes); from there the rest
+    work = slurm_upstream.copy_to(tmp_path, **run)
     proc = cluster_start(work, tmp_path / "snakemake.log", "--verbose")
-    work_root = work / "results/prefpreempt/work"
+    work_root = work / f"results/{RUN}/work"
     deadline = time.time() + 900
     while time.time() < deadline and proc.poll() is None and len(trained_steps(work_root, "preference")) < 10:
         time.sleep(1)
@@ -64,6 +63,7 @@ def test_signalled_preference_job_saves_requeues_and_resumes(tmp_path):
             proc.wait(timeout=120)
     text = (tmp_path / "snakemake.log").read_text()
     assert proc.returncode == 0, text[-4000:]
+    assert not rebuilt_upstream(text)
     pref_dir = next(work_root.glob("preference-*"))
     events = [json.loads(x) for x in (pref_dir / "llmft_events.jsonl").read_text().splitlines()]
     saved = next(e["content"]["step"] for e in events if e["file"] == "llmft_preempted.json")
@@ -72,9 +72,9 @@ def test_signalled_preference_job_saves_requeues_and_resumes(tmp_path):
     assert trained_steps(work_root, "preference") == list(range(1, STEPS + 1))
     assert "--signal=USR1@600" in sbatch_lines(text)["preference"]
     assert len(submissions(text).get("preference", [])) == 1
-    log = (work / "results/prefpreempt/logs/preference.log").read_text()
+    log = (work / f"results/{RUN}/logs/preference.log").read_text()
     assert f"Resuming training from {pref_dir.relative_to(work)}/checkpoint-{saved}" in log
-    summary = json.loads((work / "results/prefpreempt/preference/train_summary.json").read_text())
+    summary = json.loads((work / f"results/{RUN}/preference/train_summary.json").read_text())
     assert summary["steps"] == STEPS
-    page = json.loads((work / "results/prefpreempt/report/summary.json").read_text())
+    page = json.loads((work / f"results/{RUN}/report/summary.json").read_text())
     assert page["preference"]["models"]["preference"]["rows"] > 0

@@ -48,9 +48,11 @@ def test_signalled_sft_job_saves_requeues_and_resumes(tmp_path, slurm_upstream):
         "sft__logging_steps": 1,
         "sft__tracking": ["tensorboard", "mlflow", "wandb"],
     }
-    # the shared verify_env, base model and data; from there the whole rest of the run
+    # the shared verify_env, base model and data; from there up to training: the evaluations and the
+    # report after it are not at stake here (test_cluster.py runs them on Slurm)
     work = slurm_upstream.copy_to(tmp_path, **run)
-    proc = cluster_start(work, tmp_path / "snakemake.log", "--verbose")
+    target = f"results/{RUN}/sft/train_summary.json"
+    proc = cluster_start(work, tmp_path / "snakemake.log", "--verbose", target)
     work_root = work / f"results/{RUN}/work"
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None and len(trained_steps(work_root, "sft")) < 10:
