@@ -70,7 +70,7 @@ def start(work: Path, run: str) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
 
-def finish(proc: subprocess.Popen, timeout: int = 600) -> tuple[int, str]:
+def finish(proc: subprocess.Popen, timeout: int = 900) -> tuple[int, str]:
     out, _ = proc.communicate(timeout=timeout)
     return proc.returncode, out
 
