@@ -10,7 +10,14 @@ from snakemake.settings.types import DeploymentMethod
 # llmft is importable: the Snakefile puts workflow/ on sys.path before it reads the config.
 from llmft.core.chat_templates import AUTO as AUTO_TEMPLATE
 from llmft.core.chat_templates import for_workflow as template_for_workflow
-from llmft.core.config import BUILTIN_DATA, BUILTIN_MODEL, PREFERENCE_METRICS, ConfigError, layout, validate
+from llmft.core.config import (
+    BUILTIN_DATA,
+    BUILTIN_MODEL,
+    PREFERENCE_METRICS,
+    ConfigError,
+    layout,
+    validate,
+)
 from llmft.core.lfdataset import resolve as resolve_lf_entry
 from llmft.sft import preference as preference_stage
 from llmft.sft.render import precheck
@@ -343,7 +350,8 @@ def eval_model_path(wildcards, input):
 
 def eval_rows(wildcards):
     """`--max-rows` of evaluate: none for base and tuned (eval.max_rows, the page's rows); for the
-    two models the nightly gate compares, every held-out row or nightly.gate_max_rows."""
+    two models the nightly gate compares, every held-out row or nightly.gate_max_rows.
+    """
     if wildcards.which in ("promoted", "gate"):
         return f"--max-rows {CFG['nightly']['gate_max_rows'] or 'all'}"
     return ""
@@ -357,13 +365,22 @@ def compared_inputs(wildcards):
         return []
     if PREF_GATE:
         return expand(
-            "results/{run}/preference/gate/{side}/logps.jsonl", run=wildcards.run, side=pref_gate_sides()
+            "results/{run}/preference/gate/{side}/logps.jsonl",
+            run=wildcards.run,
+            side=pref_gate_sides(),
         )
-    return expand("results/{run}/eval/{which}/metrics.json", run=wildcards.run, which=("promoted", "gate"))
+    return expand(
+        "results/{run}/eval/{which}/metrics.json",
+        run=wildcards.run,
+        which=("promoted", "gate"),
+    )
 
 
 # -- the nightly gate on a preference metric (rules/preference.smk, evaluate_preference_gate) -------
-PREF_GATE = bool(CFG["nightly"]["compare_with"]) and CFG["nightly"]["metric"] in PREFERENCE_METRICS
+PREF_GATE = (
+    bool(CFG["nightly"]["compare_with"])
+    and CFG["nightly"]["metric"] in PREFERENCE_METRICS
+)
 if PREF_GATE:
     from llmft.report.preference import reference_model as pref_reference_model
 
@@ -384,11 +401,14 @@ if PREF_GATE:
 def pref_gate_sides():
     """evaluate_preference_gate's jobs: this run's preference model (gate) and the promoted run's
     (promoted); with a reference model also theirs: reference base, the one base model for both
-    (gate_reference); reference sft, each run's own sft model (gate_reference, promoted_reference)."""
+    (gate_reference); reference sft, each run's own sft model (gate_reference, promoted_reference).
+    """
     ref = pref_reference_model(CFG)
-    return {"none": [], "base": ["gate_reference"], "sft": ["gate_reference", "promoted_reference"]}[
-        ref
-    ] + ["gate", "promoted"]
+    return {
+        "none": [],
+        "base": ["gate_reference"],
+        "sft": ["gate_reference", "promoted_reference"],
+    }[ref] + ["gate", "promoted"]
 
 
 def pref_gate_model(wildcards):
