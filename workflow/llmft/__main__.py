@@ -44,6 +44,16 @@ def _rows_arg(text: str) -> int | str:
     return int(text)
 
 
+def _add_max_rows(p) -> None:
+    """evaluate's and evaluate-preference's --max-rows (the nightly gate passes all, or its cap)."""
+    p.add_argument(
+        "--max-rows",
+        type=_rows_arg,
+        default=None,
+        help="held-out rows scored: N (the first N) or all; default eval.max_rows",
+    )
+
+
 def _cfg(args) -> dict:
     """The validated config: a JSON slice from Snakemake, or a YAML file plus overrides."""
     if args.config_json:
@@ -597,12 +607,7 @@ def _later_commands(sub, add) -> None:
     )
     p.add_argument("--processes", type=int, default=0, help="0 = one per GPU (one on CPU)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per process (0 = torch default)")
-    p.add_argument(
-        "--max-rows",
-        type=_rows_arg,
-        default=None,
-        help="held-out rows scored: N (the first N) or all; default eval.max_rows",
-    )
+    _add_max_rows(p)
     p = add(
         "evaluate-preference",
         cmd_evaluate_preference,
@@ -618,12 +623,7 @@ def _later_commands(sub, add) -> None:
         action="store_true",
         help="log-probabilities only (logps.jsonl, rows.json), no generation: the nightly gate's pass",
     )
-    p.add_argument(
-        "--max-rows",
-        type=_rows_arg,
-        default=None,
-        help="held-out rows scored: N (the first N) or all; default eval.max_rows",
-    )
+    _add_max_rows(p)
     p = add(
         "bench",
         cmd_bench,

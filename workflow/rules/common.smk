@@ -348,13 +348,17 @@ def eval_model_path(wildcards, input):
     return input.model
 
 
+def gate_rows_words():
+    """`--max-rows` of the nightly gate's evaluations: every held-out row, or nightly.gate_max_rows;
+    a word list, quoted by the rules' {params.rows:q}."""
+    return ["--max-rows", str(CFG["nightly"]["gate_max_rows"] or "all")]
+
+
 def eval_rows(wildcards):
-    """`--max-rows` of evaluate: none for base and tuned (eval.max_rows, the page's rows); for the
-    two models the nightly gate compares, every held-out row or nightly.gate_max_rows.
+    """evaluate's row words: none for base and tuned (eval.max_rows, the page's rows); the gate's
+    (gate_rows_words) for the two models the nightly gate compares.
     """
-    if wildcards.which in ("promoted", "gate"):
-        return f"--max-rows {CFG['nightly']['gate_max_rows'] or 'all'}"
-    return ""
+    return gate_rows_words() if wildcards.which in ("promoted", "gate") else []
 
 
 def compared_inputs(wildcards):

@@ -23,4 +23,4 @@ rule evaluate:
     shell:
         "python -m llmft evaluate {params.cfg} --model {params.model:q} --heldout {input.heldout:q}"
         " --out-dir results/{wildcards.run}/eval/{wildcards.which} --label {wildcards.which}"
-        " {params.rows} --threads {threads} > {log:q} 2>&1"
+        " {params.rows:q} --threads {threads} > {log:q} 2>&1"

@@ -110,8 +110,8 @@ rule evaluate_preference_gate:
     params:
         cfg=cfg_arg("eval", "model.template"),
         model=pref_gate_model_path,
-        rows=lambda wildcards: f"--max-rows {CFG['nightly']['gate_max_rows'] or 'all'}",
+        rows=lambda wildcards: gate_rows_words(),
     shell:
         "python -m llmft evaluate-preference {params.cfg} --model {params.model:q}"
         " --heldout {input.heldout:q} --out-dir results/{wildcards.run}/preference/gate/{wildcards.side}"
-        " --label {wildcards.side} --logps-only {params.rows} --threads {threads} > {log:q} 2>&1"
+        " --label {wildcards.side} --logps-only {params.rows:q} --threads {threads} > {log:q} 2>&1"

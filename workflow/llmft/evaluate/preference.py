@@ -66,12 +66,17 @@ def logps(
     scores only on the same rows). `max_rows`: the first N rows, "all", None: eval.max_rows."""
     from llmft.core.chat_templates import for_config as template_for_config
     from llmft.core.modelfiles import safetensors_stats
-    from llmft.evaluate.run import _SetupClock, encode, heldout_fingerprint, plan_eval, shard_jobs
+    from llmft.evaluate.run import (
+        _SetupClock,
+        encode,
+        heldout_fingerprint,
+        heldout_rows,
+        plan_eval,
+        shard_jobs,
+    )
     from llmft.evaluate.worker import run_all
 
-    limit = cfg["eval"]["max_rows"] if max_rows is None else max_rows
-    pref_rows = read_jsonl(heldout)
-    pref_rows = pref_rows if limit == "all" else pref_rows[: int(limit)]
+    pref_rows = heldout_rows(heldout, cfg["eval"]["max_rows"], max_rows)
     kind, rows = answer_rows(pref_rows)
     clock = _SetupClock()
     devices, n, pool = plan_eval(0, safetensors_stats(model_dir)["weight_bytes"], clock)

@@ -213,9 +213,7 @@ def evaluate(
     from llmft.core.chat_templates import for_config as template_for_config
 
     ecfg = cfg["eval"]
-    limit = ecfg["max_rows"] if max_rows is None else max_rows
-    rows = read_jsonl(heldout)
-    rows = rows if limit == "all" else rows[: int(limit)]
+    rows = heldout_rows(heldout, ecfg["max_rows"], max_rows)
     clock = _SetupClock()
     weights = safetensors_stats(model_dir)
     kind, n, pool = plan_eval(processes, weights["weight_bytes"], clock)
@@ -267,6 +265,14 @@ def evaluate(
     )
     sys.stdout.flush()
     return metrics
+
+
+def heldout_rows(heldout: str, configured: int, max_rows: int | str | None) -> list[dict]:
+    """The held-out rows an evaluation scores: the first `max_rows`, every row ("all": the nightly
+    gate's pass), or, with None, the first `configured` (eval.max_rows)."""
+    rows = read_jsonl(heldout)
+    limit = configured if max_rows is None else max_rows
+    return rows if limit == "all" else rows[: int(limit)]
 
 
 def heldout_fingerprint(rows: list[dict]) -> str:

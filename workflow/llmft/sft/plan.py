@@ -595,7 +595,7 @@ def _preference_cost(cfg: dict) -> tuple[int, str]:
     return preference.sequences_per_row(cfg), ref
 
 
-def _length_grouping(cfg: dict, platform: Platform) -> tuple[bool, str]:
+def _length_grouping(cfg: dict) -> tuple[bool, str]:
     """preference.group_by_length for a dpo stage's view, with the reason for what `auto` chose."""
     if cfg.get("stage") != "dpo":
         return False, ""
@@ -624,7 +624,7 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
     packing, attention, reasons = _packing_and_attention(sft, platform)
     use_fp8, fp8_why = fp8.decide(sft, platform)
     reasons.append(fp8_why)
-    grouping, grouping_why = _length_grouping(cfg, platform)
+    grouping, grouping_why = _length_grouping(cfg)
     if grouping_why:
         reasons.append(grouping_why)
     space = _Space(

@@ -291,13 +291,12 @@ def data_delta(data_dir: str) -> dict:
     return stats.get("continue") or {}
 
 
-def continue_text(cfg: dict, base_model: str, data_dir: str, cost: dict | None = None) -> str:
-    """The plan's lines on where training starts and, for a continued run, what it trains and costs
-    (`cost`: lineage.run_cost)."""
+def continue_text(cfg: dict, base_model: str, delta: dict, cost: dict | None = None) -> str:
+    """The plan's lines on where training starts and, for a continued run, what it trains (`delta`:
+    data_delta) and costs (`cost`: lineage.run_cost)."""
     head = run_lineage(cfg, base_model)
     if head["parent"] is None:
         return f"starts from the base model {head['base_model']}"
-    delta = data_delta(data_dir)
     lines = [
         f"continues run {head['parent']} from {head['started_from']} (chain: {lineage.chain_text(head)});"
         f" fresh schedule at learning rate {lineage.continue_learning_rate(cfg):g}, new optimizer state",
@@ -399,12 +398,13 @@ def render(
         preference.settle_grouping(cfg, plan, data_dir)
     log.info("platform: %s (%s)", platform.describe(), platform.source)
     log.info("%s", describe(plan))
+    delta = data_delta(data_dir)
     cost = (
         None
         if is_preference(cfg)
-        else lineage.run_cost(data_delta(data_dir), lineage.training_steps(cfg, plan, platform.world_size))
+        else lineage.run_cost(delta, lineage.training_steps(cfg, plan, platform.world_size))
     )
-    start = continue_text(cfg, base_model, data_dir, cost)
+    start = continue_text(cfg, base_model, delta, cost)
     log.info("%s", start)
     ds = deepspeed_config(plan, platform)
     write_json(out_ds, ds or {"zero_optimization": {"stage": 0}, "disabled": True})
