@@ -3,8 +3,8 @@ LLaMA-Factory DPO config, same 1.24 B model, same pairs, one call, both through 
 (`render-sft --stage preference`) and launcher (`sft launch`), as bench/sft_bench.py runs sft.
 
     python bench/dpo_bench.py pairs --out OUT [--rows N]     # the pairs both variants train on
-    python bench/dpo_bench.py run NAME --out OUT             # one variant: hand | ours
-    python bench/dpo_bench.py all --out OUT [--json R.json]  # pairs, both variants, the comparison
+    python bench/dpo_bench.py run NAME --out OUT             # one variant: hand | ours | padded | grouped
+    python bench/dpo_bench.py all --out OUT [--json R.json]  # pairs, hand, ours, padded, the comparison
 
 The pairs are written as a sharegpt file and prepared by `llmft prepare-preference` as the workflow
 prepares them (checked, split, tokenized once with each pair's length; pairs over the cutoff are
@@ -17,10 +17,12 @@ counts them. Ratio = ours / hand. Both variants run full fine-tuning (the refere
 copy) in bf16 at DPO's usual 5e-7, beta 0.1, sigmoid loss.
 
 hand: what a user who tuned LLaMA-Factory's DPO by hand on one H200 runs: ZeRO-2 (trl keeps the
-reference model whole outside ZeRO-3), 4 pairs x 4 accumulation steps, no gradient checkpointing,
+reference model whole outside ZeRO-3), 4 pairs x 4 accumulation steps (2 x 8 on a GPU under 100 GiB,
+such as an H100 80 GB), no gradient checkpointing,
 SDPA, no Liger, random batches of pairs (LLaMA-Factory's own pairwise rows carry no length for
 transformers' length-grouped sampler). ours: every throughput key auto (the planner's choice from
-this machine's facts). grouped: ours with preference.group_by_length: true.
+this machine's facts). padded: ours with LLaMA-Factory's own padded DPO forward
+(preference.padding_free: false). grouped (only when named): ours with preference.group_by_length: true.
 
 BENCH_DRY_RUN=1 runs the same path on 2 CPU processes with a tiny model (no GPU): a check of the
 script, not a measurement: pairs a twentieth as long (cutoff 256). BENCH_MODELS (default
@@ -69,15 +71,18 @@ HAND = {
     "group_by_length": False,
 }
 # ours at the hand-tuned run's tokens per optimizer step (4 x 4 pairs x 2 x 2048), so both learn alike
-# grouped: ours with pairs of similar length batched together (preference.group_by_length: true; auto
-# leaves it off, as one call measured it no faster than an earlier call's plan without it)
+# padded: ours with LLaMA-Factory's own padded DPO forward (preference.padding_free: false), the plan
+# before padding-free pairs; grouped: ours with pairs of similar length batched together
+# (preference.group_by_length: true; auto leaves it off), run only when named
 VARIANTS = {
     "hand": HAND,
     "ours": {"tokens_per_step": 65536},
+    "padded": {"tokens_per_step": 65536, "padding_free": False},
     "grouped": {"tokens_per_step": 65536, "group_by_length": True},
 }
+ALL = ("hand", "ours", "padded")  # what `all` runs, in one call
 # the preference stage's own keys; the rest are sft's hardware keys, which the stage shares
-PREF_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "group_by_length")
+PREF_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "group_by_length", "padding_free")
 
 
 def write_pairs(out: Path, rows: int, seed: int = 0) -> Path:
@@ -115,8 +120,18 @@ def prepare_pairs(out: Path) -> dict:
     return stats
 
 
+def hand_settings() -> dict:
+    """HAND on a GPU of 100 GiB or more (H200: planned peak 82 GiB); on a smaller one (H100 80 GB)
+    what a user would tune down to: 2 pairs x 8 accumulation steps, the same pairs per step."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_properties(0).total_memory >= 100 * 2**30:
+        return HAND
+    return {**HAND, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 8}
+
+
 def config_for(name: str, steps: int, out: Path) -> dict:
-    overrides = VARIANTS[name]
+    overrides = hand_settings() if name == "hand" else VARIANTS[name]
     dry = bool(os.environ.get("BENCH_DRY_RUN"))
     seq = 256 if dry else SEQ
     sft = {k: v for k, v in overrides.items() if k not in PREF_KEYS}
@@ -133,7 +148,7 @@ def config_for(name: str, steps: int, out: Path) -> dict:
         "heldout_fraction": 0.05,
         "max_dropped_fraction": 0.5,
     }
-    hw = {"vendor": "cuda", "nodes": 1, "gpus_per_node": 1, "gpu_model": "h200"}
+    hw = {"vendor": "cuda", "nodes": 1, "gpus_per_node": 1, "gpu_model": ""}  # the node's own GPU
     model = str(MODELS / "llama1b")
     if dry:
         hw = {"vendor": "cpu", "nodes": 1, "gpus_per_node": 0, "processes_per_node": 2}
@@ -153,7 +168,8 @@ def config_for(name: str, steps: int, out: Path) -> dict:
 def run_variant(name: str, out: Path, steps: int, timeout: int) -> dict:
     """Render, launch, stop after the last step is logged (the final save is not timed)."""
     rd = out / name
-    rd.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(rd, ignore_errors=True)  # nothing of an earlier call's run survives
+    rd.mkdir(parents=True)
     cfg_path = rd / "config.yaml"
     cfg = config_for(name, steps, out)
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -174,12 +190,17 @@ def run_variant(name: str, out: Path, steps: int, timeout: int) -> dict:
     result = {"name": name, "status": status, "wall_s": round(time.time() - t0, 1)}
     plan = yaml.safe_load((rd / "llamafactory.yaml").read_text())["llmft"]["plan"]
     keys = ("zero_stage", "micro_batch", "gradient_accumulation", "gradient_checkpointing", "attention")
-    result["plan"] = {k: plan[k] for k in (*keys, "liger", "group_by_length")}
+    result["plan"] = {k: plan[k] for k in (*keys, "liger", "group_by_length", "padding_free")}
     result["predicted_peak_gib"] = plan["memory"]["peak"]
-    if any("time" in e for e in steps_log):
+    if sum("time" in e for e in steps_log) > WARMUP + 1:
         tps, n, seconds = _throughput(steps_log, WARMUP)
         result.update(tokens_per_s_per_gpu=round(tps / plan["world_size"], 1), window_steps=n)
         result["window_s"] = round(seconds, 2)
+    # LLaMA-Factory's RECORD_VRAM (llmft's launcher sets it): torch's max allocated, rank 0, in GiB
+    trainer_log = _read_jsonl(work / "trainer_log.jsonl")
+    result["peak_vram_allocated_gib"] = (
+        max((e.get("vram_allocated", 0) for e in trainer_log), default=0) or None
+    )
     if status != "ok":
         result["error"] = (rd / "train.log").read_text()[-3000:]
     (rd / "result.json").write_text(json.dumps(result, indent=2))
@@ -193,14 +214,22 @@ def compare(results: dict, pairs: dict) -> dict:
     print(f"hand-tuned LLaMA-Factory DPO: {hand} tokens/s/GPU ({results['hand']['status']})")
     print(f"llmft's plan:                 {ours} tokens/s/GPU ({results['ours']['status']})")
     print(f"ratio = ours / hand = {ours} / {hand} = {ratio}")
-    grouped = results.get("grouped", {}).get("tokens_per_s_per_gpu")
-    by_length = round(grouped / hand, 3) if hand and grouped else None
-    print(f"grouped (group_by_length: true) / hand = {grouped} / {hand} = {by_length}")
+    others = {}
+    for name, what in (("padded", "padding_free: false"), ("grouped", "group_by_length: true")):
+        tps = results.get(name, {}).get("tokens_per_s_per_gpu")
+        if name in results:
+            others[name] = round(tps / hand, 3) if hand and tps else None
+            print(f"{name} ({what}) / hand = {tps} / {hand} = {others[name]}")
     print(
         "tokens/s = (non-padding tokens of both sequences of every pair seen at the last step - at step "
         f"{WARMUP}) / seconds between them / GPUs"
     )
-    return {"pairs": pairs, "variants": results, "ratio": ratio, "grouped_ratio": by_length}
+    return {
+        "pairs": pairs,
+        "variants": results,
+        "ratio": ratio,
+        **{f"{k}_ratio": v for k, v in others.items()},
+    }
 
 
 def main() -> None:
@@ -210,7 +239,7 @@ def main() -> None:
     a.add_argument("--out", required=True, help="the benchmark's folder")
     a.add_argument("--rows", type=int, default=2000, help="pairs to write")
     r = sub.add_parser("run", help="one variant")
-    r.add_argument("name", choices=sorted(VARIANTS), help="hand, ours or grouped")
+    r.add_argument("name", choices=sorted(VARIANTS), help="hand, ours, padded or grouped")
     r.add_argument("--out", required=True, help="the benchmark's folder (pairs already written)")
     r.add_argument("--steps", type=int, default=STEPS, help="optimizer steps to train")
     r.add_argument("--timeout", type=int, default=900, help="seconds before a variant is stopped")
@@ -230,7 +259,7 @@ def main() -> None:
     else:
         write_pairs(out, args.rows)
         pairs = prepare_pairs(out)
-        result = compare({n: run_variant(n, out, args.steps, args.timeout) for n in VARIANTS}, pairs)
+        result = compare({n: run_variant(n, out, args.steps, args.timeout) for n in ALL}, pairs)
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2))
 

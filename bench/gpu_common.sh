@@ -16,9 +16,10 @@ wheels_missing() {
   return 1
 }
 
-# install_wheels LOG: the carried .whl/*.whl into /tmp/site (no network on the device machine).
+# install_wheels LOG: the carried wheels (.whl/*.whl, or $WHEELS/*.whl) into /tmp/site (no network on
+# the device machine).
 install_wheels() {
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl >"$1" 2>&1
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl >"$1" 2>&1
 }
 
 # use_wheels LOG MODULE...: the carried wheels installed (unless a warm machine has them all) and put

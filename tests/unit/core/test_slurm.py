@@ -142,3 +142,7 @@ def test_profile_and_config_that_disagree_are_named():
     assert "requests no GPUs for verify_env" in msg and 'gres: "gpu:<type>:8"' in msg
     # allow_cpu_on_gpu_jobs never excuses a wrong count
     assert "is 4" in slurm.resources_mismatch(4, True, gpu_jobs)
+    # the preference stage's jobs are GPU jobs too: a profile that forgot their gres is named
+    for rule in ("preference", "evaluate_preference", "evaluate_preference_gate"):
+        msg = slurm.resources_mismatch(8, False, gpu_jobs | {rule: {"slurm_partition": "mi300x"}})
+        assert f"requests no GPUs for {rule}" in msg

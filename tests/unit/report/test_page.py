@@ -241,3 +241,26 @@ def test_a_run_in_one_attempt_shows_its_runtime_alone(tmp_path):
     summary = build_report(validate({"run": "r"}), str(run), str(run / "report"))
     assert (summary["train_runtime_s"], summary["attempts"], summary["attempt_starts"]) == (30.0, 1, [0])
     assert "resumed" not in (run / "report/index.html").read_text()
+
+
+def test_the_gate_section_shows_both_models_on_the_same_rows():
+    from llmft.report.page import gate_section
+
+    gate = {
+        "tuned": {"eval_loss": 0.81, "exact_match": 0.5},
+        "heldout_rows": 65,
+        "heldout_fingerprint": "ab12",
+    }
+    other = {"run": "night1", "tuned": {"eval_loss": 0.93, "exact_match": 0.4}, "heldout_rows": 65,
+             "heldout_fingerprint": "ab12"}  # fmt: skip
+    html = gate_section({"gate": gate, "compared_with": other}, "exact_match")
+    assert "both on the same 65 held-out rows (fingerprint ab12)" in html
+    # the gate's metric is the first column, each model's scores in its row
+    assert html.index("exact_match (gate)") < html.index("<th>eval_loss</th>")
+    assert "<td>this run</td><td>0.5</td><td>0.81</td>" in html
+    assert "<td>promoted: night1</td><td>0.4</td><td>0.93</td>" in html
+    other["heldout_fingerprint"] = "cd34"
+    assert "not scored on the same held-out rows" in gate_section(
+        {"gate": gate, "compared_with": other}, "eval_loss"
+    )
+    assert gate_section({"gate": gate}, "eval_loss") == ""  # compared with nothing: no section

@@ -48,7 +48,9 @@ def test_reference_copy_is_16_bit_weights_sharded_only_by_zero3(model):
 
 def test_a_pair_is_planned_as_two_sequences_with_its_reference(model):
     one_b = model("1b")
-    dpo = plan(gpu_cfg(per_device_train_batch_size=4, gradient_accumulation_steps=1), one_b)
+    dpo = plan(
+        gpu_cfg(per_device_train_batch_size=4, gradient_accumulation_steps=1, padding_free=False), one_b
+    )
     sft_cfg = gpu_cfg(
         sft={"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "packing": "off"}
     )
@@ -63,10 +65,16 @@ def test_a_pair_is_planned_as_two_sequences_with_its_reference(model):
     # loss spares sft but not a preference loss
     assert dpo.liger and sft.liger
     tokens = 8 * 2048
-    logits = tokens * (4 * 128256 + 10 * 128256 - 8 * 2048) / GIB
+    logits = tokens * (4 * 128256 + (10 + 6) * 128256 - 8 * 2048) / GIB
     assert dpo.memory.peak - sft.memory.peak == pytest.approx(dpo.memory.reference + logits, rel=1e-6)
     # the reference's forward pass: 2 FLOPs per weight and token more than sft's 6 (+ attention)
     assert 1.25 < dpo.step.compute_s / sft.step.compute_s < 1.45
+    # padding-free (auto on a GPU whose torch has varlen attention): one chunk's logits at a time,
+    # the reference's none beside the policy's
+    free = plan(gpu_cfg(per_device_train_batch_size=4, gradient_accumulation_steps=1), one_b)
+    assert free.padding_free and not dpo.padding_free
+    chunk = 1024 * 10 * 128256 - tokens * 8 * 2048
+    assert free.memory.peak - sft.memory.peak == pytest.approx(free.memory.reference + chunk / GIB, rel=1e-6)
     lora = plan(gpu_cfg(finetuning_type="lora", per_device_train_batch_size=4), one_b)
     assert lora.reference == "forward" and lora.memory.reference == 0
     orpo = plan(gpu_cfg(loss="orpo", per_device_train_batch_size=4), one_b)
@@ -81,7 +89,11 @@ def test_liger_saves_no_logits_in_a_preference_loss(model):
     fused = estimate(shape, **common)
     pairs = estimate(shape, logits=True, **common)
     assert fused.loss == pytest.approx(2 * 2048 * 8 * shape.hidden / GIB)
-    assert pairs.loss == pytest.approx(2 * 2048 * 10 * shape.vocab / GIB)
+    # LLaMA-Factory's padded forward: sft's 10 bytes + its fp32 log-softmax and gradient (6)
+    assert pairs.loss == pytest.approx(2 * 2048 * 16 * shape.vocab / GIB)
+    # padding-free: one chunk of 1024 tokens' logits at a time, whatever the micro-batch
+    free = estimate(shape, logits=True, padding_free=True, **common)
+    assert free.loss == pytest.approx(1024 * 10 * shape.vocab / GIB)
 
 
 def test_auto_batch_counts_both_sequences_of_a_pair(model):
@@ -129,6 +141,7 @@ def test_step_time_of_a_reference_copy_under_zero3_gathers_it_too(model):
         ({"kto_desirable_weight": 2.0}, "preference.kto_desirable_weight"),
         ({"method": "ipo"}, "preference.method"),
         ({"method": "kto", "group_by_length": True}, "preference.group_by_length"),
+        ({"method": "kto", "padding_free": True}, "preference.padding_free"),
     ],
 )
 def test_preference_keys_a_method_does_not_read_are_refused_by_name(pref, key):
@@ -239,3 +252,42 @@ def test_the_plan_sizes_sequences_by_the_preference_cutoff_not_sfts(model):
     short, long = (plan(gpu_cfg(data={"cutoff_len": n}), model("1b")) for n in (512, 4096))
     assert (short.seq_len, long.seq_len) == (512, 4096)
     assert "x 4096 tokens" in describe(long)
+
+
+def test_dpo_runs_padding_free_where_the_varlen_kernel_ran(model, tmp_path):
+    """auto: on with varlen attention on every node (and on a CPU), off without it or with an explicit
+    attention kernel; true without the kernel is refused by name; the rendered YAML tells the launcher."""
+    from dataclasses import replace
+
+    from llmft.sft.plan import describe
+
+    one_b = model("1b")
+    on = plan(gpu_cfg(), one_b)
+    assert on.padding_free and "padding-free" in describe(on)
+    assert any(r.startswith("padding_free auto -> on") for r in on.reasons)
+    assert not plan(gpu_cfg(padding_free=False), one_b).padding_free
+    assert not plan(gpu_cfg(method="kto"), one_b).padding_free
+    explicit = plan(gpu_cfg(sft={"flash_attn": "sdpa"}), one_b)
+    assert not explicit.padding_free
+    assert any("sft.flash_attn is set to 'sdpa'" in r for r in explicit.reasons)
+    cfg = gpu_cfg()
+    view = preference.view(cfg)
+    no_kernel = replace(Platform.declared(view), attention=("sdpa",))
+    assert not resolve(view, one_b, no_kernel).padding_free
+    forced = preference.view(gpu_cfg(padding_free=True))
+    with pytest.raises(ConfigError, match="config key preference.padding_free: true needs torch's varlen"):
+        resolve(forced, one_b, no_kernel)
+    cpu_cfg = validate({"preference": {}})
+    cpu_view = preference.view(cpu_cfg)
+    cpu = resolve(cpu_view, "tiny", Platform.declared(cpu_view), tiny_shape(cpu_cfg["model"]["tiny"]))
+    assert cpu.padding_free  # the CPU's per-sequence SDPA: the demo and the tests run this path
+    sft = gpu_cfg(sft={"packing": "off"})
+    assert "padding_free" not in resolve(sft, one_b, Platform.declared(sft)).to_json()
+    out = tmp_path / "out"
+    args = render(view, one_b, _tokenized_pairs(tmp_path / "d", lengths=False), str(out / "y.yaml"),
+                  str(out / "ds.json"), "work", Platform.declared(view))  # fmt: skip
+    assert args["llmft"]["padding_free"] is True and args["llmft"]["plan"]["padding_free"] is True
+    off = preference.view(gpu_cfg(padding_free=False))
+    args = render(off, one_b, _tokenized_pairs(tmp_path / "e", lengths=False), str(out / "z.yaml"),
+                  str(out / "ds2.json"), "work", Platform.declared(off))  # fmt: skip
+    assert "padding_free" not in args["llmft"]

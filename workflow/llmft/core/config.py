@@ -435,6 +435,7 @@ PREFERENCE_ONLY = (
     ("simpo_gamma", "preference.loss: simpo", lambda p: p["method"] == "dpo" and p["loss"] == "simpo"),
     ("ftx", "preference.method: dpo", lambda p: p["method"] == "dpo"),
     ("group_by_length", "preference.method: dpo", lambda p: p["method"] == "dpo"),
+    ("padding_free", "preference.method: dpo", lambda p: p["method"] == "dpo"),
     ("kto_desirable_weight", "preference.method: kto", lambda p: p["method"] == "kto"),
     ("kto_undesirable_weight", "preference.method: kto", lambda p: p["method"] == "kto"),
 )

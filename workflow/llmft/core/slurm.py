@@ -160,9 +160,18 @@ def current_allocation(env: dict[str, str] | None = None) -> Allocation:
     return Allocation(job_id, nodes, rank, _resolve(nodes[0]), rendezvous_port(job_id))
 
 
-# The stages that run on GPU nodes when the config has GPUs (verify_env probes them, sft trains,
-# evaluate generates, benchmarks runs lm-eval); every other stage is a CPU job.
-GPU_STAGES = ("verify_env", "sft", "evaluate", "benchmarks")
+# The stages that run on GPU nodes when the config has GPUs (verify_env probes them, sft and
+# preference train, evaluate and evaluate_preference generate and score, evaluate_preference_gate
+# scores, benchmarks runs lm-eval); every other stage is a CPU job.
+GPU_STAGES = (
+    "verify_env",
+    "sft",
+    "evaluate",
+    "benchmarks",
+    "preference",
+    "evaluate_preference",
+    "evaluate_preference_gate",
+)
 
 
 def gpus_requested(resources: dict) -> int | None:

@@ -719,6 +719,36 @@ def gate_scores(run_dir: Path) -> dict:
     }
 
 
+def gate_section(summary: dict, metric: str) -> str:
+    """The nightly gate's comparison: this run's model and the promoted one on the same held-out rows
+    (summary.json's `gate` and `compared_with`), every score both carry, the gate's metric first;
+    "" when the run compared with nothing."""
+    gate, other = summary.get("gate"), summary.get("compared_with")
+    if not isinstance(gate, dict) or not isinstance(other, dict):
+        return ""
+    names = [m for m in (gate.get("tuned") or {}) if m in (other.get("tuned") or {})]
+    names.sort(key=lambda m: m != metric)
+    head = "".join(f"<th>{esc(m)}{' (gate)' if m == metric else ''}</th>" for m in names)
+    rows = ""
+    for label, block in (("this run", gate), (f"promoted: {other.get('run', '')}", other)):
+        cells = "".join(f"<td>{fmt((block.get('tuned') or {}).get(m), 4)}</td>" for m in names)
+        rows += f"<tr><td>{esc(label)}</td>{cells}</tr>"
+    unit = gate.get("rows_unit", "rows")
+    same = gate.get("heldout_fingerprint") and gate.get("heldout_fingerprint") == other.get(
+        "heldout_fingerprint"
+    )
+    note = (
+        f"both on the same {gate.get('heldout_rows')} held-out {unit} (fingerprint "
+        f"{gate.get('heldout_fingerprint')})"
+        if same
+        else "the two were not scored on the same held-out rows: the gate refuses to compare them"
+    )
+    return f"""<h2 id="gate">Nightly gate</h2>
+<p>nightly.metric {esc(metric)}: {esc(note)}.</p>
+<table><tr><th>model</th>{head}</tr>{rows}</table>
+"""
+
+
 def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None = None) -> dict:
     """Write index.html, summary.json, figures/*.svg, heldout_metrics.tsv, samples.tsv and
     trend.html into `out_dir`; return the summary."""
@@ -732,9 +762,17 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
     pref = pref_page.load(cfg, Path(run_dir))
     git = git_state()
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    summary = report_summary(r, generated, git)
+    if cfg["nightly"]["compare_with"] and cfg["nightly"]["metric"] in PREFERENCE_METRICS:
+        # a preference metric: the two preference models on this run's held-out pairs
+        summary["gate"], summary["compared_with"] = pref_page.gate_blocks(cfg, r.run)
+    elif cfg["nightly"]["compare_with"]:
+        summary["compared_with"] = compared_with(r.run, cfg["nightly"]["compare_with"])
+        summary["gate"] = gate_scores(r.run)
     page = "".join(
         [
             overview_section(r, results_dir),
+            gate_section(summary, cfg["nightly"]["metric"]),
             heldout_section(r, metrics),
             bench.section(benchmarks),
             pref_page.section(pref),
@@ -746,15 +784,8 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
             provenance_section(r, generated, git),
         ]
     )
-    summary = report_summary(r, generated, git)
     if benchmarks:
         summary["benchmarks"] = benchmarks
-    if cfg["nightly"]["compare_with"] and cfg["nightly"]["metric"] in PREFERENCE_METRICS:
-        # a preference metric: the two preference models on this run's held-out pairs
-        summary["gate"], summary["compared_with"] = pref_page.gate_blocks(cfg, r.run)
-    elif cfg["nightly"]["compare_with"]:
-        summary["compared_with"] = compared_with(r.run, cfg["nightly"]["compare_with"])
-        summary["gate"] = gate_scores(r.run)
     if pref:
         summary["preference"] = pref
         # A preference nightly.metric of a night without a promoted model is read from `tuned`: the

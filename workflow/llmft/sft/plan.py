@@ -64,6 +64,13 @@ ACTIVATION_BYTES = {
 # DDP) 6 fits the measured peaks of the hand-tuned 1.24 B DDP runs, where 10 over-predicted them
 # (bench/results/sft_h200x2_{1b,compile}.json).
 LOGIT_BYTES = {"half": 10, "autocast": 6, "fp32": 12}
+PADFREE_CHUNK = 1024  # llmft.sft.padfree.CHUNK_TOKENS: tokens whose logits exist at once
+# LLaMA-Factory's padded DPO forward keeps more per token and vocabulary entry than sft's loss: the
+# fp32 log-softmax of every position (get_batch_logps) beside the upcast, and its gradient. On one H100
+# 80 GB the 1.24 B DPO plan at 4 pairs (predicted 68.0 GiB with sft's 10 bytes) ran out of memory asking
+# for 7.61 GiB with 71.78 GiB allocated: at least 11.4 GiB over, 5.8 bytes per token and vocabulary
+# entry at its 16 k tokens (bench/README.md, DPO). 6 more bytes cover that lower bound.
+PADDED_PREFERENCE_EXTRA_BYTES = 6
 # LoRA keeps one more hidden-sized bf16 tensor per layer and token than the activation table: fitted
 # to the 1.24 B LoRA peaks, which the table alone put up to 6.2 % under (ZeRO-2 23.56 / 23.73 GiB, the
 # checkpointed recipe 4.70 GiB; bench/results/sft_lora_h200x1_1b{,_compile}.json). With it, no LoRA run
@@ -242,6 +249,7 @@ def estimate(
     fp8: bool = False,
     reference: str = "none",
     logits: bool = False,
+    padding_free: bool = False,
 ) -> Memory:
     """Per-GPU memory of one configuration (see the module docstring for the model); `trainable`
     overrides trainable_params' defaults (LoRA rank 8 on all linear layers, freeze 2 layers).
@@ -249,7 +257,9 @@ def estimate(
     precision (fp32 in fp32, else 16 bit), sharded by ZeRO-3 (trl's prepare_deepspeed keeps stage 3
     for it and runs any other stage as plain inference), and its fp32 log-probabilities' logits, which
     live beside the policy's. `logits`: the loss needs the logits themselves (a preference loss takes
-    log-probabilities of every answer token), so Liger's fused loss saves nothing there."""
+    log-probabilities of every answer token), so Liger's fused loss saves nothing there.
+    `padding_free` (dpo, llmft.sft.padfree): log-probabilities a chunk of PADFREE_CHUNK tokens at a
+    time, recomputed in the backward pass: one chunk's logits at a time, the reference's included."""
     p = float(shape.params)
     t = float(trainable_params(shape, finetuning_type) if trainable is None else trainable)
     w = max(1, world)
@@ -268,11 +278,15 @@ def estimate(
         widest = shape.hidden + shape.intermediate
         acts += tokens * FP8_CAST_BYTES * widest + 2 * shape.hidden * shape.intermediate
     loss = tokens * (8 * shape.hidden if liger and not logits else LOGIT_BYTES[mode] * shape.vocab)
+    if padding_free:
+        loss = min(tokens, PADFREE_CHUNK) * LOGIT_BYTES[mode] * shape.vocab
+    elif logits:
+        loss += tokens * PADDED_PREFERENCE_EXTRA_BYTES * shape.vocab
     mask = micro_batch * seq_len * seq_len * 2 if neat_mask else 0.0
     ref = 0.0
     if reference == "copy":
         ref = (4 if mode == "fp32" else 2) * p / (w if stage == 3 else 1)
-    if reference != "none":
+    if reference != "none" and not padding_free:
         loss += tokens * 4 * shape.vocab  # the reference's logits (LoRA's adapter-free pass too)
     return Memory(
         weights=weights / GIB,
@@ -314,6 +328,7 @@ class Plan:
     sequences_per_row: int = 1  # a preference pair's two sequences
     reference: str = "none"  # a preference stage's reference model: none | forward | copy
     group_by_length: bool = False  # dpo: batches of pairs of similar length (preference.group_by_length)
+    padding_free: bool = False  # dpo: pairs as one row, chunked log-probabilities (llmft.sft.padfree)
 
     @property
     def predicted_peak_gib(self) -> float:
@@ -339,7 +354,7 @@ class Plan:
         out["step"] = self.step.to_json() if self.step else None
         if self.sequences_per_row == 1:
             # sft's plan reads as before the preference stage existed (its rendered YAML is unchanged)
-            for key in ("sequences_per_row", "reference", "group_by_length"):
+            for key in ("sequences_per_row", "reference", "group_by_length", "padding_free"):
                 out.pop(key)
             out["memory"].pop("reference")
         return out
@@ -449,6 +464,7 @@ class _Space:
     # copy: see estimate and step_time)
     seqs: int = 1
     reference: str = "none"
+    padding_free: bool = False
 
     @property
     def world(self) -> int:
@@ -506,6 +522,7 @@ class _Space:
             fp8=self.fp8,
             reference=self.reference,
             logits=self.seqs > 1,
+            padding_free=self.padding_free,
         )
 
     def step(self, cand: Candidate) -> StepTime:
@@ -609,6 +626,37 @@ def _length_grouping(cfg: dict) -> tuple[bool, str]:
     )
 
 
+def _padding_free(cfg: dict, platform: Platform) -> tuple[bool, str]:
+    """preference.padding_free for a dpo stage's view, with the reason for what was chosen: the pairs
+    of a micro-batch as one row through varlen attention, log-probabilities without full logits."""
+    if cfg.get("stage") != "dpo":
+        return False, ""
+    setting = cfg["preference"]["padding_free"]
+    kernel = not platform.on_gpu or "varlen" in platform.attention
+    where = "torch's varlen kernel" if platform.on_gpu else "per-pair SDPA on the CPU"
+    if setting is True:
+        if not kernel:
+            raise ConfigError(
+                "config key preference.padding_free: true needs torch's varlen attention "
+                "(torch.nn.attention.varlen), which no node ran (verify_env's attention finding); "
+                "set it to auto or false"
+            )
+        return (
+            True,
+            f"padding_free on: the pairs of a micro-batch as one row ({where}), chunked log-probabilities",
+        )
+    if setting is False:
+        return False, ""
+    if cfg["sft"]["flash_attn"] != "auto":
+        return False, f"padding_free auto -> off: sft.flash_attn is set to {cfg['sft']['flash_attn']!r}"
+    if not kernel:
+        return False, "padding_free auto -> off: no node ran torch's varlen attention"
+    return True, (
+        f"padding_free auto -> on: the pairs of a micro-batch as one row without padding ({where}); "
+        "log-probabilities a chunk of tokens at a time, never the whole batch's fp32 logits"
+    )
+
+
 def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelShape | None = None) -> Plan:
     """Concrete settings for every `auto` in cfg['sft'], checked against the devices' memory. A
     preference stage's view (preference.view) is planned with its pairs' two sequences and its
@@ -627,6 +675,9 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
     grouping, grouping_why = _length_grouping(cfg)
     if grouping_why:
         reasons.append(grouping_why)
+    padding_free, padding_free_why = _padding_free(cfg, platform)
+    if padding_free_why:
+        reasons.append(padding_free_why)
     space = _Space(
         sft=sft,
         shape=shape,
@@ -640,6 +691,7 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
         fp8=use_fp8,
         seqs=seqs,
         reference=reference,
+        padding_free=padding_free,
     )
     fitting, host_refused, smallest = _evaluate(space, usable)
     if not fitting:
@@ -677,6 +729,7 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
         sequences_per_row=seqs,
         reference=reference,
         group_by_length=grouping,
+        padding_free=padding_free,
     )
 
 
@@ -814,6 +867,7 @@ def describe(plan: Plan) -> str:
             f"preference pairs: {plan.sequences_per_row} sequences per row in one batch, reference model "
             f"{plan.reference} (copy = frozen weights, forward = the policy with its adapter off)"
             + (", batched by length" if plan.group_by_length else "")
+            + (", padding-free" if plan.padding_free else "")
         )
     if plan.step:
         st = plan.step

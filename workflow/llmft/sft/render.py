@@ -430,6 +430,8 @@ def render(
         # this run's tokens and a full retrain's as the trainer feeds them (lineage.run_cost)
         "cost": cost,
     }
+    if plan.padding_free:  # llmft.sft.train gives LLaMA-Factory's DPO trainer llmft.sft.padfree's forward
+        args["llmft"]["padding_free"] = True
     if plan.fp8:  # llmft.sft.train converts the loaded model (LLaMA-Factory's own fp8 flag is refused)
         args["llmft"]["fp8"] = {"recipe": fp8.RECIPE}
     header = (

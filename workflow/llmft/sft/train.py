@@ -14,6 +14,7 @@ block read here and removed before LLaMA-Factory parses the rest:
       compile_layers: false             # torch.compile each decoder layer (CompileLayers)
       fp8: {recipe: tensorwise}         # present only when FP8 is planned (llmft.core.fp8)
       liger_loss_only: false            # Liger's fused linear + cross-entropy alone
+      padding_free: true                # dpo only, when planned: llmft.sft.padfree's forward
       tracking: {backends: [tensorboard], dir: results/<run>/tracking, run: <run>}  # tracking.py
 
 Exit codes: 0 done, EXIT_DIVERGED (with llmft_divergence.json), EXIT_PREEMPTED (after saving a
@@ -153,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
             log.warning("torch has no varlen FlashAttention: neat packing falls back to SDPA + 4-D mask")
         else:
             varlen.install()
+    if ours.get("padding_free"):
+        from llmft.sft import padfree
+
+        padfree.install()
     if ours.get("liger_loss_only"):
         liger_loss_only(args["model_name_or_path"])
     if ours.get("fp8"):

@@ -1,0 +1,29 @@
+#!/bin/bash
+# GPU DPO benchmark, one device call (nvidia-h200, ~9 min): hand-tuned LLaMA-Factory DPO, llmft's plan
+# (padding-free pairs) and llmft's plan with LLaMA-Factory's padded forward, on the same pairs.
+#   bash bench/dpo_gpu.sh
+# Carried: the wheels (WHEELS=.whld: the LLaMA-Factory + DeepSpeed wheels for the image's Python 3.12,
+# liger-kernel, jsonschema and its dependencies, tensorboardX) and bench/work/sft/tok (the tokenizer).
+# Results in $OUT: dpo.json (bench/dpo_bench.py's comparison), dpo_gpu.log, dpo_runs.tar.gz (each
+# variant's rendered YAML, train log and step log).
+set -u
+cd "$(dirname "$0")/.."
+source bench/gpu_common.sh
+OUT=${OUT:-/tmp/out}
+R=/tmp/dpo_bench
+export BENCH_MODELS=${BENCH_MODELS:-/tmp/models}
+mkdir -p "$R" "$OUT" "$BENCH_MODELS"
+LOG=$OUT/dpo_gpu.log
+say() { echo "[t=$(el)s] $*" | tee -a "$LOG"; }
+use_wheels "$R/pip.log" liger_kernel jsonschema >>"$LOG" || { say "pip install failed"; exit 1; }
+say "wheels installed"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$LOG" 2>&1
+if [ ! -f "$BENCH_MODELS/llama1b/config.json" ]; then
+  python3 bench/sft_models.py model 1b "$BENCH_MODELS/llama1b" bench/work/sft/tok --device cuda >>"$LOG" 2>&1 \
+    || { say "model build failed"; tail -20 "$LOG"; exit 1; }
+fi
+say "model ready"
+python3 bench/dpo_bench.py all --out "$R" --json "$OUT/dpo.json" >>"$LOG" 2>&1
+say "bench exit $?"
+tail -8 "$LOG"
+tar czf "$OUT/dpo_runs.tar.gz" -C "$R" --exclude=data --exclude=pairs.jsonl . 2>/dev/null
