@@ -48,6 +48,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+# The final gradient norm only catches gross errors: honest platforms differ in it by more than a
+# subtly wrong kernel moves it. On 2 CPU cores bf16 with fp32 math attention moved it 13.3 % and a 3 %
+# wrong attention output only 7.6 % (bench/results/canary_spread_cpu2_bf16_20261201.json; the loss
+# catches that one), and an AMD EPYC CPU without AVX-512 ran honest bf16 20.3 % off the H200 golden's,
+# where the golden's own tolerance is 16.3 %. A gradient 1.5x too large in one norm moved it 67.7 %.
+# So the gate's gradient-norm tolerance is at least twice the largest honest difference measured.
+GRAD_NORM_FLOOR = 0.40
 PERTURB_ENV = "LLMFT_CANARY_PERTURB"
 STEPS = 40
 SAMPLES, SAMPLE_LEN, VOCAB = 8, 48, 256
@@ -306,12 +313,13 @@ def compare(run: dict, gold: dict) -> tuple[bool, str]:
     ):
         return False, f"non-finite loss or gradient norm at step {len(losses)}"
     tol = gold["tolerance"]
+    grad_tol = max(tol["grad_norm_rel"], GRAD_NORM_FLOOR)
     dev = deviation(losses, ref)
     gdiff = abs(run["grad_norm"] - gold["grad_norm"]) / abs(gold["grad_norm"])
-    ok = dev <= tol["loss_rel"] and gdiff <= tol["grad_norm_rel"]
+    ok = dev <= tol["loss_rel"] and gdiff <= grad_tol
     return ok, (
         f"loss {dev:.2%} off the golden curve on average (tolerance {tol['loss_rel']:.2%}), final gradient "
-        f"norm {gdiff:.2%} (tolerance {tol['grad_norm_rel']:.2%})"
+        f"norm {gdiff:.2%} (tolerance {grad_tol:.2%})"
     )
 
 
