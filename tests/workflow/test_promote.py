@@ -281,6 +281,10 @@ def test_the_gate_scores_both_models_on_every_heldout_row(night2):
         **everything,
     }
     assert s2["gate"] == {"tuned": {m: mine.get(m) for m in s2["tuned"]}, **everything}
+    # the run page shows the same comparison: both models, the gate's metric first, the same rows
+    page = (results / "night2/report/index.html").read_text()
+    assert "Nightly gate" in page and f"both on the same {len(split)} held-out rows" in page
+    assert "<td>promoted: night1</td>" in page and "eval_loss (gate)" in page
     decision = json.loads((results / "night2/promotion.json").read_text())
     old, new = s2["compared_with"]["tuned"]["eval_loss"], s2["gate"]["tuned"]["eval_loss"]
     assert decision["metric"] == {"eval_loss": new}

@@ -306,9 +306,12 @@ def preference_eval_model(wildcards):
     return f"results/{wildcards.run}/{'sft' if wildcards.model == 'tuned' else 'preference'}/model"
 
 
-# The report's config keys gain `preference` only when the section is set: a run without one
-# renders the same report params as before the stage existed.
-PREFERENCE_KEYS = ("preference", "nightly.metric") if PREF is not None else ()
+# The report's config keys gain `preference` only when the section is set, and `nightly.metric` (the
+# gate's metric, first on the page's gate table) only with it or with nightly.compare_with: a run
+# with neither renders the same report params as before.
+PREFERENCE_KEYS = (("preference",) if PREF is not None else ()) + (
+    ("nightly.metric",) if PREF is not None or CFG["nightly"]["compare_with"] else ()
+)
 
 
 def preference_eval_inputs(wildcards):
