@@ -309,7 +309,7 @@ def preference_eval_model(wildcards):
 # The report's config keys gain `preference` only when the section is set, and `nightly.metric` (the
 # gate's metric, first on the page's gate table) only with it or with nightly.compare_with: a run
 # with neither renders the same report params as before.
-PREFERENCE_KEYS = (("preference",) if PREF is not None else ()) + (
+REPORT_OPTIONAL_KEYS = (("preference",) if PREF is not None else ()) + (
     ("nightly.metric",) if PREF is not None or CFG["nightly"]["compare_with"] else ()
 )
 

@@ -92,7 +92,7 @@ rule report:
             "verify",
             "eval",
             "nightly.compare_with",
-            *PREFERENCE_KEYS,
+            *REPORT_OPTIONAL_KEYS,
             benchmarks=bool(CFG["eval"]["benchmarks"]),
         ),
     shell:

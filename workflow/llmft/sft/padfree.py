@@ -29,14 +29,10 @@ from __future__ import annotations
 import logging
 
 import torch
+from llmft.core.varlen import IGNORE_INDEX, PAD_MULTIPLE
+from llmft.sft.plan import PADFREE_CHUNK as CHUNK_TOKENS
 
 log = logging.getLogger("llmft.sft.padfree")
-
-IGNORE_INDEX = -100
-# Tokens per chunk of the output layer: at a 128 k vocabulary the chunk's bf16 logits, their fp32
-# upcast and its gradient are ~1.3 GiB (against ~8 GiB per 16 k tokens when all are materialised).
-CHUNK_TOKENS = 1024
-PAD_MULTIPLE = 16  # the row is padded to a multiple of this (llmft.core.varlen.PAD_MULTIPLE's reason)
 
 
 def flatten_pairs(
@@ -142,13 +138,18 @@ def packed_logps(model, batch: dict, pad_id: int = 0) -> dict:
     rows = batch["input_ids"].shape[0]
     real = index >= 0
     seq_of = index.clamp(min=0)
-    sums = torch.zeros(rows, dtype=logps.dtype, device=logps.device).index_add(0, seq_of, logps * real)
-    valid = (targets != IGNORE_INDEX) & real
-    lengths = torch.zeros(rows, dtype=torch.long, device=logps.device).index_add(0, seq_of, valid.long())
-    tokens = torch.zeros(rows, dtype=torch.long, device=logps.device).index_add(0, seq_of, real.long())
-    logit_sums = torch.zeros(rows, dtype=mean_logits.dtype, device=logps.device)
-    logit_sums = logit_sums.index_add(0, seq_of, mean_logits * real)
-    return {"logps": sums, "lengths": lengths, "mean_logits": logit_sums / tokens.clamp(min=1)}
+
+    def per_sequence(values: torch.Tensor) -> torch.Tensor:
+        """Each sequence's sum of a per-token value (the row's padding tail counts for none)."""
+        values = (values if values.is_floating_point() else values.long()) * real
+        return torch.zeros(rows, dtype=values.dtype, device=values.device).index_add(0, seq_of, values)
+
+    tokens = per_sequence(real)
+    return {
+        "logps": per_sequence(logps),
+        "lengths": per_sequence(targets != IGNORE_INDEX),
+        "mean_logits": per_sequence(mean_logits) / tokens.clamp(min=1),
+    }
 
 
 def concatenated_forward(self, model, batch: dict, is_ref_model: bool = False) -> dict:
@@ -158,13 +159,14 @@ def concatenated_forward(self, model, batch: dict, is_ref_model: bool = False) -
     pad_id = getattr(getattr(self, "processing_class", None), "pad_token_id", None) or 0
     out = packed_logps(model, batch, pad_id)
     all_logps, valid_length = out["logps"], out["lengths"]
-    if self.loss_type in ("ipo", "orpo", "simpo"):
+    averaged = self.loss_type in ("ipo", "orpo", "simpo")  # these losses take the mean per token
+    if averaged:
         all_logps = all_logps / valid_length
     half = batch["input_ids"].size(0) // 2
     chosen_logps, rejected_logps = all_logps.split(half, dim=0)
     chosen_logits, rejected_logits = out["mean_logits"].split(half, dim=0)
     chosen_length, _ = valid_length.split(half, dim=0)
-    chosen_avg = chosen_logps if self.loss_type in ("ipo", "orpo", "simpo") else chosen_logps / chosen_length
+    chosen_avg = chosen_logps if averaged else chosen_logps / chosen_length
     return {
         "chosen_logps": chosen_logps,
         "rejected_logps": rejected_logps,

@@ -64,7 +64,10 @@ ACTIVATION_BYTES = {
 # DDP) 6 fits the measured peaks of the hand-tuned 1.24 B DDP runs, where 10 over-predicted them
 # (bench/results/sft_h200x2_{1b,compile}.json).
 LOGIT_BYTES = {"half": 10, "autocast": 6, "fp32": 12}
-PADFREE_CHUNK = 1024  # llmft.sft.padfree.CHUNK_TOKENS: tokens whose logits exist at once
+# Padding-free DPO (llmft.sft.padfree) runs the output layer this many tokens at a time: at a 128 k
+# vocabulary a chunk's bf16 logits, their fp32 upcast and its gradient are ~1.3 GiB (against ~8 GiB
+# per 16 k tokens when all are materialised).
+PADFREE_CHUNK = 1024
 # LLaMA-Factory's padded DPO forward keeps more per token and vocabulary entry than sft's loss: the
 # fp32 log-softmax of every position (get_batch_logps) beside the upcast, and its gradient. On one H100
 # 80 GB the 1.24 B DPO plan at 4 pairs (predicted 68.0 GiB with sft's 10 bytes) ran out of memory asking
