@@ -70,10 +70,17 @@ def snakemake(
     )
 
 
+# verify_env's numerics canary trains a small model for ~7 s in every pipeline that runs it. Test
+# pipelines skip it unless they ask for it (verify__canary=True): the tests that assert it
+# (test_pipeline's demo, the Slurm upstream stages on both nodes, test_verify_env) do.
+TEST_DEFAULTS = {"verify__canary": False}
+
+
 def make_workdir(path: Path, **overrides) -> Path:
-    """A scratch working directory with config/config.yaml = the repo's, deep-updated."""
+    """A scratch working directory with config/config.yaml = the repo's, deep-updated by
+    TEST_DEFAULTS, then by `overrides`."""
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    for dotted, value in overrides.items():
+    for dotted, value in {**TEST_DEFAULTS, **overrides}.items():
         node = cfg
         *parents, leaf = dotted.split("__")
         for p in parents:

@@ -36,6 +36,8 @@ SMALL_RUN = {
     "sft__max_steps": 8,
     "sft__logging_steps": 4,
     "eval__max_rows": 24,
+    # test_cluster asserts verify_env's numerics canary on both nodes
+    "verify__canary": True,
 }
 
 

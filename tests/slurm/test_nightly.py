@@ -42,9 +42,6 @@ NIGHT = {
     # its own held-out rows share (eval.benchmarks guards against that). test_promote checks the
     # gate on the whole split.
     "nightly__gate_max_rows": 24,
-    # no night here is about the environment check's numerics canary (test_cluster.py checks it on
-    # both nodes): three nights would train it six times, ~30 s each on this box
-    "verify__canary": False,
 }
 
 

@@ -22,7 +22,6 @@ from tests.reliability import reliability
 pytestmark = pytest.mark.workflow
 
 FAST = {
-    "verify__canary": False,
     "data__dedup__decontaminate": False,  # every row's fate is its side of the split: exact counts
     "sft__num_train_epochs": 2.0,
     "sft__logging_steps": 2,

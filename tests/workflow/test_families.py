@@ -27,8 +27,6 @@ TRAIN = {
     "sft__per_device_train_batch_size": 4,
     "sft__save_steps": 1000,
     "eval__max_rows": 24,
-    # The numerics canary is verify_env's own test's subject, not this one's.
-    "verify__canary": False,
 }
 
 

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.workflow
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    work = make_workdir(tmp_path_factory.mktemp("demo"))
+    # the embedded default as is (the suite's other pipelines skip the canary)
+    work = make_workdir(tmp_path_factory.mktemp("demo"), verify__canary=True)
     proc = snakemake(work)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return work, proc
@@ -242,7 +243,7 @@ def test_a_failed_forced_sft_rerun_leaves_no_current_page(demo):
 
 def test_training_param_change_reruns_only_downstream(demo):
     work, _ = demo
-    make_workdir(work, sft__max_steps=30)
+    make_workdir(work, verify__canary=True, sft__max_steps=30)
     proc = snakemake(work)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ran = rules_run(proc.stderr + proc.stdout)

@@ -7,6 +7,7 @@ import yaml
 from llmft.core.config import validate
 from llmft.core.launch import launch_env
 from llmft.core.platform import Platform
+from llmft.core.shape import model_shape
 from llmft.core.slurm import Allocation
 from llmft.evaluate.metrics import exact_match
 from llmft.report.draw import esc, svg_lines, table
@@ -47,6 +48,12 @@ def test_render_writes_yaml_and_zero3(tmp_path, tiny):
     assert ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
     # no per-step overflow pass in bf16: the divergence guard stops a NaN/inf run instead
     assert ds["bf16"] == {"enabled": "auto", "check_grad_overflow": False}
+    # on gloo the whole model fits one bucket, rounded up to a million elements (HF's h^2 = 16 384
+    # sent one message per parameter). No overlap without a GPU stream.
+    zero, params = ds["zero_optimization"], model_shape(tiny).params
+    assert zero["overlap_comm"] is False
+    assert zero["reduce_bucket_size"] == zero["stage3_prefetch_bucket_size"] >= params
+    assert zero["reduce_bucket_size"] - params < 1e6 and zero["reduce_bucket_size"] % 1e6 == 0
 
 
 def test_extra_passes_through_and_changes_work_dir(tmp_path, tiny):

@@ -363,12 +363,18 @@ class Plan:
         return out
 
 
-def _buckets(setting, shape: ModelShape, stage: int) -> dict:
+def _buckets(setting, shape: ModelShape, stage: int, on_gpu: bool = True) -> dict:
     """DeepSpeed bucket sizes in elements. HF's `auto` sizes them h^2: tiny for big models."""
     if setting == "hf":
         return {"reduce": "auto", "gather": "auto", "persistence": "auto"}
     if setting != "auto":
         size = float(setting)
+        return {"reduce": size, "gather": size, "persistence": 10 * shape.hidden}
+    if not on_gpu:
+        # gloo: no side stream to overlap with, and each message costs ~1 ms however small, so one
+        # bucket holds the whole model (h^2 buckets sent the demo's gradients as 20 messages a step,
+        # a third of its training time; same losses to the bit).
+        size = float(min(5e8, max(1e6, math.ceil(shape.params / 1e6) * 1e6)))
         return {"reduce": size, "gather": size, "persistence": 10 * shape.hidden}
     # ~1/8 of the model per bucket, between 50 M (bandwidth-efficient messages) and 500 M elements
     # (1 GB in bf16: enough to hide behind compute, small enough not to crowd activations).
@@ -499,7 +505,7 @@ class _Space:
         )
 
     def buckets(self, stage: int) -> dict:
-        return _buckets(self.bucket_setting, self.shape, stage)
+        return _buckets(self.bucket_setting, self.shape, stage, self.platform.on_gpu)
 
     def accumulation(self, rows: int) -> int:
         if self.sft["gradient_accumulation_steps"] != "auto":
@@ -687,8 +693,7 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
         platform=platform,
         seq=seq,
         neat_mask=packing == "neat" and attention in ("sdpa", "disabled", "auto"),
-        # Overlapped, large buckets need a GPU side stream; on gloo DeepSpeed's own sizes do.
-        bucket_setting=sft["zero_bucket_size"] if on_gpu or sft["zero_bucket_size"] != "auto" else "hf",
+        bucket_setting=sft["zero_bucket_size"],
         trainable=float(sft_trainable_params(shape, sft)),
         tuning=flops.tuning_of(sft, shape),  # the config's keys are LLaMA-Factory's names
         fp8=use_fp8,
