@@ -16,7 +16,8 @@ from an earlier run). Beside it: the trainer's own counts (train_summary.json tr
 LLaMA-Factory's num_input_tokens_seen, padding excluded) of the retrain and the continued run, and the
 one-pass ratio of prepare_data's row tokens (what the figure was before it counted the fill). The
 held-out metric is nightly.metric (exact match) of each tuned model on the same held-out split,
-against nightly.tolerance.
+against nightly.tolerance; beside it the same gap row by row (evaluate's predictions.jsonl), with its
+standard error, so a reader sees whether the gap is larger than the held-out split can resolve.
 
     python bench/continue_bench.py --rows 2000 --out bench/results/continue_cpu2_<date>.json
 """
@@ -92,6 +93,31 @@ def facts(work: Path, name: str, seconds: float) -> dict:
     }
 
 
+def paired_gap(work: Path, metric: str) -> dict | None:
+    """retrain minus continue on the same held-out rows, row by row (evaluate's predictions.jsonl):
+    the mean difference, its standard error (sample standard deviation of the per-row differences
+    over sqrt(n)), and the rows only one of them got right. None for a metric with no per-row value
+    (eval_loss is the mean token loss, not a mean over rows)."""
+    import statistics
+
+    rows = {}
+    for name in ("retrain", "continue"):
+        path = work / "results" / name / "eval/tuned/predictions.jsonl"
+        rows[name] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    a, b = rows["retrain"], rows["continue"]
+    if not a or metric not in a[0] or [r["prompt"] for r in a] != [r["prompt"] for r in b]:
+        return None
+    diff = [x[metric] - y[metric] for x, y in zip(a, b, strict=True)]
+    n = len(diff)
+    return {
+        "rows": n,
+        "gap": round(sum(diff) / n, 4),
+        "standard_error": round(statistics.stdev(diff) / n**0.5, 4),
+        "only_retrain": sum(d > 0 for d in diff),
+        "only_continue": sum(d < 0 for d in diff),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2000, help="night 1's distinct rows")
@@ -122,6 +148,7 @@ def main() -> int:
     gap = out["retrain"]["tuned"][metric] - out["continue"]["tuned"][metric]
     out["metric_gap"] = round(gap, 4)
     out["within_tolerance"] = gap <= tolerance
+    out["paired"] = paired_gap(work, metric)
     out["machine"] = f"{platform.node()} {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}"
     out["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
     out["command"] = " ".join(["python", "bench/continue_bench.py", *sys.argv[1:]])
@@ -133,6 +160,13 @@ def main() -> int:
         f"retrain {out['retrain']['tuned'][metric]:.4f}, continue {out['continue']['tuned'][metric]:.4f} "
         f"(gap {gap:+.4f}, tolerance {tolerance})"
     )
+    if out["paired"]:
+        p = out["paired"]
+        print(
+            f"row by row on the same {p['rows']} held-out rows: gap {p['gap']:+.4f}, standard error "
+            f"{p['standard_error']:.4f}; {p['only_retrain']} rows only the retrain got right, "
+            f"{p['only_continue']} only the continued run"
+        )
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     if not args.keep:
