@@ -33,17 +33,19 @@ import statistics
 import time
 from pathlib import Path
 
+from llmft.sft.markers import (  # noqa: F401  (train.py imports them from here with the callbacks)
+    DIVERGENCE_FILE,
+    EXIT_DIVERGED,
+    EXIT_PREEMPTED,
+    PARAMS_FILE,
+    PREEMPTED_FILE,
+    START_WEIGHTS_FILE,
+    STEPS_FILE,
+    STOP_REQUEST_FILE,
+)
 from transformers import TrainerCallback
 
-DIVERGENCE_FILE = "llmft_divergence.json"
-PREEMPTED_FILE = "llmft_preempted.json"
-STOP_REQUEST_FILE = "llmft_stop_request"
-STEPS_FILE = "llmft_steps.jsonl"
-PARAMS_FILE = "llmft_params.json"
-START_WEIGHTS_FILE = "llmft_start_weights.json"
 PROFILE_ENV = "LLMFT_PROFILE_STEPS"
-EXIT_DIVERGED = 3
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again later
 
 
 class Diverged(RuntimeError):

@@ -9,6 +9,7 @@ import yaml
 from llmft.core.io import atomic_path, read_json, read_jsonl, read_optional, write_json
 from llmft.core.modelfiles import keep_base_structure
 from llmft.core.platform import Platform
+from llmft.sft.markers import PARAMS_FILE, START_WEIGHTS_FILE, STEPS_FILE
 
 # LoRA: the published adapter's folder, beside the merged model's (results/{run}/sft/adapter).
 ADAPTER_DIR = "adapter"
@@ -101,8 +102,6 @@ def _weights_bytes(model_dir: Path) -> int:
 def finetuning_summary(args: dict, work: Path, model_out: Path, adapter_out: Path) -> dict:
     """What train_summary.json says about the fine-tuning method: type, parameters that trained,
     the adapter's settings, the published sizes."""
-    from llmft.sft.callbacks import PARAMS_FILE
-
     kind = args.get("finetuning_type", "full")
     counted = read_json(work / PARAMS_FILE) if (work / PARAMS_FILE).exists() else {}
     out = {
@@ -174,8 +173,6 @@ def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
         if (adapter_path / "adapter_config.json").is_file():
             # an earlier LoRA config's adapter: not this model's
             shutil.rmtree(adapter_path)
-    from llmft.sft.callbacks import START_WEIGHTS_FILE, STEPS_FILE
-
     results = read_json(work / "all_results.json") if (work / "all_results.json").exists() else {}
     steps_file = work / STEPS_FILE
     attempt = attempts_summary(read_jsonl(steps_file) if steps_file.exists() else [])

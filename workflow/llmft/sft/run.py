@@ -15,6 +15,14 @@ from llmft.core import slurm
 from llmft.core.launch import launch_env, torchrun_command
 from llmft.core.platform import Platform
 from llmft.sft import faults
+from llmft.sft.markers import (
+    DIVERGENCE_FILE,
+    EXIT_DIVERGED,
+    EXIT_PREEMPTED,
+    PREEMPTED_FILE,
+    STEPS_FILE,
+    STOP_REQUEST_FILE,
+)
 
 # History of earlier attempts in the work folder: one JSON line per stop, preemption or divergence.
 EVENTS_FILE = "llmft_events.jsonl"
@@ -85,9 +93,6 @@ def launch(cfg: dict, yaml_path: str) -> int:
 
 
 def _launch_locked(cfg: dict, yaml_path: str, args: dict, work: Path, alloc: slurm.Allocation) -> int:
-    # imported here: callbacks pull in transformers, which rendering and planning do not need
-    from llmft.sft.callbacks import STEPS_FILE
-
     ours = args.get("llmft") or {}
     platform = Platform.from_json(ours["platform"])
     if finished(work):
@@ -119,8 +124,6 @@ def _launch_locked(cfg: dict, yaml_path: str, args: dict, work: Path, alloc: slu
 
 def _clear_previous_attempt(work: Path) -> None:
     """Which leftovers of the previous attempt node 0 moves out of the way before this one starts."""
-    from llmft.sft.callbacks import DIVERGENCE_FILE, PREEMPTED_FILE, STOP_REQUEST_FILE
-
     # What ended the previous attempt (stop request, preemption, divergence) moves to the event
     # history, so this attempt's markers mean this attempt. Node 0 does it before the rendezvous
     # that every worker waits for.
@@ -135,7 +138,6 @@ def _clear_previous_attempt(work: Path) -> None:
 
 def _wait_forwarding_stops(proc: subprocess.Popen, work: Path, host: str) -> int:
     """torchrun's exit status; a SIGUSR1/SIGTERM meanwhile becomes a stop request to its workers."""
-    from llmft.sft.callbacks import STOP_REQUEST_FILE
 
     def on_signal(signum, _frame):
         name = signal.Signals(signum).name
@@ -159,8 +161,6 @@ def _wait_forwarding_stops(proc: subprocess.Popen, work: Path, host: str) -> int
 
 def _exit_code(cfg: dict, ours: dict, work: Path, alloc: slurm.Allocation, rc: int) -> int:
     """The launcher's exit status: diverged, preempted (requeued when asked) or torchrun's own."""
-    from llmft.sft.callbacks import DIVERGENCE_FILE, EXIT_DIVERGED, EXIT_PREEMPTED, PREEMPTED_FILE
-
     # torchrun reports any worker failure as 1: the workers' marker files say what happened.
     if (work / DIVERGENCE_FILE).exists():
         print(f"[llmft] {json.loads((work / DIVERGENCE_FILE).read_text())['message']}", flush=True)
