@@ -185,8 +185,9 @@ def test_the_nightly_gate_refuses_a_model_trained_to_break_a_task(benched):
     budget = 0.1
     night = {
         "data": {"sources": [{"path": "data/broken.jsonl", "format": "alpaca", "weight": 1.0}]},
-        # ~1 min of training on 2 CPU processes: the 210 rows seen ~60 times each
-        "sft": {"max_steps": 400, "save_steps": 400, "logging_steps": 50},
+        # ~20 s of training on 2 CPU processes: the 210 rows seen ~23 times each (the loss is ~0.1
+        # by step 100: the wrong answers are learned)
+        "sft": {"max_steps": 150, "save_steps": 150, "logging_steps": 50},
         "eval": {"max_rows": 24},
         "nightly": {"tolerance": 1.0, "max_benchmark_drop": {"llmft_category": budget}},
     }

@@ -13,7 +13,7 @@ import importlib.abc
 import importlib.util
 import sys
 
-POLL_CAP_S = 5
+POLL_CAP_S = 2
 PLUGIN = "snakemake_executor_plugin_slurm"
 
 
