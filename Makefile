@@ -34,4 +34,4 @@ test: $(STAMP)
 # tests/slurm run on a real two-node Slurm cluster on this machine, stopped by PID even on failure.
 # LLMFT_NO_SKIPS=1: a skip not on tests/allowed_skips.yaml fails the run (tests/skipgate.py).
 	trap 'bash tests/slurm/cluster-down.sh' EXIT; bash tests/slurm/cluster-up.sh && \
-	LLMFT_NO_SKIPS=1 PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -ra --durations=15 -n 2 --no-loadscope-reorder tests
+	LLMFT_NO_SKIPS=1 PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -ra --durations=30 -n 2 --no-loadscope-reorder tests

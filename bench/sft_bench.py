@@ -103,6 +103,9 @@ FP8_VARIANTS = {
     "fp8_lora_auto_8b": ("8b", {**LORA, "tokens_per_step": 8192, "fp8": True}, 12, 3),
     "fp8_lora_hand_8b": ("8b", {**LORA_HAND, **BF16, "per_device_train_batch_size": 4}, 12, 3),
     "fp8_lora_lf_8b": ("8b", {**LORA_HAND, **BF16, "per_device_train_batch_size": 4}, 12, 3),
+    # where a LoRA step's GPU time goes at 8 B, FP8 and llmft's bf16 plan (torch.profiler, steps 6-7)
+    "fp8_lora_prof_8b": ("8b", {**LORA, "tokens_per_step": 8192, "fp8": True}, 8, 3),
+    "lora_prof_8b": ("8b", {**LORA, "tokens_per_step": 8192}, 8, 3),
     "fp8_full_auto_1b": ("1b", {"fp8": True}, 24, 5),
     "fp8_full_bf16_1b": ("1b", {**BF16}, 24, 5),
     "fp8_full_hand_1b": ("1b", {**HAND_1B, **BF16}, 24, 5),
@@ -212,6 +215,8 @@ def lf_deepspeed(name: str, ds: dict) -> dict:
 # TORCH_LOGS=recompiles: the compiled runs log each recompilation (warm-up should end them)
 VARIANT_ENV = {
     "ours_1b_prof": {"LLMFT_PROFILE_STEPS": "6:8"},
+    "fp8_lora_prof_8b": {"LLMFT_PROFILE_STEPS": "6:7"},
+    "lora_prof_8b": {"LLMFT_PROFILE_STEPS": "6:7"},
     "ours_1b_rc": {"TORCH_LOGS": "recompiles"},
     "ours_8b_rc": {"TORCH_LOGS": "recompiles"},
 }

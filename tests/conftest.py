@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -89,6 +90,61 @@ def make_workdir(path: Path, **overrides) -> Path:
     (path / "config").mkdir(parents=True, exist_ok=True)
     (path / "config" / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+# verify_env's config slice (its params in workflow/rules/env.smk): a report made on this machine with
+# the same values is the one the stage would write.
+VERIFY_KEYS = ("hardware", "verify", "sft.flash_attn", "sft.packing", "sft.zero_stage", "sft.offload",
+               "sft.precision", "sft.liger_kernel")  # fmt: skip
+_SESSION: dict = {}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_dir(tmp_path_factory):
+    """A folder every xdist worker of this session shares (the session's own folder when serial)."""
+    base = tmp_path_factory.getbasetemp()
+    _SESSION["dir"] = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def verify_slice(work: Path) -> dict:
+    from llmft.core.config import effective_config
+
+    cfg, _ = effective_config(workdir=work)
+    keys = VERIFY_KEYS
+    if cfg["sft"]["quantization_bit"] != "none":  # workflow/rules/common.smk quantization_keys
+        keys += ("sft.finetuning_type", "sft.quantization_bit")
+    out: dict = {}
+    for dotted in keys:
+        src, dst = cfg, out
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            src, dst = src[part], dst.setdefault(part, {})
+        dst[leaf] = src[leaf]
+    return out
+
+
+def reuse_verify(work: Path, run: str = "demo") -> None:
+    """Give run `run` in `work` this machine's verify_env report, so its pipeline does not run
+    verify_env again: for pipelines whose tests assert nothing of verify_env (test_pipeline's demo,
+    test_verify_env, the hostile-path run and the Slurm tests run it for real). The report is made by
+    the real `python -m llmft verify-env`, once per session and config slice, shared by the workers."""
+    from filelock import FileLock
+
+    cut = {**verify_slice(work), "run": run}
+    key = json.dumps({**cut, "run": "-"}, sort_keys=True)
+    shared = _SESSION["dir"] / "verify" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    shared.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(shared) + ".lock"):
+        if not shared.is_file():
+            tmp = shared.with_suffix(".partial.json")
+            cmd = [str(BIN / "python"), "-m", "llmft", "verify-env", "--config-json", json.dumps(cut)]
+            proc = subprocess.run([*cmd, "--out", str(tmp)], capture_output=True, text=True,
+                                  env=snakemake_env(), cwd=work, timeout=900)  # fmt: skip
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            tmp.replace(shared)
+    out = work / "results" / run / "env" / "verify.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(shared, out)
 
 
 def rules_run(log: str) -> list[str]:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from tests.conftest import make_workdir, snakemake
+from tests.conftest import make_workdir, reuse_verify, snakemake
 from tests.reliability import reliability
 
 pytestmark = pytest.mark.workflow
@@ -59,10 +59,7 @@ def write_rows(path, rows):
 
 def run_with(work, run, data, **overrides):
     make_workdir(work, **FAST, data__sources=[{"path": data, "format": "alpaca"}], **overrides)
-    checked = work / "results/p/env/verify.json"
-    if run != "p":  # the same machine: verify_env's facts of the first run serve the others
-        (work / "results" / run / "env").mkdir(parents=True, exist_ok=True)
-        shutil.copy(checked, work / "results" / run / "env/verify.json")
+    reuse_verify(work, run)  # this machine's verify_env report: nothing here asserts on it
     return snakemake(work, "--config", f"run={run}")
 
 

@@ -17,7 +17,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import make_workdir, rules_run, snakemake
+from tests.conftest import make_workdir, reuse_verify, rules_run, snakemake
 
 pytestmark = pytest.mark.workflow
 
@@ -75,6 +75,7 @@ def test_without_a_preference_section_the_dag_has_no_preference_job(tmp_path):
 @pytest.fixture(scope="module")
 def dpo(tmp_path_factory):
     work = make_workdir(tmp_path_factory.mktemp("dpo"), **SHORT_SFT, preference=DPO)
+    reuse_verify(work)  # this machine's verify_env report: nothing here asserts on it
     proc = snakemake(work)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return work, proc
@@ -119,6 +120,7 @@ def test_dpo_after_sft_raises_held_out_preference_accuracy_above_sfts(dpo):
 @pytest.fixture(scope="module")
 def kto(tmp_path_factory):
     work = make_workdir(tmp_path_factory.mktemp("kto"), **KTO_SFT, preference=KTO)
+    reuse_verify(work)
     proc = snakemake(work)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return work
