@@ -33,15 +33,12 @@ import statistics
 import time
 from pathlib import Path
 
-from llmft.sft.markers import (  # noqa: F401  (train.py imports them from here with the callbacks)
+from llmft.sft.markers import (
     DIVERGENCE_FILE,
-    EXIT_DIVERGED,
-    EXIT_PREEMPTED,
     PARAMS_FILE,
     PREEMPTED_FILE,
     START_WEIGHTS_FILE,
     STEPS_FILE,
-    STOP_REQUEST_FILE,
 )
 from transformers import TrainerCallback
 

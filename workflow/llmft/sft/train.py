@@ -32,10 +32,7 @@ from pathlib import Path
 import yaml
 from llmft.sft import faults, tracking
 from llmft.sft.callbacks import (
-    EXIT_DIVERGED,
-    EXIT_PREEMPTED,
     PROFILE_ENV,
-    STOP_REQUEST_FILE,
     CheckpointSeal,
     CompileLayers,
     Diverged,
@@ -49,6 +46,7 @@ from llmft.sft.callbacks import (
     StepClock,
     profile_window,
 )
+from llmft.sft.markers import EXIT_DIVERGED, EXIT_PREEMPTED, STOP_REQUEST_FILE
 
 log = logging.getLogger("llmft.sft.train")
 
