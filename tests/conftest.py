@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -92,10 +93,6 @@ def make_workdir(path: Path, **overrides) -> Path:
     return path
 
 
-# verify_env's config slice (its params in workflow/rules/env.smk): a report made on this machine with
-# the same values is the one the stage would write.
-VERIFY_KEYS = ("hardware", "verify", "sft.flash_attn", "sft.packing", "sft.zero_stage", "sft.offload",
-               "sft.precision", "sft.liger_kernel")  # fmt: skip
 _SESSION: dict = {}
 
 
@@ -106,21 +103,15 @@ def _session_dir(tmp_path_factory):
     _SESSION["dir"] = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-def verify_slice(work: Path) -> dict:
-    from llmft.core.config import effective_config
-
-    cfg, _ = effective_config(workdir=work)
-    keys = VERIFY_KEYS
-    if cfg["sft"]["quantization_bit"] != "none":  # workflow/rules/common.smk quantization_keys
-        keys += ("sft.finetuning_type", "sft.quantization_bit")
-    out: dict = {}
-    for dotted in keys:
-        src, dst = cfg, out
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            src, dst = src[part], dst.setdefault(part, {})
-        dst[leaf] = src[leaf]
-    return out
+def verify_config_json(work: Path, run: str) -> str:
+    """The --config-json the workflow's verify_env job would get for run `run` in `work`: its config
+    slice, from the command `snakemake -n -p` prints (the rule's own params, not a copy of them)."""
+    target = f"results/{run}/env/verify.json"
+    proc = snakemake(work, "-n", "-p", target, "--config", f"run={run}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in (proc.stdout + proc.stderr).splitlines() if "-m llmft verify-env" in x)
+    words = shlex.split(line.split("Shell command:", 1)[-1])
+    return words[words.index("--config-json") + 1]
 
 
 def reuse_verify(work: Path, run: str = "demo") -> None:
@@ -130,14 +121,14 @@ def reuse_verify(work: Path, run: str = "demo") -> None:
     the real `python -m llmft verify-env`, once per session and config slice, shared by the workers."""
     from filelock import FileLock
 
-    cut = {**verify_slice(work), "run": run}
-    key = json.dumps({**cut, "run": "-"}, sort_keys=True)
+    cut = verify_config_json(work, run)
+    key = json.dumps({**json.loads(cut), "run": "-"}, sort_keys=True)
     shared = _SESSION["dir"] / "verify" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     shared.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(shared) + ".lock"):
         if not shared.is_file():
             tmp = shared.with_suffix(".partial.json")
-            cmd = [str(BIN / "python"), "-m", "llmft", "verify-env", "--config-json", json.dumps(cut)]
+            cmd = [str(BIN / "python"), "-m", "llmft", "verify-env", "--config-json", cut]
             proc = subprocess.run([*cmd, "--out", str(tmp)], capture_output=True, text=True,
                                   env=snakemake_env(), cwd=work, timeout=900)  # fmt: skip
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
