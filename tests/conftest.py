@@ -109,9 +109,18 @@ def verify_config_json(work: Path, run: str) -> str:
     target = f"results/{run}/env/verify.json"
     proc = snakemake(work, "-n", "-p", target, "--config", f"run={run}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(x for x in (proc.stdout + proc.stderr).splitlines() if "-m llmft verify-env" in x)
-    words = shlex.split(line.split("Shell command:", 1)[-1])
+    words = shlex.split(shell_commands(proc, "verify_env")[0])
     return words[words.index("--config-json") + 1]
+
+
+def shell_commands(proc, rule: str) -> list[str]:
+    """The llmft commands `snakemake -n -p` prints for one rule's jobs."""
+    out, lines = [], (proc.stdout + proc.stderr).splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() == f"rule {rule}:" or line.strip() == f"localrule {rule}:":
+            cmd = next((x for x in lines[i + 1 :] if "python -m llmft" in x), "")
+            out.append(cmd.strip().removeprefix("Shell command: "))
+    return out
 
 
 def reuse_verify(work: Path, run: str = "demo") -> None:

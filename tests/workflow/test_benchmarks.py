@@ -11,23 +11,22 @@ import pytest
 import yaml
 from llmft.data.assets import CATEGORIES, CATEGORY_TEMPLATES, WORDS
 
-from tests.conftest import BIN, REPO, make_workdir, reuse_verify, rules_run, snakemake, snakemake_env
+from tests.conftest import (
+    BIN,
+    REPO,
+    make_workdir,
+    reuse_verify,
+    rules_run,
+    shell_commands,
+    snakemake,
+    snakemake_env,
+)
 from tests.reliability import reliability
 
 pytestmark = pytest.mark.workflow
 
 TASKS = str(REPO / "tests" / "bench_tasks")
 OURS = [{"task": "llmft_category"}, {"task": "llmft_first_word"}]
-
-
-def _shell_lines(proc, rule: str) -> list[str]:
-    """The commands `snakemake -n -p` prints for one rule's jobs."""
-    out, lines = [], (proc.stdout + proc.stderr).splitlines()
-    for i, line in enumerate(lines):
-        if line.strip() == f"rule {rule}:" or line.strip() == f"localrule {rule}:":
-            cmd = next((x for x in lines[i + 1 :] if "python -m llmft" in x), "")
-            out.append(cmd.strip().removeprefix("Shell command: "))
-    return out
 
 
 def test_no_benchmarks_no_jobs_and_evaluate_never_sees_the_keys(tmp_path):
@@ -43,11 +42,11 @@ def test_no_benchmarks_no_jobs_and_evaluate_never_sees_the_keys(tmp_path):
     # a benchmark added reruns neither evaluate nor training: same commands; without benchmarks no
     # stage's command names them (the DAG is as before the key existed)
     for rule in ("evaluate", "sft"):
-        assert _shell_lines(plain, rule) == _shell_lines(with_bench, rule) != []
+        assert shell_commands(plain, rule) == shell_commands(with_bench, rule) != []
     for rule in ("evaluate", "report", "sft", "prepare_data"):
-        assert all("benchmark" not in cmd for cmd in _shell_lines(plain, rule))
-    assert '"benchmarks": [{' in _shell_lines(with_bench, "report")[0]
-    bench = _shell_lines(with_bench, "benchmarks")
+        assert all("benchmark" not in cmd for cmd in shell_commands(plain, rule))
+    assert '"benchmarks": [{' in shell_commands(with_bench, "report")[0]
+    bench = shell_commands(with_bench, "benchmarks")
     assert len(bench) == 2 and all(
         cmd.startswith("HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 python -m llmft bench") for cmd in bench
     )
