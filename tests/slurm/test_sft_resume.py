@@ -2,7 +2,7 @@
 
 The workflow runs through `--profile profiles/slurm` (sft on two nodes, ZeRO-3 on CPU processes).
 While sft trains, `scancel --signal=USR1` does what `sbatch --signal=USR1@<seconds>` does before a
-time limit: every rank saves a checkpoint at the same step, node 0 runs `scontrol requeue`, Slurm
+time limit: every rank saves a checkpoint at the same step, each node runs `scontrol requeue`, Slurm
 starts the same job again, and the trainer resumes from that checkpoint. The run must finish with
 every step trained exactly once and trainer_log.jsonl holding the whole history.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -84,6 +85,10 @@ def test_signalled_sft_job_saves_requeues_and_resumes(tmp_path, slurm_upstream):
     assert "--signal=USR1@600" in sbatch_lines(text)["sft"]
     assert len(submissions(text).get("sft", [])) == 1
     sft_log = (work / f"results/{RUN}/logs/sft.log").read_text()
+    # every node asks before it exits (the first to exit makes srun --kill-on-bad-exit cancel the
+    # other, which may not get to ask): Slurm took one ask and refused any other
+    asks = re.findall(rf"scontrol requeue {job}: rc (\d+)", sft_log)
+    assert asks.count("0") == 1, asks
     assert f"Resuming training from {sft_dir.relative_to(work)}/checkpoint-{saved}" in sft_log
     summary = json.loads((work / f"results/{RUN}/sft/train_summary.json").read_text())
     assert summary["steps"] == STEPS

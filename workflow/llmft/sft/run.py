@@ -170,7 +170,10 @@ def _exit_code(cfg: dict, ours: dict, work: Path, alloc: slurm.Allocation, rc: i
         print(
             f"[llmft] checkpoint saved at step {info['step']} ({info['why']}); exiting to resume", flush=True
         )
-        if ours.get("requeue_on_preempt") and alloc.job_id and alloc.node_rank == 0:
+        # Every node asks, before it exits: srun --kill-on-bad-exit cancels the step at the first
+        # node's exit status 75, so a node 0 still winding down could be killed before it asked.
+        # Slurm refuses a second ask for a job it is already requeueing, so the job runs again once.
+        if ours.get("requeue_on_preempt") and alloc.job_id:
             _requeue(alloc.job_id)
         return EXIT_PREEMPTED
     if rc != 0:
