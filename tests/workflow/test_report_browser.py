@@ -22,7 +22,7 @@ from llmft.core.io import read_jsonl, write_json, write_jsonl
 from llmft.data.assets import synthetic_rows
 
 from tests.browser import Browser, chromium_path
-from tests.conftest import BIN, REPO, make_workdir, rules_run, snakemake
+from tests.conftest import BIN, REPO, make_workdir, reuse_verify, rules_run, snakemake
 
 pytestmark = pytest.mark.workflow
 
@@ -62,6 +62,7 @@ def hostile_run(tmp_path_factory):
         data__cutoff_len=96,  # markup and six-line answers cost tokens: the demo's 64 would drop them
         sft__max_steps=60,
     )
+    reuse_verify(work, "hostile")  # a real verify_env report of this machine, made once a session
     proc = snakemake(work)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "report" in rules_run(proc.stderr + proc.stdout)

@@ -331,29 +331,21 @@ def plan_processes(requested: int, weight_bytes: int) -> tuple[str, int]:
 def _warm_up() -> None:
     """Run in each worker process as soon as it exists: the imports (already done in a forked one)
     and the accelerator's driver set-up, while the parent still reads and encodes the rows."""
+    import_libraries()
     import torch
-    from transformers import AutoModelForCausalLM  # noqa: F401
 
     if torch.cuda.is_available():
         torch.cuda.init()
 
 
 def import_libraries() -> None:
-    """torch and the transformers classes evaluation uses, imported before any device is touched.
+    """torch and the transformers classes evaluation uses, imported before any device is touched,
+    without the packages they would import for nothing (llmft.core.imports)."""
+    from llmft.core.imports import UNUSED_BY_INFERENCE, hidden
 
-    transformers' generation module imports scikit-learn when it is installed, for assisted
-    decoding's confidence threshold, which greedy evaluation never uses, and it is a large share of
-    the transformers import (`python -X importtime`). It is hidden from this import, and only from
-    it."""
-    hide = "sklearn" not in sys.modules
-    if hide:
-        sys.modules["sklearn"] = None  # an import of it fails fast; find_spec reports it missing
-    try:
+    with hidden(*UNUSED_BY_INFERENCE):
         import torch  # noqa: F401
         from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
-    finally:
-        if hide and "sklearn" in sys.modules and sys.modules["sklearn"] is None:
-            del sys.modules["sklearn"]
 
 
 def fork_safe_gpu_count() -> int:

@@ -30,22 +30,28 @@ import sys
 from pathlib import Path
 
 import yaml
+from llmft.core.imports import UNUSED, hidden
 from llmft.sft import faults, tracking
-from llmft.sft.callbacks import (
-    PROFILE_ENV,
-    CheckpointSeal,
-    CompileLayers,
-    Diverged,
-    DivergenceGuard,
-    HeartbeatCallback,
-    ParamCount,
-    Preempted,
-    PreemptionSaver,
-    ProfileWindow,
-    StartWeights,
-    StepClock,
-    profile_window,
-)
+
+# A training process never calls scikit-learn, and torchao only for FP8 (llmft.core.fp8 imports it
+# itself): transformers, peft, trl and nltk would import them for nothing (llmft.core.imports).
+# Hidden from these imports and, in main, from the whole run (torchao only when FP8 is not planned).
+with hidden(*UNUSED, "torchao"):
+    from llmft.sft.callbacks import (
+        PROFILE_ENV,
+        CheckpointSeal,
+        CompileLayers,
+        Diverged,
+        DivergenceGuard,
+        HeartbeatCallback,
+        ParamCount,
+        Preempted,
+        PreemptionSaver,
+        ProfileWindow,
+        StartWeights,
+        StepClock,
+        profile_window,
+    )
 from llmft.sft.markers import EXIT_DIVERGED, EXIT_PREEMPTED, STOP_REQUEST_FILE
 
 log = logging.getLogger("llmft.sft.train")
@@ -138,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     args, ours = split_args(argv[0])
+    with hidden(*UNUSED, *(() if ours.get("fp8") else ("torchao",))):
+        return _train(args, ours)
+
+
+def _train(args: dict, ours: dict) -> int:
     output_dir = Path(args["output_dir"])
     saver = PreemptionSaver(output_dir / STOP_REQUEST_FILE)
     for sig in (signal.SIGUSR1, signal.SIGTERM):
