@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,47 @@ def _session_dir(tmp_path_factory):
     """A folder every xdist worker of this session shares (the session's own folder when serial)."""
     base = tmp_path_factory.getbasetemp()
     _SESSION["dir"] = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@dataclass(frozen=True)
+class SharedRun:
+    """A pipeline built once per session (`shared_run`) in a folder of its own. Never run anything
+    in `work`: take a copy (`copy_to`)."""
+
+    work: Path
+    overrides: dict  # make_workdir's overrides it was built with
+    log: str  # Snakemake's output of the build
+
+    def copy_to(self, dest: Path, **extra) -> Path:
+        """A workdir at `dest` with this build's results and Snakemake's records of them (paths in
+        them are relative to the workdir, modification times kept), configured as the build, deep-
+        updated by `extra`. A key a stage reads reruns that stage and what follows it."""
+        shutil.copytree(self.work / "results", dest / "results", symlinks=True)
+        shutil.copytree(self.work / ".snakemake" / "metadata", dest / ".snakemake" / "metadata")
+        return make_workdir(dest, **self.overrides, **extra)
+
+
+def shared_run(name: str, timeout: int = 1800, **overrides) -> SharedRun:
+    """The whole pipeline of make_workdir(**overrides), built once per session by the first test
+    asking, on either xdist worker (the other waits on the lock), under the session's shared folder.
+    A failed build is tried again by the next test asking."""
+    from filelock import FileLock
+
+    root = _SESSION["dir"] / "shared"
+    root.mkdir(parents=True, exist_ok=True)
+    work, log = root / name, root / f"{name}.log"
+    with FileLock(str(root / f"{name}.lock")):
+        if not log.is_file():
+            shutil.rmtree(work, ignore_errors=True)
+            proc = snakemake(make_workdir(work, **overrides), timeout=timeout)
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            log.write_text(proc.stdout + proc.stderr)
+    return SharedRun(work, overrides, log.read_text())
+
+
+# The embedded default as is, with verify_env's numerics canary (the suite's other pipelines skip
+# it): test_pipeline's demo, which test_benchmarks takes a copy of.
+DEMO = {"verify__canary": True}
 
 
 def verify_config_json(work: Path, run: str) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_workdir, rules_run, snakemake
+from tests.conftest import DEMO, make_workdir, rules_run, shared_run, snakemake
 from tests.reliability import reliability
 
 pytestmark = pytest.mark.workflow
@@ -18,16 +18,15 @@ pytestmark = pytest.mark.workflow
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    # the embedded default as is (the suite's other pipelines skip the canary)
-    work = make_workdir(tmp_path_factory.mktemp("demo"), verify__canary=True)
-    proc = snakemake(work)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return work, proc
+    # the embedded default as is (the suite's other pipelines skip the canary), built once per
+    # session (test_benchmarks adds its benchmarks to a copy); this module's copy is its own
+    built = shared_run("demo", **DEMO)
+    return built.copy_to(tmp_path_factory.mktemp("demo")), built.log
 
 
 def test_all_five_stages_ran_for_real(demo):
-    work, proc = demo
-    ran = rules_run(proc.stderr + proc.stdout)
+    work, log = demo
+    ran = rules_run(log)
     for stage in ("verify_env", "prepare_data", "sft", "evaluate", "report"):
         assert stage in ran
     run = work / "results/demo"
@@ -243,7 +242,7 @@ def test_a_failed_forced_sft_rerun_leaves_no_current_page(demo):
 
 def test_training_param_change_reruns_only_downstream(demo):
     work, _ = demo
-    make_workdir(work, verify__canary=True, sft__max_steps=30)
+    make_workdir(work, **DEMO, sft__max_steps=30)
     proc = snakemake(work)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ran = rules_run(proc.stderr + proc.stdout)
