@@ -117,9 +117,15 @@ class SharedRun:
         """A workdir at `dest` with this build's results and Snakemake's records of them (paths in
         them are relative to the workdir, modification times kept), configured as the build, deep-
         updated by `extra`. A key a stage reads reruns that stage and what follows it."""
-        shutil.copytree(self.work / "results", dest / "results", symlinks=True)
-        shutil.copytree(self.work / ".snakemake" / "metadata", dest / ".snakemake" / "metadata")
+        copy_results(self.work, dest)
         return make_workdir(dest, **self.overrides, **extra)
+
+
+def copy_results(src: Path, dest: Path) -> None:
+    """`src`'s results and Snakemake's records of them into workdir `dest`, so the copied outputs are
+    current there: the records hold paths relative to the workdir, and modification times are kept."""
+    shutil.copytree(src / "results", dest / "results", symlinks=True)
+    shutil.copytree(src / ".snakemake" / "metadata", dest / ".snakemake" / "metadata")
 
 
 def shared_run(name: str, timeout: int = 1800, **overrides) -> SharedRun:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from snakemake.profiles import ProfileConfigFileParser
 
-from tests.conftest import BIN, REPO, make_workdir, snakemake
+from tests.conftest import BIN, REPO, copy_results, make_workdir, snakemake
 
 PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
 GPU_RULES = {"verify_env", "sft", "evaluate"}
@@ -189,9 +189,7 @@ class Upstream:
         run name must stay RUN, which every stage's recorded params hold."""
         if overrides.get("run", RUN) != RUN:
             raise ValueError(f"a copy of the upstream build is run {RUN!r}, not {overrides['run']!r}")
-        shutil.copytree(self.work / "results", dest / "results", symlinks=True)
-        # The records keep the copied outputs current: paths in them are relative to the workdir.
-        shutil.copytree(self.work / ".snakemake" / "metadata", dest / ".snakemake" / "metadata")
+        copy_results(self.work, dest)
         return make_workdir(dest, **{**SMALL_RUN, **overrides})
 
 
