@@ -6,5 +6,6 @@ go to a work folder keyed by a hash of the rendered config, outside the declared
 deletes the outputs of a failed job): a retried or requeued job with the same config resumes from its
 last checkpoint; a changed config starts fresh. Each node's launcher (run.py) runs torchrun over
 train.py (LLaMA-Factory's run_exp plus our callbacks); a SIGUSR1 or SIGTERM makes the workers save a
-checkpoint and stop, and every node asks Slurm to requeue the job. publish.py publishes the model and summary.
+checkpoint and stop, and every node asks Slurm to requeue the job. publish.py publishes the model and
+summary.
 """
