@@ -142,7 +142,10 @@ def shared_run(name: str, timeout: int = 1800, **overrides) -> SharedRun:
             shutil.rmtree(work, ignore_errors=True)
             proc = snakemake(make_workdir(work, **overrides), timeout=timeout)
             assert proc.returncode == 0, proc.stderr[-4000:]
+            (root / f"{name}.json").write_text(json.dumps(overrides, sort_keys=True))
             log.write_text(proc.stdout + proc.stderr)
+    built_with = json.loads((root / f"{name}.json").read_text())
+    assert built_with == json.loads(json.dumps(overrides)), f"shared run {name!r} was built with {built_with}"
     return SharedRun(work, overrides, log.read_text())
 
 
