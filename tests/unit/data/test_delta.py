@@ -1,5 +1,6 @@
 """prepare() for a continued run (model.continue_from): the rows new since the parent, a deterministic
-replay share of its rows, the removed ones counted; the held-out split never moves."""
+replay sample of its rows sized as a share of what the run trains, the removed ones counted; the
+held-out split never moves."""
 
 import pytest
 from llmft.core.config import ConfigError, validate
@@ -63,7 +64,9 @@ def test_new_rows_plus_replay_share_and_removed_counted(tmp_path, tokenizer_dir)
     new, present = child_train - train, child_train & train
     stats = prep(tmp_path, tokenizer_dir, CHILD, "c", parent_of(tmp_path))
     got = {content_key(r) for r in read_jsonl(tmp_path / "c/train.jsonl")}
-    replayed = round(0.3 * len(present))
+    # replayed rows are 0.3 of what trains: 3 for every 7 new ones, worked out here by hand
+    replayed = round(len(new) * 3 / 7)
+    assert 0 < replayed < len(present)
     assert new <= got and len(got & present) == replayed and len(got) == len(new) + replayed
     delta = stats["continue"]
     assert (delta["parent"], delta["new"], delta["replayed"]) == ("p", len(new), replayed)
@@ -81,7 +84,7 @@ def test_new_rows_plus_replay_share_and_removed_counted(tmp_path, tokenizer_dir)
     fault="a continued run whose data.split_salt differs from its parent's (the held-out split would move)",
     seen=(
         "prepare_data stops naming model.continue_from's run and how many of its train rows would be held "
-        "out; a continued run with nothing new and no replay stops naming the parent and "
+        "out; a continued run with nothing new (so nothing to replay either) stops naming the parent and "
         "nightly.replay_fraction"
     ),
     steps_lost="none",
@@ -93,7 +96,19 @@ def test_a_moved_split_or_nothing_to_train_stops_the_stage(tmp_path, tokenizer_d
         prep(tmp_path, tokenizer_dir, CHILD, "c", parent_of(tmp_path), salt="other")
     assert not (tmp_path / "c").exists()
     with pytest.raises(DataError, match=r"nothing is new since model.continue_from run 'p'.*replay_fraction"):
-        prep(tmp_path, tokenizer_dir, PARENT, "same", parent_of(tmp_path, fraction=0.0))
+        prep(tmp_path, tokenizer_dir, PARENT, "same", parent_of(tmp_path))
+    assert not (tmp_path / "same").exists()
+
+
+def test_the_replay_follows_the_new_rows_not_the_history():
+    """A night's replay is sized by its new rows: the same 100 new rows replay as many rows whether
+    the parent trained 1 000 rows or 1 000 000; capped at the rows the parent still has."""
+    from llmft.data.delta import replay_count
+
+    assert replay_count(100, 1_000, 0.25) == replay_count(100, 1_000_000, 0.25) == 33
+    assert replay_count(100, 10, 0.25) == 10
+    assert replay_count(100, 1_000, 0.0) == 0 and replay_count(0, 1_000, 0.5) == 0
+    assert replay_count(100, 1_000, 0.5) == 100
 
 
 def test_no_promoted_model_yet_is_named(tmp_path):

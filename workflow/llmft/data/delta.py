@@ -1,5 +1,6 @@
 """A continued run's train rows (model.continue_from): the rows new since the parent run, plus a
-deterministic replay sample of the parent's rows still in the data, each row identified by its content
+deterministic replay sample of the parent's rows still in the data, sized as a share of the run's own
+train rows (so a night's cost follows its new rows, not the history), each row identified by its content
 key (the one dedup and the split use). The held-out side never moves: the split is by content, and a
 parent's train row found on the held-out side stops the stage.
 """
@@ -61,9 +62,10 @@ def _mix(keys: np.ndarray, salt: str) -> np.ndarray:
         return (z ^ (z >> np.uint64(31))) & _MASK
 
 
-def replay_count(present: int, fraction: float) -> int:
-    """How many of the parent's rows still in the data replay: fraction of them, rounded."""
-    return int(round(present * fraction))
+def replay_count(new: int, present: int, fraction: float) -> int:
+    """How many of the parent's rows still in the data replay: enough that they are `fraction` of the
+    distinct rows this run trains (new + replayed), rounded, and never more than there are."""
+    return min(present, int(round(new * fraction / (1.0 - fraction))))
 
 
 def select(
@@ -93,7 +95,7 @@ def select(
         seen = np.isin(keys, parent["keys"]) & train
         new = train & ~seen
         present = np.flatnonzero(seen)
-        k = replay_count(len(present), parent["fraction"])
+        k = replay_count(int(new.sum()), len(present), parent["fraction"])
         chosen = present[np.argsort(_mix(keys[present], parent["salt"]), kind="stable")[:k]]
         keep = new.copy()
         keep[chosen] = True

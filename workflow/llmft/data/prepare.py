@@ -650,8 +650,9 @@ def _kept_rows(run: _Preparer) -> _Kept:
     n_train, n_held = int(final[train_idx].sum()), int(final[held_idx].sum())
     if not n_train and run.parent:
         raise DataError(
-            f"no training rows: nothing is new since model.continue_from run {run.parent['run']!r} and "
-            "nightly.replay_fraction replays none of its rows"
+            f"no training rows: nothing is new since model.continue_from run {run.parent['run']!r}, and "
+            "nightly.replay_fraction is a share of a continued run's rows, so none of its rows replay "
+            "either (run without model.continue_from, or add rows)"
         )
     if not n_train:
         raise DataError("no training rows left after validation, dedup and length filter")
