@@ -13,13 +13,15 @@ import json
 
 import pytest
 
-from tests.conftest import make_workdir, real_tokenizer, rules_run, snakemake
+from tests.conftest import make_workdir, real_tokenizer, reuse_verify, rules_run, snakemake
 from tests.families import build_family_model
 
 pytestmark = pytest.mark.workflow
 
 # The model is the user's folder, so no base_model job; evaluate runs twice (base and tuned).
-STAGES = {"verify_env", "prepare_data", "pack_data", "render_sft_config", "sft", "evaluate", "report"}
+# verify_env reads no model key, so these runs take this machine's report (tests/conftest.py
+# reuse_verify); test_pipeline's demo runs it.
+STAGES = {"prepare_data", "pack_data", "render_sft_config", "sft", "evaluate", "report"}
 # Short training that still moves the held-out loss far: a high rate, a few dozen steps.
 TRAIN = {
     "sft__max_steps": 20,
@@ -57,8 +59,10 @@ def _tools(tmp_path):
     with out.open("w") as fh:
         for row in synthetic_tool_rows(300):
             fh.write(json.dumps(row) + "\n")
-    # The tool prompt (the tools' JSON schema in the system turn) makes rows a few hundred tokens.
+    # The tool prompt (the tools' JSON schema in the system turn) makes rows a few hundred tokens,
+    # each scored over Qwen3's 151 k-entry vocabulary: two rows a step per process, not four.
     return {
+        "sft__per_device_train_batch_size": 2,
         "data__sources": [{"path": str(out), "format": "sharegpt", "weight": 1.0}],
         "data__cutoff_len": 512,
         "eval__max_new_tokens": 40,
@@ -77,7 +81,8 @@ def run(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(family)
     model = tmp / "model"
     build_family_model(family, tokenizer, model)
-    work = make_workdir(tmp / "work", model__name_or_path=str(model), **TRAIN, **FAMILIES[family](tmp))
+    work = make_workdir(tmp / "work", model__name_or_path=str(model), **{**TRAIN, **FAMILIES[family](tmp)})
+    reuse_verify(work)
     proc = snakemake(work, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return family, work / "results" / "demo", proc
