@@ -6,8 +6,8 @@ on distinct rows of the demo's synthetic task (the generator repeats rows; repea
 
 - night1: from the base model on the first N rows;
 - retrain: from the base model on those N rows plus 5 % appended (night 2, today's nightly);
-- continue: the same rows, model.continue_from: results/night1 (new rows + nightly.replay_fraction
-  of night1's rows, at the continue learning rate).
+- continue: the same rows, model.continue_from: results/night1 (the new rows plus replayed rows of
+  night1, nightly.replay_fraction of what it trains, at the continue learning rate).
 
 Token ratio = full_retrain / trained of the continued run's summary.json lineage.tokens, the figure its
 plan and page print: the tokens the trainer feeds each run (epochs x one pass's prompt + answer tokens
