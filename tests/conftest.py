@@ -118,7 +118,7 @@ class SharedRun:
         them are relative to the workdir, modification times kept), configured as the build, deep-
         updated by `extra`. A key a stage reads reruns that stage and what follows it."""
         copy_results(self.work, dest)
-        return make_workdir(dest, **self.overrides, **extra)
+        return make_workdir(dest, **{**self.overrides, **extra})
 
 
 def copy_results(src: Path, dest: Path) -> None:
