@@ -10,7 +10,7 @@ import pytest
 import yaml
 from llmft.core.config import ConfigError, validate
 from llmft.core.launch import launch_env
-from llmft.core.platform import Platform, read_platform
+from llmft.core.platform import Platform, choose_attention, read_platform
 from llmft.core.shape import shape_from_config
 from llmft.core.slurm import Allocation
 from llmft.sft.plan import resolve
@@ -96,6 +96,34 @@ def test_neat_packing_takes_the_fastest_attention_kernel_that_ran_on_the_nodes(v
     plan = resolve(cfg, "", Platform.from_facts(cfg, nodes(facts)), shape_from_config(LLAMA_70B))
     assert plan.packing == "neat" and plan.attention == want
     assert (plan.memory.mask > 0) == mask  # SDPA needs LLaMA-Factory's 4-D mask: counted
+
+
+def test_fp32_on_a_gpu_never_takes_a_flashattention_kernel():
+    """Seen on one H200: the CPU demo's sft.precision fp32 on a GPU node had auto pick torch's varlen
+    FlashAttention, and the first step failed ("FlashAttention only support fp16 and bf16"). Under
+    fp32, auto takes SDPA with the 4-D mask (counted) and says why; an explicit FlashAttention kernel
+    is refused naming both keys; bf16 on the same facts still takes varlen."""
+    cfg = validate({"hardware": {"gpus_per_node": 1}, "sft": {"precision": "fp32"}})
+    one_b = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "model_type": "llama",
+             "intermediate_size": 8192, "vocab_size": 128256}  # fmt: skip
+    one_b_shape = shape_from_config(one_b)
+    h200 = Platform.from_facts(cfg, [H200])
+    assert "varlen" in h200.attention
+    plan = resolve(cfg, "", h200, one_b_shape)
+    assert plan.packing == "neat" and plan.attention == "sdpa" and plan.memory.mask > 0
+    assert any("sft.precision is fp32" in r and "fp16/bf16 only" in r for r in plan.reasons)
+    bf16 = validate({"hardware": {"gpus_per_node": 1}, "sft": {"precision": "bf16"}})
+    assert resolve(bf16, "", h200, one_b_shape).attention == "varlen"
+    for kernel in ("varlen", "fa2"):
+        explicit = validate(
+            {"hardware": {"gpus_per_node": 1}, "sft": {"precision": "fp32", "flash_attn": kernel}}
+        )
+        refusal = f"config key sft.flash_attn: {kernel} .* sft.precision is fp32"
+        with pytest.raises(ConfigError, match=refusal):
+            resolve(explicit, "", h200, one_b_shape)
+    # the CPU demo (fp32, no GPU) keeps its path: no FlashAttention there, nothing to refuse
+    assert choose_attention("auto", "off", (), False, precision="fp32") == ("auto", "")
+    assert choose_attention("varlen", "neat", (), False, precision="fp32") == ("varlen", "")
 
 
 def test_the_rendered_yaml_names_the_nodes_it_was_planned_for(tmp_path):

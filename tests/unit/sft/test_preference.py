@@ -277,6 +277,13 @@ def test_dpo_runs_padding_free_where_the_varlen_kernel_ran(model, tmp_path):
     forced = preference.view(gpu_cfg(padding_free=True))
     with pytest.raises(ConfigError, match="config key preference.padding_free: true needs torch's varlen"):
         resolve(forced, one_b, no_kernel)
+    # fp32 on a GPU: the varlen kernel computes in fp16/bf16 only
+    fp32 = preference.view(gpu_cfg(sft={"precision": "fp32"}))
+    assert not resolve(fp32, one_b, Platform.declared(fp32)).padding_free
+    fp32_forced = preference.view(gpu_cfg(padding_free=True, sft={"precision": "fp32"}))
+    refusal = "padding_free: true needs torch's varlen attention, which computes"
+    with pytest.raises(ConfigError, match=refusal):
+        resolve(fp32_forced, one_b, Platform.declared(fp32_forced))
     cpu_cfg = validate({"preference": {}})
     cpu_view = preference.view(cpu_cfg)
     cpu = resolve(cpu_view, "tiny", Platform.declared(cpu_view), tiny_shape(cpu_cfg["model"]["tiny"]))

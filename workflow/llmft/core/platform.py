@@ -266,18 +266,41 @@ def read_platform(cfg: dict, verify_path: str | Path) -> Platform:
     return Platform.from_facts(cfg, nodes or [], where=f"verify_env ({verify_path})")
 
 
+# The FlashAttention kernels (torch's varlen, flash-attn) compute in fp16/bf16 only: under
+# sft.precision fp32 they fail at the first step ("FlashAttention only support fp16 and bf16").
+FLASH_KERNELS = ("varlen", "fa2")
+
+
 def choose_attention(
-    setting: str, packing: str, kernels: tuple[str, ...], on_gpu: bool, torch: str = ""
+    setting: str,
+    packing: str,
+    kernels: tuple[str, ...],
+    on_gpu: bool,
+    torch: str = "",
+    precision: str = "bf16",
 ) -> tuple[str, str]:
     """The attention sft runs, and why: for `auto` the fastest kernel that ran on every node.
 
     Neat packing keeps packed samples apart: torch's varlen kernel or flash-attn's varlen path do it
     over each sample's own triangle; SDPA needs LLaMA-Factory's 4-D mask (the planner counts its
     memory). Other packing leaves `auto` to LLaMA-Factory (flash-attn when it imports, else SDPA).
-    verify_env's attention finding reports the same choice from the same facts.
+    Under sft.precision fp32 on a GPU no FlashAttention kernel runs: `auto` takes SDPA and an
+    explicit one is a config error naming both keys. verify_env's attention finding reports the
+    same choice from the same facts.
     """
+    if on_gpu and precision == "fp32" and setting in FLASH_KERNELS:
+        raise ConfigError(
+            f"config key sft.flash_attn: {setting} is a FlashAttention kernel, which computes in "
+            "fp16/bf16 only, and sft.precision is fp32: set sft.precision: bf16 (the GPU setting) "
+            "or sft.flash_attn: auto (SDPA under fp32)"
+        )
     if setting != "auto" or packing != "neat" or not on_gpu:
         return setting, ""
+    if precision == "fp32":
+        return "sdpa", (
+            "attention sdpa with neat packing's 4-D mask: sft.precision is fp32 and the "
+            "FlashAttention kernels (varlen, flash-attn) compute in fp16/bf16 only"
+        )
     if "varlen" in kernels:
         return "varlen", "attention varlen: torch's FlashAttention kernel over each packed sample"
     if "fa2" in kernels:

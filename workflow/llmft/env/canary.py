@@ -121,7 +121,9 @@ def planned_path(facts: dict, cfg: dict) -> CanaryPath:
     packing = sft["packing"]
     packing = ("neat" if gpu else "off") if packing == "auto" else packing
     kernels = tuple(k for k in KERNELS if kernel_ok(facts, k, gpu))
-    attention, _ = choose_attention(sft["flash_attn"], packing, kernels, gpu, facts.get("torch_version", ""))
+    attention, _ = choose_attention(
+        sft["flash_attn"], packing, kernels, gpu, facts.get("torch_version", ""), sft["precision"]
+    )
     if attention in ("auto", "disabled"):
         attention = "fa2" if "fa2" in kernels else "sdpa"
     modules = facts.get("modules") or {}

@@ -106,7 +106,9 @@ def _judge_attention(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
     packing = cfg["sft"]["packing"]
     packing = ("neat" if gpu else "off") if packing == "auto" else packing
     kernels = tuple(k for k in KERNELS if kernel_ok(facts, k, gpu))
-    chosen, why = choose_attention(want, packing, kernels, gpu, facts.get("torch_version", ""))
+    chosen, why = choose_attention(
+        want, packing, kernels, gpu, facts.get("torch_version", ""), cfg["sft"]["precision"]
+    )
     if want == "varlen" and gpu and "varlen" not in kernels:
         out.append(
             Finding(

@@ -404,7 +404,9 @@ def _packing_and_attention(sft: dict, platform: Platform) -> tuple[str, str, lis
             if on_gpu
             else "packing off: the CPU demo trains row by row"
         )
-    attention, why = choose_attention(sft["flash_attn"], packing, platform.attention, on_gpu, platform.torch)
+    attention, why = choose_attention(
+        sft["flash_attn"], packing, platform.attention, on_gpu, platform.torch, sft["precision"]
+    )
     if why:
         reasons.append(why)
     return packing, attention, reasons
@@ -641,9 +643,16 @@ def _padding_free(cfg: dict, platform: Platform) -> tuple[bool, str]:
     if cfg.get("stage") != "dpo":
         return False, ""
     setting = cfg["preference"]["padding_free"]
-    kernel = not platform.on_gpu or "varlen" in platform.attention
+    fp32 = platform.on_gpu and cfg["sft"]["precision"] == "fp32"  # no FlashAttention kernel in fp32
+    kernel = not platform.on_gpu or ("varlen" in platform.attention and not fp32)
     where = "torch's varlen kernel" if platform.on_gpu else "per-pair SDPA on the CPU"
     if setting is True:
+        if fp32:
+            raise ConfigError(
+                "config key preference.padding_free: true needs torch's varlen attention, which "
+                "computes in fp16/bf16 only, and sft.precision is fp32: set sft.precision: bf16 or "
+                "preference.padding_free: auto"
+            )
         if not kernel:
             raise ConfigError(
                 "config key preference.padding_free: true needs torch's varlen attention "
@@ -658,6 +667,8 @@ def _padding_free(cfg: dict, platform: Platform) -> tuple[bool, str]:
         return False, ""
     if cfg["sft"]["flash_attn"] != "auto":
         return False, f"padding_free auto -> off: sft.flash_attn is set to {cfg['sft']['flash_attn']!r}"
+    if fp32:
+        return False, "padding_free auto -> off: sft.precision is fp32 (varlen attention is fp16/bf16 only)"
     if not kernel:
         return False, "padding_free auto -> off: no node ran torch's varlen attention"
     return True, (
