@@ -4,6 +4,7 @@ before any job, and the two project tasks under tests/bench_tasks run on the dem
 import json
 import math
 import re
+import shutil
 import subprocess
 from importlib.metadata import version
 
@@ -189,11 +190,12 @@ def test_the_nightly_gate_refuses_a_model_trained_to_break_a_task(benched):
         "sft": {"max_steps": 150, "save_steps": 150, "logging_steps": 50},
         "eval": {"max_rows": 24},
         "nightly": {"tolerance": 1.0, "max_benchmark_drop": {"llmft_category": budget}},
-        # verify_env's collective check: the 2 minutes it is allowed ran out on the suite's busy
-        # cores; the demo's canary is not at stake here
-        "verify": {"timeout_seconds": 600, "canary": False},
     }
     (benched / "config" / "broken.yaml").write_text(yaml.safe_dump(night))
+    # the same machine as the demo's: its verify_env report serves this night (nothing here asserts
+    # on verify_env; test_pipeline's demo runs it for real)
+    (benched / "results/broken/env").mkdir(parents=True)
+    shutil.copy(benched / "results/demo/env/verify.json", benched / "results/broken/env/verify.json")
     second = _nightly(benched, "broken", "config/broken.yaml")
     log = benched / "results/nightly/broken.log"
     assert second.returncode == 0, second.stderr[-2000:] + (log.read_text()[-4000:] if log.exists() else "")

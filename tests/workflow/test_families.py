@@ -28,7 +28,7 @@ TRAIN = {
     "sft__learning_rate": 5.0e-3,
     "sft__per_device_train_batch_size": 4,
     "sft__save_steps": 1000,
-    "eval__max_rows": 24,
+    "eval__max_rows": 12,  # the held-out loss is what is asked: a dozen rows show 20 steps' drop
 }
 
 

@@ -17,7 +17,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import make_workdir, reuse_verify, rules_run, snakemake
+from tests.conftest import copy_results, make_workdir, reuse_verify, rules_run, snakemake
 
 pytestmark = pytest.mark.workflow
 
@@ -40,14 +40,14 @@ DPO = {
     # processes) are then equal, so its mean of batch means is the mean over pairs llmft computes
     "data": {"synthetic_rows": 872, "heldout_fraction": 0.2},
 }
-# KTO from the base model (its reference): sft still runs (the page compares it), briefly.
+# KTO from the base model (its reference), in a copy of the DPO run: only the preference stage's
+# jobs and the report run again (the page still compares sft's model, DPO's).
 KTO = {
     **DPO,
     "method": "kto",
     "start_from": "base",
     "data": {**DPO["data"], "sources": [{"path": "builtin:synthetic_kto"}]},
 }
-KTO_SFT = {**SHORT_SFT, "sft__max_steps": 5}
 PREFERENCE_RULES = {"prepare_preference", "render_preference_config", "preference", "evaluate_preference"}
 
 
@@ -118,11 +118,13 @@ def test_dpo_after_sft_raises_held_out_preference_accuracy_above_sfts(dpo):
 
 
 @pytest.fixture(scope="module")
-def kto(tmp_path_factory):
-    work = make_workdir(tmp_path_factory.mktemp("kto"), **KTO_SFT, preference=KTO)
-    reuse_verify(work)
-    proc = snakemake(work)
+def kto(dpo, tmp_path_factory):
+    work = tmp_path_factory.mktemp("kto")
+    copy_results(dpo[0], work)
+    proc = snakemake(make_workdir(work, **SHORT_SFT, preference=KTO))
     assert proc.returncode == 0, proc.stderr[-4000:]
+    ran = set(rules_run(proc.stdout + proc.stderr))
+    assert not ran & {"sft", "evaluate", "prepare_data", "verify_env"}, ran  # the DPO run's, reused
     return work
 
 
