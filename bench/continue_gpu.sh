@@ -39,13 +39,7 @@ if wheels_missing snakemake liger_kernel jsonschema deepspeed jieba nltk rouge_c
   python3 -m compileall -q -j 0 /tmp/site >"$S/compileall.log" 2>&1 &
   say "wheels installed"
 fi
-export PYTHONPATH=/tmp/site:$PWD/workflow
-PY_DIR=$(dirname "$(command -v python3)")
-export PATH=/tmp/site/bin:$PY_DIR:$PATH
-# The rules call `python -m llmft`: make sure `python` is the image's python3.
-if [ "$(command -v python)" != "$PY_DIR/python" ] && [ ! -x "$PY_DIR/python" ]; then
-  mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python && export PATH=/tmp/pybin:$PATH
-fi
+use_image_python
 HW=(--set hardware.gpus_per_node=1 --set hardware.processes_per_node=0 --set sft.precision=bf16)
 if [ "${CONTINUE_DEVICE:-gpu}" = cpu ]; then
   HW=(--set hardware.gpus_per_node=0 --set hardware.processes_per_node=2)

@@ -33,3 +33,16 @@ use_wheels() {
   export PYTHONPATH=/tmp/site:$PWD/workflow
   export PATH=/tmp/site/bin:$(dirname "$(command -v python3)"):$PATH
 }
+
+# use_image_python: the carried wheels (/tmp/site) and this checkout's llmft first on PYTHONPATH, the
+# image's python3 first on PATH, and `python` that same python3 (the workflow's rules call
+# `python -m llmft`), for the drivers that run Snakemake pipelines on the device.
+use_image_python() {
+  export PYTHONPATH=/tmp/site:$PWD/workflow
+  local py_dir
+  py_dir=$(dirname "$(command -v python3)")
+  export PATH=/tmp/site/bin:$py_dir:$PATH
+  if [ "$(command -v python)" != "$py_dir/python" ] && [ ! -x "$py_dir/python" ]; then
+    mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python && export PATH=/tmp/pybin:$PATH
+  fi
+}

@@ -60,13 +60,7 @@ if [ -z "$DRY" ]; then
     COMPILE_PID=$!
     say "wheels installed"
   fi
-  export PYTHONPATH=/tmp/site:$PWD/workflow
-  PY_DIR=$(dirname "$(command -v python3)")
-  export PATH=/tmp/site/bin:$PY_DIR:$PATH
-  # The rules call `python -m llmft`: make sure `python` is the image's python3.
-  if [ "$(command -v python)" != "$PY_DIR/python" ] && [ ! -x "$PY_DIR/python" ]; then
-    mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python && export PATH=/tmp/pybin:$PATH
-  fi
+  use_image_python
   SIZE=1b DEVICE=cuda CORES=${PIPELINE_CORES:-16}
 else
   export PYTHONPATH=$PWD/workflow

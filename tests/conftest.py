@@ -193,9 +193,15 @@ def reuse_verify(work: Path, run: str = "demo") -> None:
                                   env=snakemake_env(), cwd=work, timeout=900)  # fmt: skip
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
             tmp.replace(shared)
+    place_verify(shared, work, run)
+
+
+def place_verify(report: Path, work: Path, run: str) -> None:
+    """Run `run` in `work` takes verify_env report `report` (this machine's, or the same nodes'), so
+    its pipeline does not run verify_env again."""
     out = work / "results" / run / "env" / "verify.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(shared, out)
+    shutil.copy(report, out)
 
 
 def rules_run(log: str) -> list[str]:

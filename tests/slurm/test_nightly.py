@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import string
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 from llmft.data.assets import synthetic_rows
 
-from tests.conftest import BIN, REPO, make_workdir
+from tests.conftest import BIN, REPO, make_workdir, place_verify
 from tests.reliability import reliability
 from tests.slurm.cluster import fast_poll_env
 from tests.slurm.test_cluster import _cluster_problem, box_args
@@ -107,8 +106,7 @@ def train_rows(work: Path, run: str) -> list[str]:
 def reuse_verify_of_night1(work: Path, run: str) -> None:
     """Night 1's verify_env report (both nodes, run for real) for `run`: the same two nodes, so the
     later nights do not check them again (nothing here asserts on verify_env; test_cluster does)."""
-    (work / f"results/{run}/env").mkdir(parents=True)
-    shutil.copy(work / "results/night1/env/verify.json", work / f"results/{run}/env/verify.json")
+    place_verify(work / "results/night1/env/verify.json", work, run)
 
 
 def llmft(work: Path, *args: str) -> subprocess.CompletedProcess:

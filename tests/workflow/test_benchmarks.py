@@ -4,7 +4,6 @@ before any job, and the two project tasks under tests/bench_tasks run on the dem
 import json
 import math
 import re
-import shutil
 import subprocess
 from importlib.metadata import version
 
@@ -17,6 +16,7 @@ from tests.conftest import (
     DEMO,
     REPO,
     make_workdir,
+    place_verify,
     rules_run,
     shared_run,
     shell_commands,
@@ -194,8 +194,7 @@ def test_the_nightly_gate_refuses_a_model_trained_to_break_a_task(benched):
     (benched / "config" / "broken.yaml").write_text(yaml.safe_dump(night))
     # the same machine as the demo's: its verify_env report serves this night (nothing here asserts
     # on verify_env; test_pipeline's demo runs it for real)
-    (benched / "results/broken/env").mkdir(parents=True)
-    shutil.copy(benched / "results/demo/env/verify.json", benched / "results/broken/env/verify.json")
+    place_verify(benched / "results/demo/env/verify.json", benched, "broken")
     second = _nightly(benched, "broken", "config/broken.yaml")
     log = benched / "results/nightly/broken.log"
     assert second.returncode == 0, second.stderr[-2000:] + (log.read_text()[-4000:] if log.exists() else "")

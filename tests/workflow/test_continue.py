@@ -16,7 +16,7 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from tests.conftest import make_workdir, reuse_verify, snakemake
+from tests.conftest import make_workdir, place_verify, reuse_verify, snakemake
 from tests.reliability import reliability
 
 pytestmark = pytest.mark.workflow
@@ -205,8 +205,7 @@ def lora_night(lora, tmp_path_factory):
     make_workdir(
         work, **FAST, **LORA, **night_cfg, data__sources=[{"path": "child.jsonl", "format": "alpaca"}]
     )
-    (work / "results/ln/env").mkdir(parents=True)
-    shutil.copy(lora / "results/p/env/verify.json", work / "results/ln/env/verify.json")
+    place_verify(lora / "results/p/env/verify.json", work, "ln")
     proc = llmft(work, "promote", "lp", "--why", "the LoRA night's parent")
     assert proc.returncode == 0, proc.stderr
     proc = night(work, "ln")

@@ -644,7 +644,7 @@ def _padding_free(cfg: dict, platform: Platform) -> tuple[bool, str]:
         return False, ""
     setting = cfg["preference"]["padding_free"]
     fp32 = platform.on_gpu and cfg["sft"]["precision"] == "fp32"  # no FlashAttention kernel in fp32
-    kernel = not platform.on_gpu or ("varlen" in platform.attention and not fp32)
+    kernel = not platform.on_gpu or "varlen" in platform.attention
     where = "torch's varlen kernel" if platform.on_gpu else "per-pair SDPA on the CPU"
     if setting is True:
         if fp32:
