@@ -27,6 +27,31 @@ def test_the_demo_path_matches_the_golden_fp32_curve():
     assert found[0].ok and "match the golden curve" in found[0].message
 
 
+# A GPU node where every attention kernel ran (flash-attn included), as verify_env's facts name them.
+GPU_NODE = {
+    "host": "g1",
+    "devices": [{"name": "NVIDIA H200", "arch": "sm_90"}],
+    "attention": {"sdpa_ok": True, "varlen_ok": True, "import_ok": True, "kernel_ok": True},
+    "torch_version": "2.11.0+cu130",
+}
+
+
+@pytest.mark.parametrize(
+    "sft,attention",
+    [
+        ({"packing": "neat"}, "varlen"),  # the planner's own pick: torch's varlen kernel first
+        ({"packing": "off"}, "sdpa"),  # auto left to LLaMA-Factory: it sets nothing, transformers takes SDPA
+        ({"packing": "off", "flash_attn": "disabled"}, "eager"),
+        ({"packing": "off", "flash_attn": "fa2"}, "fa2"),
+        ({"packing": "neat", "precision": "fp32"}, "sdpa"),  # no FlashAttention kernel in fp32
+        ({"packing": "off", "precision": "fp32"}, "sdpa"),
+    ],
+)
+def test_the_canary_runs_the_attention_sft_would_run_on_a_gpu_node(sft, attention):
+    cfg = validate({"hardware": {"gpus_per_node": 1}, "sft": {"precision": "bf16", **sft}})
+    assert canary.planned_path(GPU_NODE, cfg).attention == attention
+
+
 @pytest.mark.parametrize(
     "perturb,suspect,fix",
     [

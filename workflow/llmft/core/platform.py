@@ -283,7 +283,7 @@ def choose_attention(
 
     Neat packing keeps packed samples apart: torch's varlen kernel or flash-attn's varlen path do it
     over each sample's own triangle; SDPA needs LLaMA-Factory's 4-D mask (the planner counts its
-    memory). Other packing leaves `auto` to LLaMA-Factory (flash-attn when it imports, else SDPA).
+    memory). Other packing leaves `auto` to LLaMA-Factory, which sets nothing: transformers then takes SDPA.
     Under sft.precision fp32 on a GPU no FlashAttention kernel runs: `auto` takes SDPA and an
     explicit one is a config error naming both keys. verify_env's attention finding reports the
     same choice from the same facts.

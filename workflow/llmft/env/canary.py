@@ -124,8 +124,9 @@ def planned_path(facts: dict, cfg: dict) -> CanaryPath:
     attention, _ = choose_attention(
         sft["flash_attn"], packing, kernels, gpu, facts.get("torch_version", ""), sft["precision"]
     )
-    if attention in ("auto", "disabled"):
-        attention = "fa2" if "fa2" in kernels else "sdpa"
+    # Left to LLaMA-Factory (packing not neat, or the CPU): its `auto` sets nothing and transformers
+    # then takes SDPA; its `disabled` asks transformers for eager (math) attention.
+    attention = {"auto": "sdpa", "disabled": "eager"}.get(attention, attention)
     modules = facts.get("modules") or {}
     liger_setting = sft["liger_kernel"]
     liger = gpu and bool(modules.get("liger_kernel") and modules.get("triton")) and liger_setting is not False

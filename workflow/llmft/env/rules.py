@@ -59,7 +59,8 @@ def _flash_attn_fix(vendor: str, error: str) -> str:
         )
     return (
         f"reinstall flash-attn for this build ({rebuild}), "
-        "or set sft.flash_attn: sdpa (auto picks flash-attn whenever it is installed)"
+        "or set sft.flash_attn: sdpa (auto picks flash-attn for neat packing where torch's varlen "
+        "kernel does not run)"
     )
 
 
