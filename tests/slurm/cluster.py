@@ -123,6 +123,13 @@ def slurm_records(job_ids: list[str]) -> dict[str, dict]:
     return {r["id"]: r for r in rows}
 
 
+def restarts(job_id: str) -> int:
+    """How many times Slurm itself requeued the job (`scontrol show job`'s Restarts)."""
+    cmd = ["scontrol", "show", "job", "-o", job_id]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return int(re.search(r"\bRestarts=(\d+)", out.stdout).group(1))
+
+
 def step_nodes(job_id: str) -> set[str]:
     """The nodes whose slurmd launched task(s) of the job's first step: Slurm's record of where it ran."""
     conf = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout

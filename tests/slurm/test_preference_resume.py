@@ -14,6 +14,7 @@ from tests.slurm.cluster import (
     RUN,
     cluster_start,
     rebuilt_upstream,
+    restarts,
     running_job_id,
     sbatch_lines,
     submissions,
@@ -74,6 +75,7 @@ def test_signalled_preference_job_saves_requeues_and_resumes(tmp_path, slurm_ups
     assert trained_steps(work_root, "preference") == list(range(1, STEPS + 1))
     assert "--signal=USR1@600" in sbatch_lines(text)["preference"]
     assert len(submissions(text).get("preference", [])) == 1
+    assert restarts(job) == 1  # Slurm's own record: the same job requeued once
     log = (work / f"results/{RUN}/logs/preference.log").read_text()
     assert f"Resuming training from {pref_dir.relative_to(work)}/checkpoint-{saved}" in log
     summary = json.loads((work / f"results/{RUN}/preference/train_summary.json").read_text())

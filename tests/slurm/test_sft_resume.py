@@ -22,6 +22,7 @@ from tests.slurm.cluster import (
     RUN,
     cluster_start,
     rebuilt_upstream,
+    restarts,
     running_job_id,
     sbatch_lines,
     submissions,
@@ -86,9 +87,11 @@ def test_signalled_sft_job_saves_requeues_and_resumes(tmp_path, slurm_upstream):
     assert len(submissions(text).get("sft", [])) == 1
     sft_log = (work / f"results/{RUN}/logs/sft.log").read_text()
     # every node asks before it exits (the first to exit makes srun --kill-on-bad-exit cancel the
-    # other, which may not get to ask): Slurm took one ask and refused any other
+    # other, which may not get to ask; the requeue itself may kill the asker before it logs the
+    # answer): Slurm requeued the job once, and any other ask it answered was refused
+    assert restarts(job) == 1
     asks = re.findall(rf"scontrol requeue {job}: rc (\d+)", sft_log)
-    assert asks.count("0") == 1, asks
+    assert asks and asks.count("0") <= 1, asks
     assert f"Resuming training from {sft_dir.relative_to(work)}/checkpoint-{saved}" in sft_log
     summary = json.loads((work / f"results/{RUN}/sft/train_summary.json").read_text())
     assert summary["steps"] == STEPS
