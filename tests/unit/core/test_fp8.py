@@ -143,9 +143,13 @@ def test_plan_text_says_fp8_why_and_the_recipe_and_fp8_is_estimated_faster(tmp_p
         assert "sft.fp8: true on sm_90" in text and "tensorwise 1.43x trainable / 1.39x frozen" in text
         # the planner uses the measured whole-step ratio: FP8 plans slower than bf16
         assert on.step.tokens_per_s_per_gpu < off.step.tokens_per_s_per_gpu
-        # same settings, FP8's casts on top: more memory, never less
+        # same settings: LoRA holds FP8's casts on top (more memory); compiled full fine-tuning saves
+        # its linear layers' inputs in float8 (less, as measured on one H200: plan.py)
         if (on.micro_batch, on.zero_stage) == (off.micro_batch, off.zero_stage):
-            assert on.memory.activations > off.memory.activations
+            if kind == "lora":
+                assert on.memory.activations > off.memory.activations
+            else:
+                assert on.memory.activations < off.memory.activations
         # torch_compile auto: an FP8 plan compiles its decoder layers (eager float8 ran at 0.49x bf16,
         # compiled 0.98x), a bf16 full plan does not; LoRA compiles either way
         assert on.compile and off.compile is (kind == "lora")

@@ -39,6 +39,24 @@ UNMODELLED = {"ours_1b_compile"}
 TOLERANCE = 0.15
 
 
+def predicted_peak(model, run: dict, **kw) -> float:
+    """The planner's peak (GiB) for the settings a bench run recorded (2 GPUs unless it recorded its
+    world size), at the bench's cutoff of 2 048 tokens."""
+    s = run["settings"]
+    return estimate(
+        model_shape(model(run["size"])),
+        stage=s["zero_stage"],
+        world=s.get("world_size", 2),
+        micro_batch=s["micro_batch"],
+        seq_len=2048,
+        gradient_checkpointing=s["gradient_checkpointing"],
+        liger=s["liger"],
+        neat_mask=s["packing"] == "neat" and s["attention"] != "varlen",
+        buckets=_bucket_elems(s["buckets"]),
+        **kw,
+    ).peak
+
+
 def test_predictions_within_15_percent_of_measured_gpu_peaks(model):
     """Every run of the committed H200 benches (torch's max allocated, rank 0) against the planner's
     estimate for the settings the run recorded (2 GPUs unless it recorded its world size): recipe,
@@ -55,18 +73,7 @@ def test_predictions_within_15_percent_of_measured_gpu_peaks(model):
         for run, r in runs.items():
             if r.get("status") != "ok" or run in UNMODELLED:
                 continue
-            s = r["settings"]
-            predicted = estimate(
-                model_shape(model(r["size"])),
-                stage=s["zero_stage"],
-                world=s.get("world_size", 2),
-                micro_batch=s["micro_batch"],
-                seq_len=2048,
-                gradient_checkpointing=s["gradient_checkpointing"],
-                liger=s["liger"],
-                neat_mask=s["packing"] == "neat" and s["attention"] != "varlen",
-                buckets=_bucket_elems(s["buckets"]),
-            ).peak
+            predicted = predicted_peak(model, r)
             measured = r["peak_vram_allocated_gib"]
             assert abs(predicted - measured) / measured <= TOLERANCE, (name, run, predicted, measured)
             checked.append(run)
@@ -84,24 +91,39 @@ def test_lora_predictions_never_under_measured_peaks_by_more_than_5_percent(mode
             if r.get("status") != "ok":
                 continue
             s = r["settings"]
-            predicted = estimate(
-                model_shape(model(r["size"])),
-                stage=s["zero_stage"],
-                world=s["world_size"],
-                micro_batch=s["micro_batch"],
-                seq_len=2048,
-                gradient_checkpointing=s["gradient_checkpointing"],
-                liger=s["liger"],
-                finetuning_type="lora",
-                neat_mask=s["packing"] == "neat" and s["attention"] != "varlen",
-                buckets=_bucket_elems(s["buckets"]),
-            ).peak
+            predicted = predicted_peak(model, r, finetuning_type="lora")
             measured = r["peak_vram_allocated_gib"]
             assert predicted >= 0.95 * measured, (name, run, predicted, measured)
             if s["zero_stage"]:  # ours: within the planner's stated error too
                 assert abs(predicted - measured) / measured <= TOLERANCE, (name, run, predicted, measured)
             checked.append(f"{run}:{r['size']}")
     assert {"lora_ours_1b:1b", "lora_compile_1b:1b", "lora_ours_8b:8b", "lora_compile_8b:8b"} <= set(checked)
+
+
+def test_fp8_predictions_against_every_measured_fp8_peak(model):
+    """Every FP8 run of the committed one-H200 benches that ran the plan llmft makes for FP8 (the
+    float8 decoder layers compiled), LoRA at 1.24 B and 8 B and full at 1.24 B: the planner's FP8 peak
+    is within TOLERANCE of torch's max allocated, and a LoRA one never under it by more than 5 %."""
+    checked = []
+    for name in ["lora1b", "lora8b", "full1b_compile", "acc_full", "acc_lora"]:
+        for run, r in json.loads((REPO / f"bench/results/sft_fp8_h200x1_{name}.json").read_text())[
+            "runs"
+        ].items():
+            if "float8" not in r["fp8_layers"] or "no float8" in r["fp8_layers"]:
+                continue
+            kind = "lora" if "_lora_" in run else "full"
+            predicted = predicted_peak(model, r, finetuning_type=kind, fp8=True, compiled=True)
+            measured = r["peak_vram_allocated_gib"]
+            assert abs(predicted - measured) / measured <= TOLERANCE, (name, run, predicted, measured)
+            if kind == "lora":
+                assert predicted >= 0.95 * measured, (name, run, predicted, measured)
+            checked.append(f"{run}:{r['size']}")
+    assert {
+        "fp8_lora_auto_1b:1b",
+        "fp8_lora_auto_8b:8b",
+        "fp8_full_compile_1b:1b",
+        "acc_lora_fp8_1b:1b",
+    } <= set(checked)
 
 
 @pytest.mark.parametrize("point", ["full", "lora"])

@@ -84,10 +84,17 @@ LORA_BYTES_PER_HIDDEN = 2
 # FP8 (llmft.core.fp8, torchao float8 tensorwise): while a linear layer computes, the float8 copies of
 # its input and of the gradient flowing in (1 byte an element, widest at the MLP: hidden + intermediate
 # per token) and of its weight and the weight's transpose (the MLP's, the largest) live beside the bf16
-# tensors; the per-tensor scales are a few bytes. torchao saves the bf16 input for backward and casts
-# again, so the saved activations do not change; under torch.compile the casts fuse into the layer's
-# graph. An estimate from torchao's float8 autograd, not yet checked against a measured FP8 peak.
+# tensors; the per-tensor scales are a few bytes. Eager, torchao saves the bf16 input for backward and
+# casts again, so the saved activations do not change. Compiled (every FP8 plan below ZeRO-3), full
+# fine-tuning measured 5.2-5.8 GiB under the bf16 plan at 1.24 B on one H200 (34.52 / 32.38 GiB
+# against 40.29 / 37.62, bench/results/sft_fp8_h200x1_{full1b_compile,acc_full}.json), as if the weight
+# gradients' saved inputs were their float8 copies: FP8_SAVED_INPUT_BYTES less per element of each
+# trained linear layer's input (q/k/v share one, gate/up one; o and down their own: 3 x hidden +
+# intermediate a token), 3.5 GiB of those 5.2-5.8 at 1.24 B; the rest is not traced, so the plan stays
+# over. LoRA's frozen base weights need no saved input (peaks within 1 % of bf16). Checked against
+# every measured FP8 peak by tests/unit/sft/test_plan.py.
 FP8_CAST_BYTES = 1
+FP8_SAVED_INPUT_BYTES = 1
 
 
 @dataclass
@@ -253,6 +260,7 @@ def estimate(
     reference: str = "none",
     logits: bool = False,
     padding_free: bool = False,
+    compiled: bool = False,
 ) -> Memory:
     """Per-GPU memory of one configuration (see the module docstring for the model); `trainable`
     overrides trainable_params' defaults (LoRA rank 8 on all linear layers, freeze 2 layers).
@@ -262,7 +270,9 @@ def estimate(
     live beside the policy's. `logits`: the loss needs the logits themselves (a preference loss takes
     log-probabilities of every answer token), so Liger's fused loss saves nothing there.
     `padding_free` (dpo, llmft.sft.padfree): log-probabilities a chunk of PADFREE_CHUNK tokens at a
-    time, recomputed in the backward pass: one chunk's logits at a time, the reference's included."""
+    time, recomputed in the backward pass: one chunk's logits at a time, the reference's included.
+    `compiled`: the decoder layers run under torch.compile (with `fp8`, full fine-tuning saves its
+    linear layers' inputs in float8)."""
     p = float(shape.params)
     t = float(trainable_params(shape, finetuning_type) if trainable is None else trainable)
     w = max(1, world)
@@ -280,6 +290,9 @@ def estimate(
     if fp8:
         widest = shape.hidden + shape.intermediate
         acts += tokens * FP8_CAST_BYTES * widest + 2 * shape.hidden * shape.intermediate
+        if compiled and finetuning_type == "full" and not gradient_checkpointing:
+            inputs = 3 * shape.hidden + shape.intermediate
+            acts -= tokens * shape.layers * FP8_SAVED_INPUT_BYTES * inputs
     loss = tokens * (8 * shape.hidden if liger and not logits else LOGIT_BYTES[mode] * shape.vocab)
     if padding_free:
         loss = min(tokens, PADFREE_CHUNK) * LOGIT_BYTES[mode] * shape.vocab
@@ -534,6 +547,7 @@ class _Space:
             reference=self.reference,
             logits=self.seqs > 1,
             padding_free=self.padding_free,
+            compiled=_compiles(self.sft, stage, self.platform, self.fp8),
         )
 
     def step(self, cand: Candidate) -> StepTime:
@@ -816,6 +830,12 @@ def _use_compile(sft: dict, stage: int, platform: Platform, use_fp8: bool = Fals
             "parameter gathering hooks do not compile); set sft.zero_stage to 2 or torch_compile to false"
         )
     return bool(setting)
+
+
+def _compiles(sft: dict, stage: int, platform: Platform, use_fp8: bool) -> bool:
+    """Whether a candidate at this ZeRO stage would run compiled (an explicit `true` at ZeRO-3 is
+    refused by _use_compile once the stage is chosen; as a candidate it simply does not compile)."""
+    return stage < 3 and _use_compile(sft, stage, platform, use_fp8)
 
 
 def _refusal(cfg, shape, gpu, usable, smallest, seq) -> str:
