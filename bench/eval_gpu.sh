@@ -44,8 +44,7 @@ if [ -z "$DRY" ]; then
     python3 -m compileall -q -j 0 /tmp/site >"$R/compileall.log" 2>&1 || true
     say "bytecode compiled"
   fi
-  export PYTHONPATH=/tmp/site:$PWD/workflow
-  export PATH=/tmp/site/bin:$(dirname "$(command -v python3)"):$PATH
+  site_first
   SIZE=1b
 else
   export PYTHONPATH=$PWD/workflow

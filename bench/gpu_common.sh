@@ -22,6 +22,13 @@ install_wheels() {
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl >"$1" 2>&1
 }
 
+# site_first: the carried wheels (/tmp/site) and this checkout's llmft first on PYTHONPATH, their
+# scripts and the image's python3 first on PATH.
+site_first() {
+  export PYTHONPATH=/tmp/site:$PWD/workflow
+  export PATH=/tmp/site/bin:$(dirname "$(command -v python3)"):$PATH
+}
+
 # use_wheels LOG MODULE...: the carried wheels installed (unless a warm machine has them all) and put
 # first on PYTHONPATH / PATH beside this checkout's llmft; non-zero, with the pip log's tail, on failure.
 use_wheels() {
@@ -30,18 +37,15 @@ use_wheels() {
   if wheels_missing "$@"; then
     install_wheels "$log" || { tail -20 "$log"; return 1; }
   fi
-  export PYTHONPATH=/tmp/site:$PWD/workflow
-  export PATH=/tmp/site/bin:$(dirname "$(command -v python3)"):$PATH
+  site_first
 }
 
-# use_image_python: the carried wheels (/tmp/site) and this checkout's llmft first on PYTHONPATH, the
-# image's python3 first on PATH, and `python` that same python3 (the workflow's rules call
+# use_image_python: site_first, and `python` the image's python3 (the workflow's rules call
 # `python -m llmft`), for the drivers that run Snakemake pipelines on the device.
 use_image_python() {
-  export PYTHONPATH=/tmp/site:$PWD/workflow
   local py_dir
   py_dir=$(dirname "$(command -v python3)")
-  export PATH=/tmp/site/bin:$py_dir:$PATH
+  site_first
   if [ "$(command -v python)" != "$py_dir/python" ] && [ ! -x "$py_dir/python" ]; then
     mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python && export PATH=/tmp/pybin:$PATH
   fi

@@ -26,8 +26,7 @@ pack() {
 if [ -z "${BENCH_DRY_RUN:-}" ] && wheels_missing; then
   install_wheels "$R/pip.log" || { say "pip install failed"; tail -20 "$R/pip.log"; exit 1; }
 fi
-export PYTHONPATH=/tmp/site:$PWD/workflow
-export PATH=/tmp/site/bin:$(dirname "$(command -v python3)"):$PATH
+site_first
 say "wheels installed"
 if [ -n "${BENCH_QUICK:-}" ]; then
   # A short follow-up call: reuse the machine facts and kernel check of the previous full call.
