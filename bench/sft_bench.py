@@ -100,12 +100,24 @@ FP8_VARIANTS = {
     "fp8_lora_auto_1b": ("1b", {**LORA, "tokens_per_step": 16384, "fp8": True}, 24, 5),
     "fp8_lora_hand_1b": ("1b", {**LORA_HAND, **BF16, "per_device_train_batch_size": 8}, 24, 5),
     "fp8_lora_lf_1b": ("1b", {**LORA_HAND, **BF16, "per_device_train_batch_size": 8}, 24, 5),
-    "fp8_lora_auto_8b": ("8b", {**LORA, "tokens_per_step": 8192, "fp8": True}, 12, 3),
-    "fp8_lora_hand_8b": ("8b", {**LORA_HAND, **BF16, "per_device_train_batch_size": 4}, 12, 3),
-    "fp8_lora_lf_8b": ("8b", {**LORA_HAND, **BF16, "per_device_train_batch_size": 4}, 12, 3),
+    # every key auto (at 8 B `auto` turns FP8 on since levers8b measured it faster than llmft's bf16
+    # plan) at the hand-tuned run's tokens per step, with lora_compile_8b's steps and warm-up (the
+    # compiled layers recompile for the first packed shapes). Until session 23 it pinned sft.fp8: true
+    # and ran 12 steps, 3 of them warm-up.
+    "fp8_lora_auto_8b": ("8b", {**LORA, "tokens_per_step": 8192}, 16, 6),
+    # the same without DeepSpeed (ZeRO stage 0, no per-parameter ZeRO-2 gradient hooks), FP8 pinned
+    "fp8_lora_z0_8b": ("8b", {**LORA, "tokens_per_step": 8192, "fp8": True, "zero_stage": 0}, 16, 6),
+    "fp8_lora_hand_8b": ("8b", {**LORA_HAND, **BF16, "per_device_train_batch_size": 4}, 16, 6),
+    "fp8_lora_lf_8b": ("8b", {**LORA_HAND, **BF16, "per_device_train_batch_size": 4}, 16, 6),
     # where a LoRA step's GPU time goes at 8 B, FP8 and llmft's bf16 plan (torch.profiler, steps 6-7)
     "fp8_lora_prof_8b": ("8b", {**LORA, "tokens_per_step": 8192, "fp8": True}, 8, 3),
     "lora_prof_8b": ("8b", {**LORA, "tokens_per_step": 8192}, 8, 3),
+    # the launch-overhead levers of the profile above, with lora_compile_8b's steps and warm-up (the
+    # compiled layers recompile for the first packed shapes): Inductor's Python wrapper (as
+    # fp8_lora_auto_8b pinned FP8) against its C++ wrapper (the compiled layers' kernels launched from
+    # C++; torch 2.11's C++ wrapper cannot call the varlen attention op: levers8b)
+    "fp8_lora_py_8b": ("8b", {**LORA, "tokens_per_step": 8192, "fp8": True}, 16, 6),
+    "fp8_lora_cpp_8b": ("8b", {**LORA, "tokens_per_step": 8192, "fp8": True}, 16, 6),
     "fp8_full_auto_1b": ("1b", {"fp8": True}, 24, 5),
     "fp8_full_bf16_1b": ("1b", {**BF16}, 24, 5),
     "fp8_full_hand_1b": ("1b", {**HAND_1B, **BF16}, 24, 5),
@@ -217,6 +229,7 @@ VARIANT_ENV = {
     "ours_1b_prof": {"LLMFT_PROFILE_STEPS": "6:8"},
     "fp8_lora_prof_8b": {"LLMFT_PROFILE_STEPS": "6:7"},
     "lora_prof_8b": {"LLMFT_PROFILE_STEPS": "6:7"},
+    "fp8_lora_cpp_8b": {"TORCHINDUCTOR_CPP_WRAPPER": "1"},
     "ours_1b_rc": {"TORCH_LOGS": "recompiles"},
     "ours_8b_rc": {"TORCH_LOGS": "recompiles"},
 }

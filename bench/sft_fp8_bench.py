@@ -28,6 +28,8 @@ SPEED = [
     ("LoRA 1.24 B: llmft auto / LLaMA-Factory fp8: true", "fp8_lora_auto_1b", "fp8_lora_lf_1b", 1.3),
     ("LoRA 8 B: llmft auto / hand-tuned LoRA bf16", "fp8_lora_auto_8b", "fp8_lora_hand_8b", 1.3),
     ("LoRA 8 B: llmft auto / LLaMA-Factory fp8: true", "fp8_lora_auto_8b", "fp8_lora_lf_8b", 1.3),
+    ("LoRA 8 B: FP8 / llmft's bf16 plan, both compiled", "fp8_lora_py_8b", "lora_compile_8b", None),
+    ("LoRA 8 B: FP8 without DeepSpeed / FP8 with ZeRO-2", "fp8_lora_z0_8b", "fp8_lora_auto_8b", None),
     ("full 1.24 B: llmft auto / hand-tuned bf16", "fp8_full_auto_1b", "fp8_full_hand_1b", 1.6),
     ("full 1.24 B: llmft auto / llmft's own bf16 plan", "fp8_full_auto_1b", "fp8_full_bf16_1b", 1.2),
     ("full 1.24 B compiled: FP8 / bf16 plan", "fp8_full_compile_1b", "fp8_full_bf16_1b", 1.2),

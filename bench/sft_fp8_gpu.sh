@@ -7,22 +7,24 @@
 #   bash bench/sft_fp8_gpu.sh acc_full   # 300 steps full 1.24 B, FP8 vs bf16: train and held-out loss
 #   bash bench/sft_fp8_gpu.sh acc_lora   # the same for LoRA
 #   bash bench/sft_fp8_gpu.sh prof8b     # LoRA 8 B, FP8 and llmft's bf16 plan under torch.profiler (steps 6-7)
+#   bash bench/sft_fp8_gpu.sh levers8b   # LoRA 8 B: llmft's bf16 plan, FP8, FP8 with Inductor's C++ wrapper
 # Carry .whl (with torchao-0.17.0) and bench/work/sft, as bench/sft_gpu.sh needs. BENCH_CANARY=1 runs
 # the numerics canary (with its FP8 leg) into the node facts, so `auto` decides FP8 as the workflow
 # does. Results: $OUT/sft_fp8_h200x1_<which>.json and bench/sft_gpu.sh's own files.
 set -u
-which=${1:?usage: bash bench/sft_fp8_gpu.sh lora1b|lora8b|full1b|full1b_compile|acc_full|acc_lora|prof8b}
+which=${1:?usage: bash bench/sft_fp8_gpu.sh lora1b|lora8b|full1b|full1b_compile|acc_full|acc_lora|prof8b|levers8b}
 case $which in
   lora1b) specs="fp8_lora_hand_1b:60 fp8_lora_auto_1b:80 fp8_lora_lf_1b:60" ;;
-  lora8b) specs="fp8_lora_hand_8b:120 fp8_lora_auto_8b:150 fp8_lora_lf_8b:120" ;;
+  lora8b) specs="fp8_lora_hand_8b:110 fp8_lora_auto_8b:120 fp8_lora_lf_8b:70 fp8_lora_z0_8b:110" ;;
   full1b) specs="fp8_full_hand_1b:70 fp8_full_bf16_1b:70 fp8_full_auto_1b:90" ;;
   full1b_compile) specs="fp8_full_bf16_1b:70 fp8_full_compile_1b:120 fp8_full_bf16c_1b:100" ;;
   acc_full) specs="acc_full_bf16_1b:230 acc_full_fp8_1b:230" ;;
   acc_lora) specs="acc_lora_bf16_1b:200 acc_lora_fp8_1b:200" ;;
   prof8b) specs="fp8_lora_prof_8b:150 lora_prof_8b:120" ;;
+  levers8b) specs="lora_compile_8b:120 fp8_lora_py_8b:140 fp8_lora_cpp_8b:150" ;;
   *) echo "unknown comparison $which" >&2; exit 2 ;;
 esac
-export BENCH_GPUS=1 BENCH_CANARY=1 OUT=${OUT:-/tmp/out} BENCH_OUT=${BENCH_OUT:-/tmp/sft_bench}
+export BENCH_GPUS=1 BENCH_CANARY=${BENCH_CANARY-1} OUT=${OUT:-/tmp/out} BENCH_OUT=${BENCH_OUT:-/tmp/sft_bench}
 source "$(dirname "$0")/gpu_common.sh"
 if [ -z "${BENCH_DRY_RUN:-}" ] && wheels_missing torchao; then
   install_wheels "$BENCH_OUT.pip.log" || { tail -20 "$BENCH_OUT.pip.log"; exit 1; }

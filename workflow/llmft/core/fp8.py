@@ -43,19 +43,24 @@ RECIPE_WHY = (
         f"{n} {v['trainable']}x trainable / {v['frozen']}x frozen" for n, v in MEASURED_SPEEDUP.items()
     )
 )
-# The whole training step, measured: llmft's FP8 run's tokens/s over bf16's, one H200, the 1.24 B
-# Llama of bench/ (full: bench/results/sft_fp8_h200x1_full1b_compile.json, FP8 with compiled decoder
-# layers over llmft's own bf16 plan in the same call; LoRA: bench/results/sft_fp8_h200x1_lora1b.json,
-# over the hand-tuned bf16 LoRA). Eager, full FP8 ran at 0.49x (sft_fp8_h200x1_full1b.json): torchao's
-# casts and amax reductions are separate kernels until torch.compile fuses them, so an FP8 plan
-# compiles its decoder layers (llmft.sft.plan._use_compile). Still not faster than bf16 at this size
-# (hidden 2048). `auto` turns FP8 on only where a run was measured faster; the planner uses these ratios.
-PIPELINE_RATIO = {"full": 0.9797, "frozen": 0.9052}
-PIPELINE_WHY = (
-    "llmft's float8 path measured slower than bf16 end to end (one H200, 1.24 B: full "
-    f"{PIPELINE_RATIO['full']:.2f}x, LoRA {PIPELINE_RATIO['frozen']:.2f}x) and has not been measured faster "
-    "anywhere"
-)
+# The whole training step, measured: llmft's FP8 run's tokens/s over bf16's on one H200, by kind
+# (full and freeze train their float8 layers' weights, LoRA's are frozen) and by the model's hidden
+# size, since float8 saves a share of each GEMM that grows with its size while the casts and scales
+# around it do not:
+# - full, hidden 2048 (the 1.24 B Llama of bench/): bench/results/sft_fp8_h200x1_full1b_compile.json,
+#   FP8 with compiled decoder layers over llmft's own bf16 plan in the same call. Eager, full FP8 ran
+#   at 0.49x (sft_fp8_h200x1_full1b.json): torchao's casts and amax reductions are separate kernels
+#   until torch.compile fuses them, so an FP8 plan compiles its decoder layers
+#   (llmft.sft.plan._use_compile).
+# - LoRA, hidden 2048: bench/results/sft_fp8_h200x1_lora1b.json, over the hand-tuned bf16 LoRA (which
+#   ran faster than llmft's own bf16 plan there).
+# - LoRA, hidden 4096 (the 8 B Llama): bench/results/sft_fp8_h200x1_levers8b.json, over llmft's own
+#   bf16 plan (compiled decoder layers) in the same call.
+# `auto` turns FP8 on only where a run was measured faster; the planner uses these ratios. A model
+# uses the measurement at the largest measured hidden size not above its own (below the smallest,
+# the smallest): a larger model's GEMMs gain at least as much.
+PIPELINE_RATIO = {"full": {2048: 0.9797}, "frozen": {2048: 0.9052, 4096: 1.1548}}
+MEASURED_ON = "one H200"
 # float8 GEMMs need both matrix dimensions divisible by 16 (torch._scaled_mm).
 DIM_MULTIPLE = 16
 # Test only: convert nothing, silently, as an FP8 setting that has no effect would (the canary and
@@ -99,8 +104,9 @@ def config_blocker(sft: dict) -> str | None:
     return None
 
 
-def decide(sft: dict, platform) -> tuple[bool, str]:
-    """(FP8 on, why) for sft.fp8 on this platform; ConfigError for `true` where it cannot run."""
+def decide(sft: dict, platform, hidden: int | None = None) -> tuple[bool, str]:
+    """(FP8 on, why) for sft.fp8 on this platform and a model of this hidden size (pipeline_ratio);
+    ConfigError for `true` where it cannot run."""
     from llmft.core.config import ConfigError
 
     setting = sft["fp8"]
@@ -116,9 +122,15 @@ def decide(sft: dict, platform) -> tuple[bool, str]:
         return True, f"{SETTING_KEY}: true on {why}; {RECIPE_WHY}"
     if blocker:
         return False, f"{SETTING_KEY}: auto -> off: {blocker}"
-    if pipeline_ratio(sft["finetuning_type"]) <= 1.0:
+    ratio, measured_at = pipeline_ratio(sft["finetuning_type"], hidden, at=True)
+    kind = "LoRA" if _frozen(sft["finetuning_type"]) else sft["finetuning_type"]
+    measured = (
+        f"llmft's float8 path measured {ratio:.2f}x bf16 end to end ({kind}, hidden {measured_at}, "
+        f"{MEASURED_ON})"
+    )
+    if ratio <= 1.0:
         turn_on = f"{SETTING_KEY}: true turns it on"
-        return False, f"{SETTING_KEY}: auto -> off: {why} has FP8, but {PIPELINE_WHY}; {turn_on}"
+        return False, f"{SETTING_KEY}: auto -> off: {why} has FP8, but {measured}; {turn_on}"
     if not platform.fp8_canary:
         if not platform.hosts:  # declared by the config: no node measured, no canary run
             return False, (
@@ -129,13 +141,24 @@ def decide(sft: dict, platform) -> tuple[bool, str]:
             f"{SETTING_KEY}: auto -> off: {why} has FP8, but the numerics canary's FP8 leg did not pass on "
             "every node (verify_env's canary finding says why)"
         )
-    return True, f"{SETTING_KEY}: auto -> on: {why}, the canary's FP8 leg passed on every node; {RECIPE_WHY}"
+    return True, (
+        f"{SETTING_KEY}: auto -> on: {why}, {measured}, the canary's FP8 leg passed on every node; "
+        + RECIPE_WHY
+    )
 
 
-def pipeline_ratio(finetuning_type: str) -> float:
-    """FP8 over bf16 tokens/s of a whole training step as measured (PIPELINE_RATIO): full and freeze
-    train their float8 layers' weights, LoRA's are frozen."""
-    return PIPELINE_RATIO["frozen" if finetuning_type in ("lora", "qlora") else "full"]
+def _frozen(finetuning_type: str) -> bool:
+    return finetuning_type in ("lora", "qlora")
+
+
+def pipeline_ratio(finetuning_type: str, hidden: int | None = None, at: bool = False):
+    """FP8 over bf16 tokens/s of a whole training step as measured (PIPELINE_RATIO) for this kind of
+    fine-tuning, at the largest measured hidden size not above `hidden` (None or below every
+    measurement: the smallest). With `at`, (ratio, the hidden size it was measured at)."""
+    by_size = PIPELINE_RATIO["frozen" if _frozen(finetuning_type) else "full"]
+    sizes = sorted(by_size)
+    size = max([h for h in sizes if hidden is not None and h <= hidden], default=sizes[0])
+    return (by_size[size], size) if at else by_size[size]
 
 
 def canary_wants_fp8(sft: dict, vendor: str, arch: str) -> bool:

@@ -704,7 +704,7 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
     usable = capacity * USABLE_FRACTION - CONTEXT_GIB
     on_gpu = platform.on_gpu
     packing, attention, reasons = _packing_and_attention(sft, platform)
-    use_fp8, fp8_why = fp8.decide(sft, platform)
+    use_fp8, fp8_why = fp8.decide(sft, platform, shape.hidden)
     reasons.append(fp8_why)
     grouping, grouping_why = _length_grouping(cfg)
     if grouping_why:

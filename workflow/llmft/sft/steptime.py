@@ -97,12 +97,12 @@ def cpu_adam_params_per_s(platform) -> float:
 def fp8_flops_equivalent(shape, per_token: float, tuning: flops.Tuning) -> float:
     """bf16-equivalent FLOPs per token with FP8 decoder layers: the output head (forward, input
     gradient, and its weight gradient when it trains) stays bf16; the rest runs at the whole step's
-    measured FP8 ratio (llmft.core.fp8.PIPELINE_RATIO: slower than bf16 where measured), not the
+    measured FP8 ratio at the model's size (llmft.core.fp8.pipeline_ratio), not the
     decoder layer's alone (MEASURED_SPEEDUP), which the casts around it do not reach."""
     from llmft.core import fp8
 
     head = float(shape.vocab * shape.hidden) * (6.0 if tuning.kind == "full" else 4.0)
-    speedup = fp8.pipeline_ratio(tuning.kind)
+    speedup = fp8.pipeline_ratio(tuning.kind, shape.hidden)
     return head + (per_token - head) / speedup
 
 
