@@ -245,6 +245,43 @@ def test_the_fallback_to_retrain_is_said_in_the_log_and_the_state(runs):
     assert last["note"] == note and last["started_from"] == "base model" and last["mode"] == "continue"
 
 
+def test_retrain_every_makes_a_night_retrain_after_that_many_continued_runs(runs):
+    """nightly.retrain_every 3 with c promoted two continued runs from its base-model training
+    (c <- b <- a): tonight retrains from the base model and says so; at 4, or null, it continues
+    from c. (Snakemake fails at once on a profile that does not exist: the start is decided before.)"""
+    work, results = runs
+    with_lineage(results, "b", "a", ["a"])
+    with_lineage(results, "c", "b", ["a", "b"])
+    assert llmft(work, "promote", "c").returncode == 0
+    write_rows(work / "data/rows.jsonl", ROWS[:500])
+    starts = {}
+    for run, every in (("n1", 3), ("n2", 4), ("n3", None)):
+        make_workdir(work, **NIGHT, nightly__mode="continue", nightly__retrain_every=every)
+        proc = llmft(work, "nightly", "--run", run, "--profile", "no such profile")
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        last = state(results)["nights"][-1]
+        assert last["run"] == run and last["mode"] == "continue"
+        over = yaml.safe_load((results / f"nightly/{run}.config.yaml").read_text())
+        starts[run] = (last["started_from"], last["note"], over.get("model"), proc.stdout)
+    note = (
+        "nightly.retrain_every 3: the promoted run c is 2 continued run(s) from a training from the base "
+        "model (at most 2 in a row): tonight retrains from the base model on all rows"
+    )
+    started, said, model, out = starts["n1"]
+    assert (started, said, model) == ("base model", note, None)
+    assert f"[nightly] run n1: {note}" in out and "training run n1 from the base model" in out
+    assert note in (results / "nightly/n1.log").read_text()
+    for run in ("n2", "n3"):
+        started, said, model, out = starts[run]
+        assert (started, said, model) == ("results/c", None, {"continue_from": "results/c"})
+        assert f"training run {run} from results/c" in out
+    # a rollback to a model trained from the base restarts the count: a continues even at 2
+    assert llmft(work, "promote", "a").returncode == 0
+    make_workdir(work, **NIGHT, nightly__mode="continue", nightly__retrain_every=2)
+    assert llmft(work, "nightly", "--run", "n4", "--profile", "no such profile").returncode == 1
+    assert state(results)["nights"][-1]["started_from"] == "results/a"
+
+
 @pytest.fixture(scope="module")
 def night2(night1):
     """A second real night on 25 appended rows (5 %) in continue mode: it starts from the promoted

@@ -273,6 +273,21 @@ def nightly(
 FALLBACK_NOTE = "no promoted model: retrained from base, as nightly.fallback allows"
 
 
+def continued_runs(results: Path, run: str) -> int:
+    """How many runs in a row, ending with `run`, continued from the one before (the length of its
+    summary.json lineage chain; 0 for a run trained from the base model or made before lineage)."""
+    lineage = read_json(results / run / "report" / "summary.json").get("lineage") or {}
+    return len(lineage.get("chain") or [])
+
+
+def retrain_every_note(every: int, promoted: str, streak: int) -> str:
+    return (
+        f"nightly.retrain_every {every}: the promoted run {promoted} is {streak} continued run(s) from a "
+        f"training from the base model (at most {every - 1} in a row): tonight retrains from the base "
+        "model on all rows"
+    )
+
+
 def starting_point(cfg: dict, results: Path) -> dict:
     """What the night compares against and (continue mode) starts from, resolved once, before any
     job: a promotion during the night changes neither. Raises PromotionError naming the key."""
@@ -290,6 +305,9 @@ def starting_point(cfg: dict, results: Path) -> dict:
     if mode == "retrain":
         return point
     if promoted:
+        every, streak = cfg["nightly"]["retrain_every"], continued_runs(results, promoted)
+        if every is not None and streak + 1 >= every:
+            return {**point, "note": retrain_every_note(every, promoted, streak)}
         return {**point, "continue_from": f"results/{promoted}"}
     if cfg["nightly"]["fallback"] == "retrain":
         return {**point, "note": FALLBACK_NOTE}
