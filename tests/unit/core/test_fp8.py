@@ -165,12 +165,17 @@ def _h200_plan(**sft):
     return validate({"hardware": hardware, "data": {"cutoff_len": 2048}, "sft": sft})
 
 
-def test_plan_text_says_fp8_why_and_the_recipe_and_fp8_is_estimated_faster(tmp_path):
-    model = tmp_path / "1b"
+def _llama_folder(model, hidden: int, layers: int, intermediate: int, tied: bool):
+    """A model folder holding only the config.json of a Llama-3 shape (the planner reads no weight)."""
     model.mkdir()
-    shape = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                 intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True)  # fmt: skip
+    shape = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=8,
+                 intermediate_size=intermediate, vocab_size=128256, tie_word_embeddings=tied)  # fmt: skip
     (model / "config.json").write_text(json.dumps({"model_type": "llama", **shape}))
+    return model
+
+
+def test_plan_text_says_fp8_why_and_the_recipe_and_fp8_is_estimated_faster(tmp_path):
+    model = _llama_folder(tmp_path / "1b", 2048, 16, 8192, tied=True)
     for kind in ("full", "lora"):
         cfg = _h200_plan(finetuning_type=kind)
         declared = Platform.declared(cfg)
@@ -198,11 +203,7 @@ def test_plan_text_says_fp8_why_and_the_recipe_and_fp8_is_estimated_faster(tmp_p
 
 
 def test_an_8b_lora_plan_turns_fp8_on_by_itself_and_estimates_it_faster(tmp_path):
-    model = tmp_path / "8b"
-    model.mkdir()
-    shape = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                 intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False)  # fmt: skip
-    (model / "config.json").write_text(json.dumps({"model_type": "llama", **shape}))
+    model = _llama_folder(tmp_path / "8b", 4096, 32, 14336, tied=False)
     cfg = _h200_plan(finetuning_type="lora")
     measured = dataclasses.replace(Platform.declared(cfg), fp8_canary=True)
     auto = resolve(cfg, str(model), measured)
