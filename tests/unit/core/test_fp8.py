@@ -79,12 +79,12 @@ def test_the_whole_step_ratios_are_the_benchs_own_numbers():
         ratio = _measured_ratio(result, ours, theirs)
         assert fp8.PIPELINE_RATIO[kind][hidden] == pytest.approx(ratio, abs=0.001)
     # a model takes the measurement at the largest measured hidden size not above its own
-    assert fp8.pipeline_ratio("lora", 4096, at=True) == (fp8.PIPELINE_RATIO["frozen"][4096], 4096)
-    assert fp8.pipeline_ratio("qlora", 8192, at=True)[1] == 4096
-    assert fp8.pipeline_ratio("lora", 3072, at=True)[1] == 2048
-    assert fp8.pipeline_ratio("lora", 896, at=True)[1] == 2048
-    assert fp8.pipeline_ratio("lora", None, at=True)[1] == 2048
-    assert fp8.pipeline_ratio("freeze", 8192, at=True) == (fp8.PIPELINE_RATIO["full"][2048], 2048)
+    assert fp8.pipeline_ratio("lora", 4096) == (fp8.PIPELINE_RATIO["frozen"][4096], 4096)
+    assert fp8.pipeline_ratio("qlora", 8192)[1] == 4096
+    assert fp8.pipeline_ratio("lora", 3072)[1] == 2048
+    assert fp8.pipeline_ratio("lora", 896)[1] == 2048
+    assert fp8.pipeline_ratio("lora", None)[1] == 2048
+    assert fp8.pipeline_ratio("freeze", 8192) == (fp8.PIPELINE_RATIO["full"][2048], 2048)
 
 
 @pytest.mark.parametrize(

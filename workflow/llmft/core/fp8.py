@@ -122,7 +122,7 @@ def decide(sft: dict, platform, hidden: int | None = None) -> tuple[bool, str]:
         return True, f"{SETTING_KEY}: true on {why}; {RECIPE_WHY}"
     if blocker:
         return False, f"{SETTING_KEY}: auto -> off: {blocker}"
-    ratio, measured_at = pipeline_ratio(sft["finetuning_type"], hidden, at=True)
+    ratio, measured_at = pipeline_ratio(sft["finetuning_type"], hidden)
     kind = "LoRA" if _frozen(sft["finetuning_type"]) else sft["finetuning_type"]
     measured = (
         f"llmft's float8 path measured {ratio:.2f}x bf16 end to end ({kind}, hidden {measured_at}, "
@@ -151,14 +151,14 @@ def _frozen(finetuning_type: str) -> bool:
     return finetuning_type in ("lora", "qlora")
 
 
-def pipeline_ratio(finetuning_type: str, hidden: int | None = None, at: bool = False):
-    """FP8 over bf16 tokens/s of a whole training step as measured (PIPELINE_RATIO) for this kind of
-    fine-tuning, at the largest measured hidden size not above `hidden` (None or below every
-    measurement: the smallest). With `at`, (ratio, the hidden size it was measured at)."""
+def pipeline_ratio(finetuning_type: str, hidden: int | None = None) -> tuple[float, int]:
+    """(FP8 over bf16 tokens/s of a whole training step as measured (PIPELINE_RATIO) for this kind of
+    fine-tuning, the hidden size it was measured at): the largest measured hidden size not above
+    `hidden` (None or below every measurement: the smallest)."""
     by_size = PIPELINE_RATIO["frozen" if _frozen(finetuning_type) else "full"]
     sizes = sorted(by_size)
     size = max([h for h in sizes if hidden is not None and h <= hidden], default=sizes[0])
-    return (by_size[size], size) if at else by_size[size]
+    return by_size[size], size
 
 
 def canary_wants_fp8(sft: dict, vendor: str, arch: str) -> bool:

@@ -102,7 +102,7 @@ def fp8_flops_equivalent(shape, per_token: float, tuning: flops.Tuning) -> float
     from llmft.core import fp8
 
     head = float(shape.vocab * shape.hidden) * (6.0 if tuning.kind == "full" else 4.0)
-    speedup = fp8.pipeline_ratio(tuning.kind, shape.hidden)
+    speedup, _ = fp8.pipeline_ratio(tuning.kind, shape.hidden)
     return head + (per_token - head) / speedup
 
 
