@@ -108,6 +108,8 @@ FP8_VARIANTS = {
     # the same without DeepSpeed (ZeRO stage 0, no per-parameter ZeRO-2 gradient hooks), FP8 pinned
     "fp8_lora_z0_8b": ("8b", {**LORA, "tokens_per_step": 8192, "fp8": True, "zero_stage": 0}, 16, 6),
     "fp8_lora_hand_8b": ("8b", {**LORA_HAND, **BF16, "per_device_train_batch_size": 4}, 16, 6),
+    # llmft's bf16 LoRA plan, every other key auto (since session 24 no DeepSpeed, compiled layers)
+    "fp8_lora_bf16_8b": ("8b", {**LORA, **BF16, "tokens_per_step": 8192}, 16, 6),
     "fp8_lora_lf_8b": ("8b", {**LORA_HAND, **BF16, "per_device_train_batch_size": 4}, 16, 6),
     # where a LoRA step's GPU time goes at 8 B, FP8 and llmft's bf16 plan (torch.profiler, steps 6-7)
     "fp8_lora_prof_8b": ("8b", {**LORA, "tokens_per_step": 8192, "fp8": True}, 8, 3),
@@ -117,6 +119,9 @@ FP8_VARIANTS = {
     # fp8_lora_auto_8b pinned FP8) against its C++ wrapper (the compiled layers' kernels launched from
     # C++; torch 2.11's C++ wrapper cannot call the varlen attention op: levers8b)
     "fp8_lora_py_8b": ("8b", {**LORA, "tokens_per_step": 8192, "fp8": True}, 16, 6),
+    # the same with torchao's Float8Linear on the frozen base weights too (their float8 casts redone in
+    # every forward and backward), as every FP8 LoRA run was before llmft cast frozen weights once
+    "fp8_lora_ao_8b": ("8b", {**LORA, "tokens_per_step": 8192, "fp8": True}, 16, 6),
     "fp8_lora_cpp_8b": ("8b", {**LORA, "tokens_per_step": 8192, "fp8": True}, 16, 6),
     "fp8_full_auto_1b": ("1b", {"fp8": True}, 24, 5),
     "fp8_full_bf16_1b": ("1b", {**BF16}, 24, 5),
@@ -134,6 +139,8 @@ FP8_VARIANTS = {
 # LLaMA-Factory arguments written into a variant's rendered YAML after render (llmft refuses them in
 # sft.extra): LLaMA-Factory's own FP8, as a user would turn it on.
 LF_YAML = {n: {"fp8": True, "fp8_backend": "torchao"} for n in FP8_VARIANTS if "_lf_" in n}
+# keys of the rendered YAML's llmft block, replaced after render (llmft.sft.train reads them)
+LLMFT_YAML = {"fp8_lora_ao_8b": {"fp8": {"recipe": "tensorwise", "frozen_cast_once": False}}}
 # Variants that train to their end (held-out evaluation, the final save) instead of being stopped
 # once their last step is logged: their throughput comes from the step times all the same.
 RUN_TO_END = {n for n in FP8_VARIANTS if n.startswith("acc_")}
@@ -149,6 +156,14 @@ VARIANTS = {
     # ours with each decoder layer compiled (regional torch.compile: the adapters' dropout, scaling
     # and add fused with the frozen matmuls' neighbours); recompiles for new packed shapes: warm-up 8
     "lora_compile_1b": ("1b", {**LORA, "tokens_per_step": 16384, "torch_compile": True}, 30, 8),
+    # the same without DeepSpeed (ZeRO stage 0), bf16 and FP8 (frozen weights cast once)
+    "lora_compile0_1b": (
+        "1b",
+        {**LORA, "tokens_per_step": 16384, "torch_compile": True, "zero_stage": 0},
+        30,
+        8,
+    ),
+    "fp8_lora_z0_1b": ("1b", {**LORA, "tokens_per_step": 16384, "fp8": True, "zero_stage": 0}, 30, 8),
     "lora_compile_8b": ("8b", {**LORA, "tokens_per_step": 8192, "torch_compile": True}, 16, 6),
     # ours with compilation off: the eager run against which the compiled one is measured
     "lora_eager_1b": ("1b", {**LORA, "tokens_per_step": 16384, "torch_compile": False}, 24, 5),
@@ -439,8 +454,9 @@ def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> di
     if failed:
         return failed
     args = yaml.safe_load((rd / "llamafactory.yaml").read_text())
-    if name in LF_YAML:
-        args.update(LF_YAML[name])
+    if name in LF_YAML or name in LLMFT_YAML:
+        args.update(LF_YAML.get(name, {}))
+        args["llmft"].update(LLMFT_YAML.get(name, {}))
         (rd / "llamafactory.yaml").write_text(yaml.safe_dump(args, sort_keys=False))
     if name in DS_LF and args.get("deepspeed"):
         ds = lf_deepspeed(name, json.loads(Path(args["deepspeed"]).read_text()))

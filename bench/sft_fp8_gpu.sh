@@ -8,11 +8,15 @@
 #   bash bench/sft_fp8_gpu.sh acc_lora   # the same for LoRA
 #   bash bench/sft_fp8_gpu.sh prof8b     # LoRA 8 B, FP8 and llmft's bf16 plan under torch.profiler (steps 6-7)
 #   bash bench/sft_fp8_gpu.sh levers8b   # LoRA 8 B: llmft's bf16 plan, FP8, FP8 with Inductor's C++ wrapper
+#   bash bench/sft_fp8_gpu.sh zero8b     # LoRA 8 B FP8: ZeRO-2 (the plan's stage) vs no DeepSpeed vs hand-tuned bf16
+#   bash bench/sft_fp8_gpu.sh zero1b     # LoRA 1.24 B compiled: ZeRO-2 vs none, bf16 and FP8, vs hand-tuned bf16
+#   bash bench/sft_fp8_gpu.sh auto8b     # LoRA 8 B all auto vs hand-tuned, vs llmft's bf16 plan, vs LLaMA-Factory fp8
+#   bash bench/sft_fp8_gpu.sh once8b     # LoRA 8 B FP8: frozen weights cast once vs torchao's per-step casts vs hand-tuned
 # Carry .whl (with torchao-0.17.0) and bench/work/sft, as bench/sft_gpu.sh needs. BENCH_CANARY=1 runs
 # the numerics canary (with its FP8 leg) into the node facts, so `auto` decides FP8 as the workflow
 # does. Results: $OUT/sft_fp8_h200x1_<which>.json and bench/sft_gpu.sh's own files.
 set -u
-which=${1:?usage: bash bench/sft_fp8_gpu.sh lora1b|lora8b|full1b|full1b_compile|acc_full|acc_lora|prof8b|levers8b}
+which=${1:?usage: bash bench/sft_fp8_gpu.sh lora1b|lora8b|full1b|full1b_compile|acc_full|acc_lora|prof8b|levers8b|zero8b|zero1b|auto8b|once8b}
 case $which in
   lora1b) specs="fp8_lora_hand_1b:60 fp8_lora_auto_1b:80 fp8_lora_lf_1b:60" ;;
   lora8b) specs="fp8_lora_hand_8b:110 fp8_lora_auto_8b:120 fp8_lora_lf_8b:70 fp8_lora_z0_8b:110" ;;
@@ -22,6 +26,10 @@ case $which in
   acc_lora) specs="acc_lora_bf16_1b:200 acc_lora_fp8_1b:200" ;;
   prof8b) specs="fp8_lora_prof_8b:150 lora_prof_8b:120" ;;
   levers8b) specs="lora_compile_8b:120 fp8_lora_py_8b:140 fp8_lora_cpp_8b:150" ;;
+  zero8b) specs="fp8_lora_hand_8b:110 fp8_lora_py_8b:130 fp8_lora_z0_8b:130" ;;
+  zero1b) specs="fp8_lora_hand_1b:60 lora_compile_1b:90 lora_compile0_1b:90 fp8_lora_z0_1b:100" ;;
+  auto8b) specs="fp8_lora_hand_8b:110 fp8_lora_auto_8b:140 fp8_lora_bf16_8b:120 fp8_lora_lf_8b:70" ;;
+  once8b) specs="fp8_lora_hand_8b:110 fp8_lora_ao_8b:130 fp8_lora_py_8b:130" ;;
   *) echo "unknown comparison $which" >&2; exit 2 ;;
 esac
 export BENCH_GPUS=1 BENCH_CANARY=${BENCH_CANARY-1} OUT=${OUT:-/tmp/out} BENCH_OUT=${BENCH_OUT:-/tmp/sft_bench}
@@ -33,4 +41,4 @@ fi
 bash "$(dirname "$0")/sft_gpu.sh" $specs
 export PYTHONPATH=/tmp/site:$PWD/workflow
 python3 bench/sft_fp8_bench.py report "$BENCH_OUT" --json "$OUT/sft_fp8_h200x1_$which.json"
-cp "$BENCH_OUT/canary.json" "$OUT/sft_fp8_h200x1_${which}_canary.json" 2>/dev/null
+cp "$BENCH_OUT/canary.json" "$OUT/sft_fp8_h200x1_${which}_canary.json" 2>/dev/null || true  # no canary run

@@ -14,6 +14,7 @@ page and summary.json read that, never the setting.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -52,14 +53,16 @@ RECIPE_WHY = (
 #   at 0.49x (sft_fp8_h200x1_full1b.json): torchao's casts and amax reductions are separate kernels
 #   until torch.compile fuses them, so an FP8 plan compiles its decoder layers
 #   (llmft.sft.plan._use_compile).
-# - LoRA, hidden 2048: bench/results/sft_fp8_h200x1_lora1b.json, over the hand-tuned bf16 LoRA (which
-#   ran faster than llmft's own bf16 plan there).
+# - LoRA, hidden 2048: bench/results/sft_fp8_h200x1_zero1b.json, llmft's LoRA plan (no DeepSpeed,
+#   compiled decoder layers) with FP8 (frozen weights cast once) over the same plan in bf16, in one
+#   call. (Under ZeRO-2 with torchao's per-step weight casts it was 0.91x the hand-tuned bf16 LoRA:
+#   sft_fp8_h200x1_lora1b.json.)
 # - LoRA, hidden 4096 (the 8 B Llama): bench/results/sft_fp8_h200x1_levers8b.json, over llmft's own
-#   bf16 plan (compiled decoder layers) in the same call.
+#   bf16 plan (compiled decoder layers) in the same call; both under ZeRO-2, torchao's weight casts.
 # `auto` turns FP8 on only where a run was measured faster; the planner uses these ratios. A model
 # uses the measurement at the largest measured hidden size not above its own (below the smallest,
 # the smallest): a larger model's GEMMs gain at least as much.
-PIPELINE_RATIO = {"full": {2048: 0.9797}, "frozen": {2048: 0.9052, 4096: 1.1548}}
+PIPELINE_RATIO = {"full": {2048: 0.9797}, "frozen": {2048: 1.0598, 4096: 1.1548}}
 MEASURED_ON = "one H200"
 # float8 GEMMs need both matrix dimensions divisible by 16 (torch._scaled_mm).
 DIM_MULTIPLE = 16
@@ -173,7 +176,7 @@ def _eligible(module, fqn: str) -> bool:
     both dimensions multiples of DIM_MULTIPLE."""
     import torch
 
-    if not isinstance(module, torch.nn.Linear):
+    if not isinstance(module, torch.nn.Linear) or type(module).__name__ in FLOAT8_CLASSES:
         return False
     parts = fqn.split(".")
     if parts[-1] in ("lm_head", "score", "embed_tokens") or any(p.startswith("lora_") for p in parts):
@@ -181,36 +184,177 @@ def _eligible(module, fqn: str) -> bool:
     return module.in_features % DIM_MULTIPLE == 0 and module.out_features % DIM_MULTIPLE == 0
 
 
-def convert(model, recipe: str = RECIPE) -> dict:
-    """Swap the decoder's eligible nn.Linear layers (PEFT's base_layer for LoRA) for torchao's
-    Float8Linear in place; the count of what is float8 afterwards, counted on the model."""
+def convert(model, recipe: str = RECIPE, frozen_cast_once: bool = False) -> dict:
+    """Swap the decoder's eligible nn.Linear layers (PEFT's base_layer for LoRA) for float8 ones in
+    place; the count of what is float8 afterwards, counted on the model. `frozen_cast_once` (weights
+    whole on each GPU: below ZeRO-3): a frozen layer becomes a FrozenFloat8Linear (cast_frozen casts
+    its weight once, on the GPU, before the first step), every other one torchao's Float8Linear."""
     if os.environ.get(SKIP_ENV) != "1":
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
+        if frozen_cast_once:
+            _swap_frozen(model)
         config = Float8LinearConfig.from_recipe_name(recipe)
         convert_to_float8_training(model, module_filter_fn=_eligible, config=config)
     return count(model, recipe)
+
+
+FLOAT8_CLASSES = ("Float8Linear", "FrozenFloat8Linear")
 
 
 def count(model, recipe: str = RECIPE) -> dict:
     """Which linear layers of `model` are float8 now (by class, not by setting)."""
     import torch
 
-    fp8, other = [], []
+    fp8, other, once = [], [], 0
     for name, module in model.named_modules():
-        if type(module).__name__ == "Float8Linear":
+        if type(module).__name__ in FLOAT8_CLASSES:
             fp8.append(name)
+            once += type(module).__name__ == "FrozenFloat8Linear"
         elif isinstance(module, torch.nn.Linear):
             other.append(name)
     total = len(fp8) + len(other)
+    how = f"{recipe}; {once} frozen weights cast once" if once else recipe
     return {
         "recipe": recipe,
         "float8_layers": len(fp8),
+        "frozen_cast_once": once,
         "linear_layers": total,
         "float8_names": fp8,
         "bf16_names": other,
-        "summary": f"{len(fp8)} of {total} linear layers in float8 ({recipe})",
+        "summary": f"{len(fp8)} of {total} linear layers in float8 ({how})",
     }
+
+
+# Frozen weights cast to float8 once (LoRA's base weights, freeze tuning's frozen layers). torchao's
+# Float8Linear casts every weight again in each forward and backward (amax, scale, cast), although a
+# frozen weight never changes. A FrozenFloat8Linear holds its weight in e4m3 with one scale per tensor
+# (the tensorwise recipe's weight cast), in both layouts torch._scaled_mm takes: W for the forward,
+# W^T for the input gradient (a frozen weight gets no gradient). Per step only the input (e4m3) and the
+# output gradient (e5m2) are cast, with torchao's own scaling: the numerics of Float8Linear's
+# tensorwise recipe, without its weight casts. The two float8 copies take the bytes of the 16-bit
+# weight they replace, which is freed. Only where weights are whole on each GPU (ZeRO-3 gathers its
+# shards anew each step, so they stay torchao's). Measured on one H200: bench/results/
+# fp8_frozen_probe_h200x1_20261203.json (a decoder-layer stack, 1.32x bf16 against torchao's 1.27x
+# at hidden 4096) and the pipeline figures of PIPELINE_RATIO.
+
+
+def cast_once(zero_stage: int) -> bool:
+    """Whether frozen weights are cast to float8 once (FrozenFloat8Linear): where they are whole on
+    each GPU, below ZeRO-3."""
+    return zero_stage < 3
+
+
+def _float8_dtypes():
+    """(e4m3, e5m2) as torchao picks them for this GPU (MI300's gfx942: the FNUZ variants)."""
+    from torchao.float8.config import e4m3_dtype, e5m2_dtype
+
+    return e4m3_dtype, e5m2_dtype
+
+
+def _to_float8(t, dtype):
+    """(t in float8 `dtype`, the inverse scale torch._scaled_mm takes): one scale for the tensor, its
+    absolute maximum onto the format's largest value (torchao's tensorwise scaling)."""
+    import torch
+
+    fmax = torch.finfo(dtype).max
+    scale = (fmax / t.abs().amax().to(torch.float64).clamp(min=1e-12)).to(torch.float32)
+    bits = (t.to(torch.float32) * scale).clamp(-fmax, fmax).to(dtype)
+    return bits, scale.reciprocal()
+
+
+@functools.cache
+def _frozen_matmul_class():
+    import torch
+
+    class FrozenFloat8Matmul(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w8, w8t, w_inv):
+            e4m3, _ = _float8_dtypes()
+            x2 = x.reshape(-1, x.shape[-1])
+            x8, x_inv = _to_float8(x2, e4m3)
+            y = torch._scaled_mm(x8, w8.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype)
+            ctx.save_for_backward(w8t, w_inv)
+            return y.reshape(*x.shape[:-1], y.shape[-1])
+
+        @staticmethod
+        def backward(ctx, grad):
+            w8t, w_inv = ctx.saved_tensors
+            _, e5m2 = _float8_dtypes()
+            g2 = grad.reshape(-1, grad.shape[-1])
+            g8, g_inv = _to_float8(g2, e5m2)
+            gx = torch._scaled_mm(g8, w8t.t(), scale_a=g_inv, scale_b=w_inv, out_dtype=grad.dtype)
+            return gx.reshape(*grad.shape[:-1], gx.shape[-1]), None, None, None
+
+    return FrozenFloat8Matmul
+
+
+@functools.cache
+def _frozen_linear_class():
+    import torch
+
+    matmul = _frozen_matmul_class()
+
+    class FrozenFloat8Linear(torch.nn.Linear):
+        """A frozen nn.Linear whose weight cast_frozen holds in float8 (module comment above); until
+        then a plain linear layer."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.float8_cast = False
+
+        def cast_weight(self) -> None:
+            e4m3, _ = _float8_dtypes()
+            w8, w_inv = _to_float8(self.weight.detach(), e4m3)
+            self.register_buffer("weight_float8", w8.contiguous(), persistent=False)
+            self.register_buffer("weight_float8_t", w8.t().contiguous(), persistent=False)
+            self.register_buffer("weight_inverse_scale", w_inv, persistent=False)
+            self.weight_dtype = self.weight.dtype
+            del self.weight  # the 16-bit copy: nothing reads it once the float8 ones exist
+            self.float8_cast = True
+
+        def forward(self, x):
+            if not self.float8_cast:
+                return super().forward(x)
+            y = matmul.apply(x, self.weight_float8, self.weight_float8_t, self.weight_inverse_scale)
+            return y if self.bias is None else y + self.bias
+
+    return FrozenFloat8Linear
+
+
+def _swap_frozen(model) -> int:
+    """Replace each eligible frozen nn.Linear of `model` by a FrozenFloat8Linear sharing its weight
+    and bias (still 16 bit: cast_frozen casts them on the GPU); how many."""
+    import torch
+
+    cls = _frozen_linear_class()
+    swapped = 0
+    for fqn, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            name = f"{fqn}.{child_name}" if fqn else child_name
+            if type(child) is not torch.nn.Linear or child.weight.requires_grad or not _eligible(child, name):
+                continue
+            with torch.device("meta"):
+                new = cls(child.in_features, child.out_features, bias=child.bias is not None)
+            new.weight = child.weight
+            new.bias = child.bias
+            setattr(module, child_name, new)
+            swapped += 1
+    return swapped
+
+
+def cast_frozen(model) -> int:
+    """Cast each FrozenFloat8Linear's weight to float8 where it now lives (after the trainer moved
+    the model to its GPU and DeepSpeed / DDP wrapped it, before the first step); how many."""
+    import torch
+
+    done = 0
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__ == "FrozenFloat8Linear" and not module.float8_cast:
+                module.cast_weight()
+                done += 1
+    return done
 
 
 def write_report(out_dir: str | Path, report: dict) -> None:

@@ -28,6 +28,7 @@ the stop flag is all-reduced), so no rank is left waiting in a collective.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import statistics
 import time
@@ -43,6 +44,8 @@ from llmft.sft.markers import (
 from transformers import TrainerCallback
 
 PROFILE_ENV = "LLMFT_PROFILE_STEPS"
+
+log = logging.getLogger("llmft.sft.callbacks")
 
 
 class Diverged(RuntimeError):
@@ -353,6 +356,21 @@ class CompileLayers(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if model is not None and not self.compiled:
             self.compiled = compile_layers(model)
+
+
+class CastFrozenFloat8(TrainerCallback):
+    """Casts the FrozenFloat8Linear layers' weights to float8 once (llmft.core.fp8.cast_frozen), where
+    the trainer put them (its GPU, DeepSpeed / DDP wrapped), after ParamCount counted the 16-bit
+    weights and before the first step traces the compiled layers."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is None:
+            return
+        from llmft.core import fp8
+
+        done = fp8.cast_frozen(model)
+        if done:
+            log.info("fp8: %d frozen weights cast to float8 once", done)
 
 
 class ParamCount(TrainerCallback):

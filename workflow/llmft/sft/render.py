@@ -433,7 +433,7 @@ def render(
     if plan.padding_free:  # llmft.sft.train gives LLaMA-Factory's DPO trainer llmft.sft.padfree's forward
         args["llmft"]["padding_free"] = True
     if plan.fp8:  # llmft.sft.train converts the loaded model (LLaMA-Factory's own fp8 flag is refused)
-        args["llmft"]["fp8"] = {"recipe": fp8.RECIPE}
+        args["llmft"]["fp8"] = {"recipe": fp8.RECIPE, "frozen_cast_once": fp8.cast_once(plan.zero_stage)}
     header = (
         "# Rendered by llmft from config/config.yaml: edit the config, not this file.\n"
         f"# planned for the nodes' facts, {platform.source}:\n"

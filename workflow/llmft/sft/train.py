@@ -12,7 +12,7 @@ block read here and removed before LLaMA-Factory parses the rest:
       finetuning_type: full
       cutoff_len: 2048
       compile_layers: false             # torch.compile each decoder layer (CompileLayers)
-      fp8: {recipe: tensorwise}         # present only when FP8 is planned (llmft.core.fp8)
+      fp8: {recipe: tensorwise, frozen_cast_once: true}  # only when FP8 is planned (llmft.core.fp8)
       liger_loss_only: false            # Liger's fused linear + cross-entropy alone
       padding_free: true                # dpo only, when planned: llmft.sft.padfree's forward
       tracking: {backends: [tensorboard], dir: results/<run>/tracking, run: <run>}  # tracking.py
@@ -39,6 +39,7 @@ from llmft.sft import faults, tracking
 with hidden(*UNUSED, "torchao"):
     from llmft.sft.callbacks import (
         PROFILE_ENV,
+        CastFrozenFloat8,
         CheckpointSeal,
         CompileLayers,
         Diverged,
@@ -112,10 +113,12 @@ class FP8NotApplied(RuntimeError):
     """FP8 was planned but no linear layer of the loaded model became float8."""
 
 
-def install_fp8(recipe: str, output_dir: Path, rank: int) -> None:
+def install_fp8(recipe: str, output_dir: Path, rank: int, frozen_cast_once: bool = False) -> None:
     """Convert the model LLaMA-Factory's SFT workflow loads (adapters attached) to float8 before its
     trainer wraps it (DeepSpeed, DDP) and before CompileLayers compiles its layers; rank 0 writes what
-    was converted, counted on the model (fp8.FP8_FILE). Nothing converted is an error, not bf16."""
+    was converted, counted on the model (fp8.FP8_FILE). Nothing converted is an error, not bf16.
+    `frozen_cast_once`: frozen layers become FrozenFloat8Linear, whose weights CastFrozenFloat8 casts
+    once the trainer has moved the model to its GPU."""
     from llamafactory.train.sft import workflow
     from llmft.core import fp8
 
@@ -123,7 +126,7 @@ def install_fp8(recipe: str, output_dir: Path, rank: int) -> None:
 
     def load_model(*args, **kwargs):
         model = original(*args, **kwargs)
-        report = fp8.convert(model, recipe)
+        report = fp8.convert(model, recipe, frozen_cast_once)
         if report["float8_layers"] == 0:
             raise FP8NotApplied(
                 f"FP8 was planned (sft.fp8) but {report['summary']}: no decoder linear layer was converted; "
@@ -170,7 +173,12 @@ def _train(args: dict, ours: dict) -> int:
     if ours.get("liger_loss_only"):
         liger_loss_only(args["model_name_or_path"])
     if ours.get("fp8"):
-        install_fp8(ours["fp8"]["recipe"], output_dir, int(os.environ.get("RANK", "0")))
+        install_fp8(
+            ours["fp8"]["recipe"],
+            output_dir,
+            int(os.environ.get("RANK", "0")),
+            bool(ours["fp8"].get("frozen_cast_once")),
+        )
     cpu_resume_fix()
     try:
         tracking.set_up(ours.get("tracking") or {}, output_dir, int(os.environ.get("RANK", "0")))
@@ -193,6 +201,8 @@ def _train(args: dict, ours: dict) -> int:
         ParamCount(),
         StartWeights(),
     ]
+    if ours.get("fp8", {}).get("frozen_cast_once"):
+        callbacks.append(CastFrozenFloat8())  # before the compiled layers' first trace
     if ours.get("compile_layers"):
         callbacks.append(CompileLayers())
     window = profile_window(os.environ.get(PROFILE_ENV))
