@@ -30,7 +30,6 @@ SPEED = [
     ("LoRA 8 B: llmft auto / LLaMA-Factory fp8: true", "fp8_lora_auto_8b", "fp8_lora_lf_8b", 1.3),
     ("LoRA 8 B: FP8 / llmft's bf16 plan, both compiled", "fp8_lora_py_8b", "lora_compile_8b", None),
     ("LoRA 8 B: llmft auto / llmft's bf16 plan (fp8: false)", "fp8_lora_auto_8b", "fp8_lora_bf16_8b", None),
-    ("LoRA 8 B: FP8 without DeepSpeed / FP8 with ZeRO-2", "fp8_lora_z0_8b", "fp8_lora_auto_8b", None),
     ("LoRA 8 B: FP8 without DeepSpeed / FP8 with ZeRO-2 (pinned)", "fp8_lora_z0_8b", "fp8_lora_py_8b", None),
     ("LoRA 8 B: FP8 without DeepSpeed / hand-tuned bf16", "fp8_lora_z0_8b", "fp8_lora_hand_8b", None),
     ("LoRA 8 B: FP8 with ZeRO-2 (pinned) / hand-tuned LoRA bf16", "fp8_lora_py_8b", "fp8_lora_hand_8b", None),

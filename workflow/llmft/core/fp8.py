@@ -57,12 +57,14 @@ RECIPE_WHY = (
 #   compiled decoder layers) with FP8 (frozen weights cast once) over the same plan in bf16, in one
 #   call. (Under ZeRO-2 with torchao's per-step weight casts it was 0.91x the hand-tuned bf16 LoRA:
 #   sft_fp8_h200x1_lora1b.json.)
-# - LoRA, hidden 4096 (the 8 B Llama): bench/results/sft_fp8_h200x1_levers8b.json, over llmft's own
-#   bf16 plan (compiled decoder layers) in the same call; both under ZeRO-2, torchao's weight casts.
+# - LoRA, hidden 4096 (the 8 B Llama): bench/results/sft_fp8_h200x1_auto8b.json, llmft's plan with
+#   every key auto (FP8 on by itself, no DeepSpeed, frozen weights cast once) over the same plan with
+#   sft.fp8: false, in one call. (Under ZeRO-2 with torchao's weight casts it was 1.15x:
+#   sft_fp8_h200x1_levers8b.json.)
 # `auto` turns FP8 on only where a run was measured faster; the planner uses these ratios. A model
 # uses the measurement at the largest measured hidden size not above its own (below the smallest,
 # the smallest): a larger model's GEMMs gain at least as much.
-PIPELINE_RATIO = {"full": {2048: 0.9797}, "frozen": {2048: 1.0598, 4096: 1.1548}}
+PIPELINE_RATIO = {"full": {2048: 0.9797}, "frozen": {2048: 1.0598, 4096: 1.2049}}
 MEASURED_ON = "one H200"
 # float8 GEMMs need both matrix dimensions divisible by 16 (torch._scaled_mm).
 DIM_MULTIPLE = 16

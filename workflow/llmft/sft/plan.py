@@ -58,6 +58,13 @@ ACTIVATION_BYTES = {
     ("fp32", False): (64, 16, 16),
     ("fp32", True): (40, 8, 16),
 }
+# LoRA without DeepSpeed: LLaMA-Factory loads the frozen base in 16 bit, so the residual stream is
+# 16 bit too and autocast's fp32 stream ("autocast" above) is not there: "half"'s bytes per hidden unit
+# plus this many, fitted to the stage-0 LoRA peaks on one H200: llmft's compiled plans
+# (bench/results/sft_fp8_h200x1_zero{1b,8b}.json, 1.24 B bf16 and FP8, 8 B FP8: planned +1.7 % to
+# +6.4 % of measured, against +16 % to +19 % with autocast's table) and the eager hand-tuned runs
+# (sft_lora_h200x1_1b.json: 1.24 B, SDPA, planned 3.3 % under; tests/unit/sft/test_plan.py).
+LORA_AUTOCAST_EXTRA_PER_HIDDEN = 5
 # Loss over the vocabulary per token: bf16 logits, their fp32 upcast and the fp32 gradient
 # (LLaMA-Factory/transformers upcast before cross-entropy). Liger's fused linear cross-entropy
 # never materialises logits: a chunk of the size of the hidden states instead. Under autocast (plain
@@ -228,6 +235,8 @@ def _activation_bytes(
 ) -> float:
     """Activations one micro-batch of `tokens` saves for backward."""
     per_d, per_f, per_kv = ACTIVATION_BYTES[(mode, liger)]
+    if mode == "autocast" and finetuning_type == "lora":
+        per_d = ACTIVATION_BYTES[("half", liger)][0] + LORA_AUTOCAST_EXTRA_PER_HIDDEN
     layer = per_d * shape.hidden + per_f * shape.intermediate + per_kv * shape.kv_dim
     # LoRA on every linear layer keeps every layer's activations: each adapter's input is the frozen
     # weight's input. Freeze (the last layers trainable) runs no backward below them, so the frozen
