@@ -355,6 +355,8 @@ def test_lora_frozen_weights_cast_once_compute_what_torchao_computes_to_the_bit(
     assert fp8.cast_frozen(once) == 14 and fp8.cast_frozen(once) == 0  # once
     assert q.weight_float8.dtype == torch.float8_e4m3fn and q.weight_float8_t.shape == (64, 64)
     assert not hasattr(q, "weight") and not any(".base_layer.weight" in k for k in once.state_dict())
+    # nor buffers: DDP would broadcast them from rank 0 before every forward (broadcast_buffers)
+    assert not any("float8" in n for n, _ in once.named_buffers())
     frozen_16bit = sum(p.numel() for p in ao.parameters()) - sum(p.numel() for p in once.parameters())
     assert frozen_16bit == sum(m.weight.numel() for m in ao.modules() if type(m).__name__ == "Float8Linear")
     ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))

@@ -306,12 +306,14 @@ def _frozen_linear_class():
             self.float8_cast = False
 
         def cast_weight(self) -> None:
+            # Plain tensor attributes, not buffers: DDP broadcasts every buffer from rank 0 before each
+            # forward (broadcast_buffers), and these never change; torch.compile takes them as graph
+            # inputs all the same (one graph for every layer).
             e4m3, _ = _float8_dtypes()
             w8, w_inv = _to_float8(self.weight.detach(), e4m3)
-            self.register_buffer("weight_float8", w8.contiguous(), persistent=False)
-            self.register_buffer("weight_float8_t", w8.t().contiguous(), persistent=False)
-            self.register_buffer("weight_inverse_scale", w_inv, persistent=False)
-            self.weight_dtype = self.weight.dtype
+            self.weight_float8 = w8.contiguous()
+            self.weight_float8_t = w8.t().contiguous()
+            self.weight_inverse_scale = w_inv
             del self.weight  # the 16-bit copy: nothing reads it once the float8 ones exist
             self.float8_cast = True
 
