@@ -4,7 +4,9 @@ For a LoRA run the base weights never change, yet torchao's float8 training cast
 FP8 again in every forward and backward (amax, scale, cast: reading 2 bytes and writing 1 per weight,
 twice a step). `cast_once` casts each frozen weight at conversion: e4m3 with one scale per tensor, in
 both layouts torch._scaled_mm needs (W for the forward, W^T for the input gradient; no weight
-gradient is ever needed). Per step only the activations and the output gradients are cast.
+gradient is ever needed); since session 24 this is llmft's own layer (llmft.core.fp8,
+FrozenFloat8Linear), which the training entry uses below ZeRO-3. Per step only the activations and
+the output gradients are cast.
 
 Timed: a stack of Llama decoder layers (transformers' LlamaDecoderLayer, SDPA), LoRA adapters (rank
 16, bf16) on all seven projections, forward + backward of micro-batch x sequence tokens, each layer
@@ -19,55 +21,28 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 
 SHAPES = {
     "1b": dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8),
     "8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8),
 }
-E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max
-E5M2_MAX = torch.finfo(torch.float8_e5m2).max
 
 
-def _to_fp8(t: torch.Tensor, dtype, fmax: float):
-    scale = t.abs().amax().float().clamp(min=1e-12) / fmax
-    return (t.float() / scale).clamp(-fmax, fmax).to(dtype), scale
+def cast_once(linear: torch.nn.Linear) -> torch.nn.Module:
+    """The frozen layer as llmft trains it (llmft.core.fp8.frozen_linear, its weight cast to float8
+    once, in both layouts torch._scaled_mm takes)."""
+    from llmft.core import fp8
 
-
-class _CastOnceMatmul(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w8, w8t, sw):
-        x2 = x.reshape(-1, x.shape[-1])
-        x8, sx = _to_fp8(x2, torch.float8_e4m3fn, E4M3_MAX)
-        y = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=x.dtype)
-        ctx.save_for_backward(w8t, sw)
-        return y.reshape(*x.shape[:-1], y.shape[-1])
-
-    @staticmethod
-    def backward(ctx, g):
-        w8t, sw = ctx.saved_tensors
-        g2 = g.reshape(-1, g.shape[-1])
-        g8, sg = _to_fp8(g2, torch.float8_e5m2, E5M2_MAX)
-        gx = torch._scaled_mm(g8, w8t.t(), scale_a=sg, scale_b=sw, out_dtype=g.dtype)
-        return gx.reshape(*g.shape[:-1], gx.shape[-1]), None, None, None
-
-
-class CastOnceLinear(torch.nn.Module):
-    """A frozen nn.Linear whose weight is FP8 (e4m3, one scale), cast once, in both layouts."""
-
-    def __init__(self, linear: torch.nn.Linear):
-        super().__init__()
-        w = linear.weight.detach()
-        w8, sw = _to_fp8(w, torch.float8_e4m3fn, E4M3_MAX)
-        self.register_buffer("w8", w8.contiguous())
-        self.register_buffer("w8t", w8.t().contiguous())
-        self.register_buffer("sw", sw.reshape(()))
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-
-    def forward(self, x):
-        return _CastOnceMatmul.apply(x, self.w8, self.w8t, self.sw)
+    layer = fp8.frozen_linear(linear)
+    layer.cast_weight()
+    return layer
 
 
 class LoRALinear(torch.nn.Module):
@@ -120,7 +95,7 @@ def build(shape: str, layers: int, variant: str, seed: int = 0):
     elif variant == "cast_once":
         for m in stack.modules():
             if isinstance(m, LoRALinear):
-                m.base_layer = CastOnceLinear(m.base_layer)
+                m.base_layer = cast_once(m.base_layer)
     rope = LlamaRotaryEmbedding(cfg).cuda()
     return stack, rope
 

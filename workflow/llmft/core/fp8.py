@@ -326,23 +326,29 @@ def _frozen_linear_class():
     return FrozenFloat8Linear
 
 
-def _swap_frozen(model) -> int:
-    """Replace each eligible frozen nn.Linear of `model` by a FrozenFloat8Linear sharing its weight
-    and bias (still 16 bit: cast_frozen casts them on the GPU); how many."""
+def frozen_linear(linear):
+    """A FrozenFloat8Linear sharing `linear`'s weight and bias (still 16 bit until its cast_weight)."""
     import torch
 
-    cls = _frozen_linear_class()
+    with torch.device("meta"):
+        new = _frozen_linear_class()(linear.in_features, linear.out_features, bias=linear.bias is not None)
+    new.weight = linear.weight
+    new.bias = linear.bias
+    return new
+
+
+def _swap_frozen(model) -> int:
+    """Replace each eligible frozen nn.Linear of `model` by its frozen_linear (cast_frozen casts them
+    on the GPU); how many."""
+    import torch
+
     swapped = 0
     for fqn, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             name = f"{fqn}.{child_name}" if fqn else child_name
             if type(child) is not torch.nn.Linear or child.weight.requires_grad or not _eligible(child, name):
                 continue
-            with torch.device("meta"):
-                new = cls(child.in_features, child.out_features, bias=child.bias is not None)
-            new.weight = child.weight
-            new.bias = child.bias
-            setattr(module, child_name, new)
+            setattr(module, child_name, frozen_linear(child))
             swapped += 1
     return swapped
 
