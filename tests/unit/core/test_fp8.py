@@ -373,6 +373,30 @@ def test_cast_once_leaves_trainable_layers_to_torchao():
     assert fp8.cast_once(2) and not fp8.cast_once(3)  # ZeRO-3 gathers its weight shards anew each step
 
 
+@reliability(fault="frozen weights cast once compute other numbers than torchao's float8 on the node",
+             seen="canary's FP8 leg, naming the cast-once path", steps_lost="the canary's FP8 leg (seconds)",
+             data_lost="none")  # fmt: skip
+def test_the_canary_fp8_leg_checks_the_frozen_weight_path(monkeypatch):
+    """The FP8 leg (canary.fp8_leg) also runs one frozen layer cast once against torchao's
+    Float8Linear (fp8.frozen_check): equal to the bit on this CPU. With a fault injected into llmft's
+    own cast (each frozen weight's scale 5 % off) the check fails, and so does the leg, saying which
+    path differs. (The leg's training is not rerun here: FP8 emulated on a CPU takes minutes.)"""
+    from llmft.env import canary
+
+    good = fp8.frozen_check("cpu")
+    assert good == {"ok": True, "relative_difference": 0.0}
+    assert canary.frozen_verdict(True, "FP8 on the curve", good) == (True, "FP8 on the curve")
+    real = fp8._to_float8
+    monkeypatch.setattr(fp8, "_to_float8", lambda t, dtype: (real(t, dtype)[0], real(t, dtype)[1] * 1.05))
+    broken = fp8.frozen_check("cpu")
+    assert not broken["ok"] and broken["relative_difference"] > fp8.FROZEN_CHECK_TOLERANCE
+    said = "FP8 frozen weights cast once differ from torchao's float8 on this node"
+    ok, message = canary.frozen_verdict(True, "FP8 on the curve", broken)
+    assert not ok and message.startswith(said)
+    ok, message = canary.frozen_verdict(False, "FP8 drifts from bf16: 9 %", broken)
+    assert not ok and message.startswith("FP8 drifts from bf16: 9 %; " + said)
+
+
 @reliability(fault="FP8 asked for but silently not applied", seen="canary, naming FP8",
              steps_lost="the canary's FP8 leg (seconds)", data_lost="none")  # fmt: skip
 def test_canary_fails_naming_fp8_when_fp8_silently_did_not_apply(monkeypatch):

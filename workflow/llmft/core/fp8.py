@@ -275,7 +275,11 @@ def _frozen_matmul_class():
             e4m3, _ = _float8_dtypes()
             x2 = x.reshape(-1, x.shape[-1])
             x8, x_inv = _to_float8(x2, e4m3)
-            y = torch._scaled_mm(x8, w8.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype)
+            # the output GEMM with fast accumulation, the input-gradient one without: torchao's
+            # tensorwise recipe (Float8LinearConfig's gemm_config_output / gemm_config_grad_input)
+            y = torch._scaled_mm(
+                x8, w8.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype, use_fast_accum=True
+            )
             ctx.save_for_backward(w8t, w_inv)
             return y.reshape(*x.shape[:-1], y.shape[-1])
 
@@ -351,6 +355,44 @@ def _swap_frozen(model) -> int:
             setattr(module, child_name, frozen_linear(child))
             swapped += 1
     return swapped
+
+
+# The canary's check of the cast-once path (llmft.env.canary.fp8_leg): a frozen layer cast once and
+# the same layer as torchao's Float8Linear compute the same tensorwise numerics with the same GEMM
+# settings, so their outputs and input gradients agree to the bit on a CPU; beyond this relative
+# difference the node's float8 path for frozen weights is not what was measured.
+FROZEN_CHECK_TOLERANCE = 1e-3
+
+
+def frozen_check(device: str = "cpu") -> dict:
+    """One frozen bf16 linear layer (256 -> 512) cast once against torchao's Float8Linear on `device`:
+    the largest relative difference of the output and the input gradient, and whether it is within
+    FROZEN_CHECK_TOLERANCE."""
+    import copy
+
+    import torch
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    gen = torch.Generator().manual_seed(0)
+    base = torch.nn.Linear(256, 512, bias=False, dtype=torch.bfloat16)
+    with torch.no_grad():
+        base.weight.copy_(torch.randn(512, 256, generator=gen) * 0.05)
+    base = base.to(device).requires_grad_(False)
+    theirs = torch.nn.Sequential(copy.deepcopy(base))
+    convert_to_float8_training(theirs, config=Float8LinearConfig.from_recipe_name(RECIPE))
+    ours = frozen_linear(copy.deepcopy(base))
+    ours.cast_weight()
+    x = torch.randn(64, 256, generator=gen).to(device, torch.bfloat16)
+    results = []
+    for layer in (theirs, ours):
+        xi = x.clone().requires_grad_(True)
+        y = layer(xi)
+        y.float().pow(2).sum().backward()
+        results.append((y.detach().float(), xi.grad.float()))
+    diff = max(
+        float((a - b).norm() / b.norm().clamp(min=1e-12)) for a, b in zip(results[1], results[0], strict=True)
+    )
+    return {"ok": diff <= FROZEN_CHECK_TOLERANCE, "relative_difference": diff}
 
 
 def cast_frozen(model) -> int:

@@ -356,8 +356,27 @@ def fp8_leg(path: CanaryPath, device: str, bf16_run: dict, perturb: str = "") ->
     if gold is not None:
         gold_ok, gold_message = compare(run, gold)
         ok, message = ok and gold_ok, f"{message}; against the FP8 golden curve: {gold_message}"
-    out.update(ok=ok, message=message if ok else f"FP8 drifts from bf16: {message}")
+    message = message if ok else f"FP8 drifts from bf16: {message}"
+    # the frozen-weight path LoRA plans train with below ZeRO-3 (llmft.core.fp8.frozen_linear)
+    from llmft.core import fp8
+
+    frozen = fp8.frozen_check(device)
+    ok, message = frozen_verdict(ok, message, frozen)
+    out.update(ok=ok, message=message, frozen_cast_once=frozen)
     return out
+
+
+def frozen_verdict(ok: bool, message: str, frozen: dict) -> tuple[bool, str]:
+    """The FP8 leg's verdict and message with its frozen-weight check (fp8.frozen_check) folded in."""
+    from llmft.core import fp8
+
+    if frozen["ok"]:
+        return ok, message
+    wrong = (
+        f"FP8 frozen weights cast once differ from torchao's float8 on this node: relative difference "
+        f"{frozen['relative_difference']:.2e} (tolerance {fp8.FROZEN_CHECK_TOLERANCE:.0e})"
+    )
+    return False, wrong if ok else f"{message}; {wrong}"
 
 
 def _with_fp8(out: dict, facts: dict, cfg: dict, path: CanaryPath, device: str, perturb: str) -> dict:
