@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -476,6 +477,8 @@ def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> di
     for f in ("llmft_steps.jsonl", "trainer_log.jsonl", "llmft_divergence.json", "llmft_fp8.json", *profiles):
         if (work / f).exists():
             (rd / f).write_text((work / f).read_text())
+    for trace in work.glob("llmft_trace_rank*.json.gz"):
+        shutil.copy(trace, rd / trace.name)
     subprocess.run(["rm", "-rf", str(work)])
     result = {"name": name, "status": status, "wall_s": round(time.time() - t0, 1), "smi_peak_mib": peaks}
     if status != "ok":

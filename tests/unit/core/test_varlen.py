@@ -78,6 +78,11 @@ def test_profile_window_records_only_the_asked_steps(tmp_path):
     text = (tmp_path / "llmft_profile_rank0.txt").read_text()
     assert text.startswith("optimizer steps 2-3 (2):")
     assert "aten::mm" in text
+    import gzip
+    import json
+
+    trace = json.loads(gzip.decompress((tmp_path / "llmft_trace_rank0.json.gz").read_bytes()))
+    assert any(e.get("name") == "aten::mm" for e in trace["traceEvents"])  # the timeline of the same steps
     assert cb.prof is None and cb.done
 
 
@@ -105,7 +110,7 @@ def test_flattened_batch_has_no_padding_and_the_same_loss_as_llamafactory_neat_p
     batch = {"input_ids": ids, "labels": labels, "attention_mask": seg}
     flat = varlen.flatten_packed({k: v.clone() for k, v in batch.items()}, pad_id=0, multiple=1)
     real = int((seg != 0).sum())
-    assert flat["input_ids"].shape == (1, real) and "attention_mask" not in flat
+    assert flat["input_ids"].shape == (1, real) and flat["attention_mask"].tolist() == [[1] * real]
     assert flat["cu_seq_lens_q"].tolist() == [0, 5, 12, 15, 24, 33, 39] and flat["max_length_q"] == 9
     assert flat["position_ids"][0, :14].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 0, 1]
     # each row's first token is no target once rows are joined
@@ -115,6 +120,8 @@ def test_flattened_batch_has_no_padding_and_the_same_loss_as_llamafactory_neat_p
     assert padded["input_ids"].shape == (1, 48) and padded["cu_seq_lens_q"].tolist()[-2:] == [39, 48]
     assert padded["input_ids"][0, 39:].tolist() == [1] * 9 and padded["labels"][0, 39:].eq(-100).all()
     assert padded["position_ids"][0, 39:].tolist() == list(range(9))
+    # the trainer's non_padding count (attention_mask.sum()) is the real tokens only
+    assert padded["attention_mask"].tolist() == [[1] * 39 + [0] * 9]
 
     cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip

@@ -83,7 +83,8 @@ def test_gpu_auto_render_uses_the_plan(tmp_path, tiny):
     )
     assert args["neat_packing"] is True and args["flash_attn"] == "sdpa"  # sdpa loads, varlen runs
     assert args["llmft"]["attention"] == "varlen"
-    assert args["include_num_input_tokens_seen"] == "all"  # varlen batches carry no padding
+    # varlen rows carry a 0/1 mask of their real tokens: their padding is not counted as tokens
+    assert args["include_num_input_tokens_seen"] == "non_padding"
     assert args["disable_gradient_checkpointing"] is True
     plan = args["llmft"]["plan"]
     # several GPUs in bf16: ZeRO-2 (16-bit compute, sharded states), not plain DDP under autocast

@@ -60,6 +60,8 @@ def flatten_packed(batch: dict, pad_id: int = 0, multiple: int = PAD_MULTIPLE) -
     a row's first token was never a target (the causal shift drops it); flattened it would become
     the target of the previous row's last token, so its label is set to be ignored. The row is then
     padded to a multiple of `multiple` tokens (`pad_id`, no targets, a sequence of their own).
+    `attention_mask` becomes 1 on the real tokens and 0 on that padding: the trainer's
+    `non_padding` token count sums it; the attention itself reads only the sequence boundaries.
     """
     segments = batch.pop("attention_mask")
     positions, cu, _ = segments_to_varlen(segments)
@@ -82,6 +84,8 @@ def flatten_packed(batch: dict, pad_id: int = 0, multiple: int = PAD_MULTIPLE) -
             flat = value.reshape(-1)[keep]
             pad = torch.full((tail,), fill.get(key, 0), dtype=value.dtype)
             batch[key] = torch.cat([flat, pad]).unsqueeze(0)
+    batch["attention_mask"] = torch.cat([torch.ones(int(keep.sum()), dtype=torch.long),
+                                         torch.zeros(tail, dtype=torch.long)]).unsqueeze(0)  # fmt: skip
     batch["position_ids"] = torch.cat([positions.reshape(-1)[keep], torch.arange(tail)]).unsqueeze(0)
     batch["cu_seq_lens_q"] = batch["cu_seq_lens_k"] = new_cu
     batch["max_length_q"] = batch["max_length_k"] = int(lengths.max()) if lengths.numel() else 0

@@ -280,7 +280,9 @@ def profile_window(spec: str | None) -> tuple[int, int] | None:
 
 
 class ProfileWindow(TrainerCallback):
-    """torch.profiler over optimizer steps FIRST..LAST (1-based, inclusive); tables on each rank."""
+    """torch.profiler over optimizer steps FIRST..LAST (1-based, inclusive); on each rank a table
+    (llmft_profile_rank<R>.txt) and the timeline (llmft_trace_rank<R>.json.gz, chrome://tracing or
+    Perfetto), which shows where the GPU waits on the host."""
 
     def __init__(self, first: int, last: int):
         self.first, self.last = first, last
@@ -321,6 +323,7 @@ class ProfileWindow(TrainerCallback):
             f"optimizer steps {self.first}-{self.last} ({steps}): {wall:.3f} s wall, sorted by {sort}\n"
             f"{table}\n"
         )
+        prof.export_chrome_trace(str(out / f"llmft_trace_rank{rank}.json.gz"))
 
 
 # Packed batches vary the number of samples and the longest one: dynamo recompiles for the first few

@@ -170,9 +170,11 @@ def _default_args(cfg: dict, base_model: str, data_dir: str, plan: Plan, platfor
         "disable_gradient_checkpointing": not plan.gradient_checkpointing,
         "per_device_eval_batch_size": plan.micro_batch,
         "eval_strategy": "steps",
-        # Neat packing: LLaMA-Factory's mask holds sample indices, not 0/1, and llmft.core.varlen's
-        # batches carry no padding at all: count all tokens.
-        "include_num_input_tokens_seen": "all" if plan.packing == "neat" else "non_padding",
+        # LLaMA-Factory's own neat packing: its mask holds sample indices, not 0/1, so count all
+        # tokens (~1 % padding). llmft.core.varlen's rows carry a 0/1 mask of their real tokens.
+        "include_num_input_tokens_seen": "all"
+        if plan.packing == "neat" and plan.attention != "varlen"
+        else "non_padding",
         "eval_steps": sft["logging_steps"] * 5,
     }
 

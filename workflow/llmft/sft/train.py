@@ -164,6 +164,7 @@ def _train(args: dict, ours: dict) -> int:
         if torch.cuda.is_available() and not varlen.available():
             # An older torch: LLaMA-Factory's own neat packing (SDPA with a 4-D mask) still works.
             log.warning("torch has no varlen FlashAttention: neat packing falls back to SDPA + 4-D mask")
+            args["include_num_input_tokens_seen"] = "all"  # that mask holds sample indices, not 0/1
         else:
             varlen.install()
     if ours.get("padding_free"):
