@@ -150,3 +150,73 @@ def test_guard_logs_before_every_save():
     control.should_save = True
     guard.on_step_end(None, None, control)
     assert control.should_log is True
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    return LlamaForCausalLM(cfg)
+
+
+def test_the_trainer_counts_varlen_tokens_on_the_host_and_the_model_never_sees_the_count(tmp_path):
+    """A real transformers Trainer on collated varlen batches: the token count is the batches' real
+    tokens (what transformers' own non_padding count gives), read from the host integer, and the
+    integer is dropped before the model's forward."""
+    from transformers import Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    varlen.register()
+    varlen.count_tokens_on_host()
+    model = _tiny_llama()
+    model.set_attn_implementation(varlen.NAME)
+    seen = []
+    model.register_forward_pre_hook(lambda _m, _a, kwargs: seen.append(set(kwargs)), with_kwargs=True)
+    segs = [[1] * 5 + [2] * 7 + [0] * 4, [1] * 16, [1] * 3 + [0] * 13, [1] * 9 + [2] * 5 + [0] * 2]
+    rows = []
+    for seg in segs:
+        seg = torch.tensor(seg)
+        ids = torch.randint(3, 100, seg.shape).masked_fill(seg == 0, 0)
+        rows.append({"input_ids": ids, "labels": ids.masked_fill(seg == 0, -100), "attention_mask": seg})
+
+    def collate(features):
+        batch = {k: torch.stack([f[k] for f in features]) for k in features[0]}
+        out = varlen.trainer_batch(batch)
+        assert out[varlen.TOKENS_KEY] == int((batch["attention_mask"] != 0).sum())
+        return out
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=2, report_to=[], use_cpu=True,
+        include_num_input_tokens_seen="non_padding", save_strategy="no", logging_steps=1,
+        dataloader_num_workers=0, remove_unused_columns=False,
+    )  # fmt: skip
+    trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=collate)
+    trainer.train()
+    real = sum(int((torch.tensor(s) != 0).sum()) for s in segs)
+    assert trainer.state.num_input_tokens_seen == real == 45
+    assert len(seen) == 2 and all(varlen.TOKENS_KEY not in kw and "cu_seq_lens_q" in kw for kw in seen)
+
+
+def _sum_over_ranks(rank, path, out):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=2)
+    total = varlen.host_total(10 + rank)
+    out.put((rank, total))
+    dist.destroy_process_group()
+
+
+def test_host_total_sums_over_ranks_through_a_cpu_group(tmp_path):
+    import torch.multiprocessing as mp
+
+    assert varlen.host_total(7) == 7  # no process group: this rank's count
+    ctx = mp.get_context("fork")  # CPU only: the children reuse the imported torch
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_sum_over_ranks, args=(r, tmp_path / "init", out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert results == [(0, 21), (1, 21)]

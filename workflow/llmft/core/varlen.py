@@ -26,6 +26,9 @@ log = logging.getLogger("llmft.core.varlen")
 
 NAME = "llmft_varlen"
 IGNORE_INDEX = -100  # transformers' and LLaMA-Factory's ignored label
+# The collator's count of a batch's real tokens, a host integer: the trainer's token count reads it
+# instead of the GPU (count_tokens_on_host); the model never sees it.
+TOKENS_KEY = "llmft_real_tokens"
 # A flattened row's length is padded to a multiple of this. Triton (Liger's kernels) specialises an
 # integer argument divisible by 16: rows whose length is sometimes a multiple of 16 compiled each
 # kernel again mid-run (pauses at a few steps of a job's first run; bench/README.md, SFT).
@@ -152,6 +155,13 @@ def kernel_dtype(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(t.to(half) for t in tensors)
 
 
+def trainer_batch(batch: dict, pad_id: int = 0) -> dict:
+    """flatten_packed, plus its real tokens as a host integer (TOKENS_KEY) for the trainer's count."""
+    batch = flatten_packed(batch, pad_id=pad_id)
+    batch[TOKENS_KEY] = int(batch["attention_mask"].sum())
+    return batch
+
+
 def _max_len(value):
     """The longest sample: an int from the collator (a SymInt under torch.compile, which int()
     would specialise, recompiling for every new length), or a tensor."""
@@ -202,7 +212,7 @@ def collator_class(base):
                 return super().__call__(features)
             batch = MultiModalDataCollatorForSeq2Seq.__call__(self, features)
             batch.pop("has_dummy_image", None)
-            return flatten_packed(batch, pad_id=getattr(self.tokenizer, "pad_token_id", None) or 0)
+            return trainer_batch(batch, pad_id=getattr(self.tokenizer, "pad_token_id", None) or 0)
 
     return VarlenNeatPackingCollator
 
@@ -216,11 +226,63 @@ def register() -> None:
     AttentionMaskInterface.register(NAME, _no_mask)
 
 
+_HOST_GROUP = None
+
+
+def host_total(count: int) -> int:
+    """The sum of `count` over every rank, through a CPU (gloo) group: no GPU work, no GPU wait."""
+    global _HOST_GROUP
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return count
+    if _HOST_GROUP is None:  # every rank reaches its first count at the same step: a collective
+        _HOST_GROUP = dist.new_group(backend="gloo")
+    total = torch.tensor([count], dtype=torch.int64)
+    dist.all_reduce(total, group=_HOST_GROUP)
+    return int(total.item())
+
+
+def count_tokens_on_host() -> None:
+    """The trainer counts a batch's tokens from TOKENS_KEY, on the host, and drops the key before the
+    model runs.
+
+    transformers' own count (`Trainer._track_num_input_tokens`) sums the batch's mask on the GPU and
+    reads it back with `.item()` after every backward pass. That waits for the GPU to finish, so
+    nothing of the next step is queued meanwhile and the host's work between steps leaves the GPU
+    idle (bench/README.md, FP8 session 25: one of two such reads per step). Batches without the key
+    (other collators) keep transformers' count."""
+    from collections.abc import Mapping
+
+    from transformers import Trainer
+
+    if getattr(Trainer, "_llmft_host_tokens", False):
+        return
+    prepare, track = Trainer._prepare_inputs, Trainer._track_num_input_tokens
+
+    def _prepare_inputs(self, inputs):
+        if isinstance(inputs, Mapping) and TOKENS_KEY in inputs:
+            inputs = {k: v for k, v in inputs.items() if k != TOKENS_KEY}
+        return prepare(self, inputs)
+
+    def _track_num_input_tokens(self, inputs):
+        count = inputs.get(TOKENS_KEY) if isinstance(inputs, Mapping) else None
+        if count is None or self.args.include_num_input_tokens_seen != "non_padding":
+            return track(self, inputs)
+        self.state.num_input_tokens_seen += host_total(int(count))
+
+    Trainer._prepare_inputs = _prepare_inputs
+    Trainer._track_num_input_tokens = _track_num_input_tokens
+    Trainer._llmft_host_tokens = True
+
+
 def install() -> None:
-    """Register the attention function and swap LLaMA-Factory's SFT collator (before run_exp)."""
+    """Register the attention function, swap LLaMA-Factory's SFT collator and count its tokens on
+    the host (before run_exp)."""
     from llamafactory.train.sft import workflow
 
     register()
+    count_tokens_on_host()
     if not getattr(workflow.SFTDataCollatorWith4DAttentionMask, "_llmft_varlen", False):
         cls = collator_class(workflow.SFTDataCollatorWith4DAttentionMask)
         cls._llmft_varlen = True
