@@ -5,7 +5,9 @@
 - the same for LoRA (its checkpoints hold the adapter), whose published outputs are the adapter and
   the merged model;
 - an absurd learning rate stops training at the first NaN with a diagnosis that names it, for full
-  and LoRA fine-tuning.
+  and LoRA fine-tuning;
+- neat packing through varlen attention (the GPU path, on its CPU reference) counts its tokens on
+  the host, equal to transformers' own count at every step.
 """
 
 import json
@@ -243,3 +245,55 @@ def test_absurd_learning_rate_stops_at_the_first_nan_with_a_diagnosis(stage, kin
     )  # fmt: skip
     assert proc.returncode != 0 and "training left no" in proc.stderr
     assert not (stage / f"diverge_{kind}_model").exists()
+
+
+PRELUDE_BOTH_COUNTS = """
+import json, os, sys, transformers
+from llmft.core import varlen
+
+own = transformers.Trainer._track_num_input_tokens  # transformers' count: reads the device
+varlen.count_tokens_on_host()
+host = transformers.Trainer._track_num_input_tokens
+
+
+def both(self, inputs):
+    before = self.state.num_input_tokens_seen
+    own(self, {k: v for k, v in inputs.items() if k != varlen.TOKENS_KEY})
+    theirs, self.state.num_input_tokens_seen = self.state.num_input_tokens_seen, before
+    host(self, inputs)
+    with open(f"counts_rank{os.environ['RANK']}.jsonl", "a") as fh:
+        fh.write(json.dumps([varlen.TOKENS_KEY in inputs, theirs, self.state.num_input_tokens_seen]) + "\\n")
+
+
+transformers.Trainer._track_num_input_tokens = both
+from llmft.sft.train import main
+
+sys.exit(main(["varlen_count.yaml"]))
+"""
+
+
+def test_varlen_batches_count_their_tokens_on_the_host_as_transformers_counts_them(stage):
+    """The GPU path's collator (neat packing through llmft's varlen attention, here on its CPU
+    reference) under ZeRO-3 on two processes, through LLaMA-Factory: counted on the host (the
+    collator's integer, summed over ranks through a gloo group), every step's running token count
+    equals the one transformers' own count reads back from the device."""
+    render(stage, "varlen_count", {"max_steps": 3, "packing": "neat"})
+    path = stage / "varlen_count.yaml"
+    text = path.read_text()
+    assert "  attention: auto" in text and "include_num_input_tokens_seen: all" in text  # the CPU plan
+    text = text.replace("  attention: auto", "  attention: varlen", 1)
+    path.write_text(
+        text.replace("include_num_input_tokens_seen: all", "include_num_input_tokens_seen: non_padding")
+    )
+    (stage / "varlen_count.py").write_text(PRELUDE_BOTH_COUNTS)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "varlen_count.py"],
+        cwd=stage, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "neat packing runs through llmft_varlen" in proc.stdout + proc.stderr
+    for rank in (0, 1):
+        rows = [json.loads(x) for x in (stage / f"counts_rank{rank}.jsonl").read_text().splitlines()]
+        assert len(rows) == 3 and all(keyed for keyed, _, _ in rows)  # every batch carried the count
+        assert [ours for _, _, ours in rows] == [theirs for _, theirs, _ in rows]
+        assert rows[0][2] > 0
