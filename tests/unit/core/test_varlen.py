@@ -200,17 +200,18 @@ def test_the_trainer_counts_varlen_tokens_on_the_host_and_the_model_never_sees_t
 
 def _sum_over_ranks(rank, path, out):
     import torch.distributed as dist
+    from llmft.core import hostcomm
 
     dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=2)
-    total = varlen.host_total(10 + rank)
-    out.put((rank, total))
+    out.put((rank, hostcomm.total(10 + rank), hostcomm.any_rank(rank == 1), hostcomm.any_rank(False)))
     dist.destroy_process_group()
 
 
-def test_host_total_sums_over_ranks_through_a_cpu_group(tmp_path):
+def test_host_collectives_sum_and_max_over_ranks_through_a_cpu_group(tmp_path):
     import torch.multiprocessing as mp
+    from llmft.core import hostcomm
 
-    assert varlen.host_total(7) == 7  # no process group: this rank's count
+    assert hostcomm.total(7) == 7 and hostcomm.any_rank(True)  # no process group: this rank's own
     ctx = mp.get_context("fork")  # CPU only: the children reuse the imported torch
     out = ctx.Queue()
     procs = [ctx.Process(target=_sum_over_ranks, args=(r, tmp_path / "init", out)) for r in range(2)]
@@ -219,4 +220,4 @@ def test_host_total_sums_over_ranks_through_a_cpu_group(tmp_path):
     results = sorted(out.get(timeout=60) for _ in procs)
     for p in procs:
         p.join(timeout=60)
-    assert results == [(0, 21), (1, 21)]
+    assert results == [(0, 21, True, False), (1, 21, True, False)]

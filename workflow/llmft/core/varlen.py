@@ -226,23 +226,6 @@ def register() -> None:
     AttentionMaskInterface.register(NAME, _no_mask)
 
 
-_HOST_GROUP = None
-
-
-def host_total(count: int) -> int:
-    """The sum of `count` over every rank, through a CPU (gloo) group: no GPU work, no GPU wait."""
-    global _HOST_GROUP
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return count
-    if _HOST_GROUP is None:  # every rank reaches its first count at the same step: a collective
-        _HOST_GROUP = dist.new_group(backend="gloo")
-    total = torch.tensor([count], dtype=torch.int64)
-    dist.all_reduce(total, group=_HOST_GROUP)
-    return int(total.item())
-
-
 def count_tokens_on_host() -> None:
     """The trainer counts a batch's tokens from TOKENS_KEY, on the host, and drops the key before the
     model runs.
@@ -254,6 +237,7 @@ def count_tokens_on_host() -> None:
     (other collators) keep transformers' count."""
     from collections.abc import Mapping
 
+    from llmft.core import hostcomm
     from transformers import Trainer
 
     if getattr(Trainer, "_llmft_host_tokens", False):
@@ -269,7 +253,7 @@ def count_tokens_on_host() -> None:
         count = inputs.get(TOKENS_KEY) if isinstance(inputs, Mapping) else None
         if count is None or self.args.include_num_input_tokens_seen != "non_padding":
             return track(self, inputs)
-        self.state.num_input_tokens_seen += host_total(int(count))
+        self.state.num_input_tokens_seen += hostcomm.total(int(count))
 
     Trainer._prepare_inputs = _prepare_inputs
     Trainer._track_num_input_tokens = _track_num_input_tokens

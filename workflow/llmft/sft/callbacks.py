@@ -5,11 +5,13 @@
   over-long rows), instead of burning GPU-hours and publishing a broken model.
 - PreemptionSaver: after SIGUSR1/SIGTERM (Slurm's --signal before the time limit, preemption) or a
   stop-request file, every rank agrees at the next optimizer step to save a checkpoint, then stops;
-  the requeued job resumes from it, losing nothing.
+  the requeued job resumes from it, losing nothing. The ranks agree on the host (llmft.core.hostcomm),
+  so the check does not wait for the GPU after every step.
 - StepClock: one line per optimizer step (wall time, tokens seen) for steady-state throughput.
 - ProfileWindow: with LLMFT_PROFILE_STEPS=FIRST:LAST, torch.profiler records those optimizer steps
   on every rank and writes a table of the most expensive kernels and operators per rank
-  (llmft_profile_rank<N>.txt), with the steps' wall time to compare GPU busy time against.
+  (llmft_profile_rank<N>.txt), with the steps' wall time to compare GPU busy time against, and the
+  timeline (llmft_trace_rank<N>.json.gz; bench/trace_gaps.py measures the GPU's idle time in it).
 - ParamCount: the trainable and total parameter counts of the model as it trains (LoRA adapters,
   frozen layers, ZeRO-3's partitioned weights counted whole), for train_summary.json.
 - StartWeights: the first trainable tensor as training starts (name, sum, sha256 of its float32
@@ -168,17 +170,6 @@ class DivergenceGuard(TrainerCallback):
         raise Diverged(diagnosis)
 
 
-def _any_rank(flag: bool, device) -> bool:
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    t = torch.tensor([1 if flag else 0], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
-
-
 class CheckpointSeal(TrainerCallback):
     """Seal checkpoint-N after every rank returned from saving it. Listed before PreemptionSaver,
     whose on_save ends the run: a checkpoint saved for a stop is sealed first."""
@@ -216,7 +207,9 @@ class PreemptionSaver(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         local = self.requested is not None or self.stop_file.exists()
-        if _any_rank(local, args.device):
+        from llmft.core import hostcomm
+
+        if hostcomm.any_rank(local):  # on the host: no GPU read after every step
             self.stopping = True
             control.should_save = True
             control.should_training_stop = True
