@@ -124,6 +124,9 @@ FP8_VARIANTS = {
     # every forward and backward), as every FP8 LoRA run was before llmft cast frozen weights once
     "fp8_lora_ao_8b": ("8b", {**LORA, "tokens_per_step": 8192, "fp8": True}, 16, 6),
     "fp8_lora_cpp_8b": ("8b", {**LORA, "tokens_per_step": 8192, "fp8": True}, 16, 6),
+    # fp8_lora_auto_8b with transformers' own token count (a GPU read after every backward) instead
+    # of llmft's host count (varlen.DEVICE_COUNT_ENV): what the host count is worth
+    "fp8_lora_devcount_8b": ("8b", {**LORA, "tokens_per_step": 8192}, 16, 6),
     "fp8_full_auto_1b": ("1b", {"fp8": True}, 24, 5),
     "fp8_full_bf16_1b": ("1b", {**BF16}, 24, 5),
     "fp8_full_hand_1b": ("1b", {**HAND_1B, **BF16}, 24, 5),
@@ -246,6 +249,7 @@ VARIANT_ENV = {
     "fp8_lora_prof_8b": {"LLMFT_PROFILE_STEPS": "6:7"},
     "lora_prof_8b": {"LLMFT_PROFILE_STEPS": "6:7"},
     "fp8_lora_cpp_8b": {"TORCHINDUCTOR_CPP_WRAPPER": "1"},
+    "fp8_lora_devcount_8b": {"LLMFT_DEVICE_TOKEN_COUNT": "1"},
     "ours_1b_rc": {"TORCH_LOGS": "recompiles"},
     "ours_8b_rc": {"TORCH_LOGS": "recompiles"},
 }

@@ -221,3 +221,19 @@ def test_host_collectives_sum_and_max_over_ranks_through_a_cpu_group(tmp_path):
     for p in procs:
         p.join(timeout=60)
     assert results == [(0, 21, True, False), (1, 21, True, False)]
+
+
+def test_install_counts_on_the_host_unless_the_bench_switch_keeps_transformers_count(monkeypatch):
+    from llamafactory.train.sft import workflow
+
+    monkeypatch.setattr(
+        workflow, "SFTDataCollatorWith4DAttentionMask", workflow.SFTDataCollatorWith4DAttentionMask
+    )
+    calls = []
+    monkeypatch.setattr(varlen, "count_tokens_on_host", lambda: calls.append("host"))
+    monkeypatch.setenv(varlen.DEVICE_COUNT_ENV, "1")
+    varlen.install()
+    assert calls == []  # transformers' own count: the bench's fp8_lora_devcount_8b
+    monkeypatch.delenv(varlen.DEVICE_COUNT_ENV)
+    varlen.install()
+    assert calls == ["host"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,9 @@ IGNORE_INDEX = -100  # transformers' and LLaMA-Factory's ignored label
 # The collator's count of a batch's real tokens, a host integer: the trainer's token count reads it
 # instead of the GPU (count_tokens_on_host); the model never sees it.
 TOKENS_KEY = "llmft_real_tokens"
+# Set to 1: keep transformers' own count (a GPU read after every backward), so a benchmark can
+# measure what counting on the host is worth in one call (bench/sft_bench.py fp8_lora_devcount_8b).
+DEVICE_COUNT_ENV = "LLMFT_DEVICE_TOKEN_COUNT"
 # A flattened row's length is padded to a multiple of this. Triton (Liger's kernels) specialises an
 # integer argument divisible by 16: rows whose length is sometimes a multiple of 16 compiled each
 # kernel again mid-run (pauses at a few steps of a job's first run; bench/README.md, SFT).
@@ -266,7 +270,8 @@ def install() -> None:
     from llamafactory.train.sft import workflow
 
     register()
-    count_tokens_on_host()
+    if os.environ.get(DEVICE_COUNT_ENV) != "1":
+        count_tokens_on_host()
     if not getattr(workflow.SFTDataCollatorWith4DAttentionMask, "_llmft_varlen", False):
         cls = collator_class(workflow.SFTDataCollatorWith4DAttentionMask)
         cls._llmft_varlen = True
