@@ -7,6 +7,14 @@ from llmft.sft.callbacks import diagnose
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    return LlamaForCausalLM(cfg)
+
+
 def test_segments_become_sequences_per_row_and_sample():
     seg = torch.tensor([[1, 1, 2, 2, 2, 0], [1, 2, 2, 3, 3, 3]])
     pos, cu, max_len = varlen.segments_to_varlen(seg)
@@ -100,8 +108,6 @@ def test_kernel_inputs_follow_autocast_like_sdpa():
 def test_flattened_batch_has_no_padding_and_the_same_loss_as_llamafactory_neat_packing():
     """The varlen collator's one-row batch (padding dropped) gives the loss LLaMA-Factory's own neat
     packing gives on the padded batch (4-D block-diagonal mask), on a tiny random Llama."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     torch.manual_seed(0)
     seg = torch.tensor([[1] * 5 + [2] * 7 + [3] * 3 + [0] * 3, [1] * 9 + [2] * 9, [1] * 6 + [0] * 12])
     ids = torch.randint(3, 100, seg.shape).masked_fill(seg == 0, 0)
@@ -123,9 +129,7 @@ def test_flattened_batch_has_no_padding_and_the_same_loss_as_llamafactory_neat_p
     # the trainer's non_padding count (attention_mask.sum()) is the real tokens only
     assert padded["attention_mask"].tolist() == [[1] * 39 + [0] * 9]
 
-    cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
-    model = LlamaForCausalLM(cfg).eval()
+    model = _tiny_llama().eval()
     varlen.register()
     with torch.no_grad():
         model.set_attn_implementation("sdpa")
@@ -150,14 +154,6 @@ def test_guard_logs_before_every_save():
     control.should_save = True
     guard.on_step_end(None, None, control)
     assert control.should_log is True
-
-
-def _tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
-    return LlamaForCausalLM(cfg)
 
 
 def test_the_trainer_counts_varlen_tokens_on_the_host_and_the_model_never_sees_the_count(tmp_path):

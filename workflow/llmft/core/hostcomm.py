@@ -10,13 +10,12 @@ touching the GPU. With no process group, or one process, each function returns i
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 _GROUP = None
 
 
 def _world() -> int:
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()):
         return 1
     return dist.get_world_size()
@@ -24,8 +23,6 @@ def _world() -> int:
 
 def _reduce(value: int, op) -> int:
     global _GROUP
-    import torch.distributed as dist
-
     if _GROUP is None:  # every rank reaches its first call at the same step: a collective
         _GROUP = dist.new_group(backend="gloo")
     t = torch.tensor([value], dtype=torch.int64)
@@ -35,13 +32,9 @@ def _reduce(value: int, op) -> int:
 
 def total(value: int) -> int:
     """The sum of `value` over every rank."""
-    import torch.distributed as dist
-
     return value if _world() == 1 else _reduce(value, dist.ReduceOp.SUM)
 
 
 def any_rank(flag: bool) -> bool:
     """True where `flag` is true on any rank."""
-    import torch.distributed as dist
-
     return flag if _world() == 1 else bool(_reduce(int(flag), dist.ReduceOp.MAX))
