@@ -5,6 +5,7 @@ render path and launcher.
     python bench/sft_bench.py lengths DATA_DIR TOKENIZER           # here: token length per train row
     python bench/sft_bench.py run NAME --out OUT [--max-steps N]   # on the GPU machine, one variant
     python bench/sft_bench.py check-varlen --out OUT               # varlen kernel vs reference
+    python bench/sft_bench.py check-fusedce --out OUT              # llmft's fused loss vs float64
     python bench/sft_bench.py triton-compiles --out OUT/triton_compiles.json  # kernels compiled, when
     python bench/sft_bench.py report OUT --json RESULT.json        # table + JSON of all variants
 
@@ -81,6 +82,10 @@ LORA_RECIPE = {
     "flash_attn": "sdpa",
     "liger_kernel": False,
 }
+# The hand-tuned LoRA is the plain tool's: LLaMA-Factory's own Liger kernels (`enable_liger_kernel`,
+# with Liger's fused loss: PLAIN_TOOL_ENV) and no compiled layers, which LLaMA-Factory has no key
+# for. Until session 26 it left sft.torch_compile on auto, so it ran llmft's per-layer compile (with
+# Liger's loss alone) as ours did; those hand-tuned LoRA rows in bench/README.md say so.
 LORA_HAND = {
     **LORA,
     "zero_stage": 0,
@@ -89,6 +94,8 @@ LORA_HAND = {
     "liger_kernel": True,
     "gradient_checkpointing": False,
     "gradient_accumulation_steps": 1,
+    "torch_compile": False,
+    "fp8": False,  # llmft's FP8 is not the plain tool's either (the *_lf_* runs add LLaMA-Factory's flag)
 }
 # FP8 (issue 33, bench/sft_fp8_bench.py reports these; one H200: BENCH_GPUS=1). llmft's FP8 run
 # (the *_auto_* names are from when `auto` turned FP8 on where the canary's FP8 leg passed; these runs
@@ -127,6 +134,10 @@ FP8_VARIANTS = {
     # fp8_lora_auto_8b with transformers' own token count (a GPU read after every backward) instead
     # of llmft's host count (varlen.DEVICE_COUNT_ENV): what the host count is worth
     "fp8_lora_devcount_8b": ("8b", {**LORA, "tokens_per_step": 8192}, 16, 6),
+    # fp8_lora_auto_8b / _1b with Liger's own fused linear + cross-entropy (its host read of the
+    # target count before every loss) instead of llmft.sft.fusedce: what leaving out that read is worth
+    "fp8_lora_ligerce_8b": ("8b", {**LORA, "tokens_per_step": 8192}, 16, 6),
+    "fp8_lora_ligerce_1b": ("1b", {**LORA, "tokens_per_step": 16384, "fp8": True}, 24, 5),
     "fp8_full_auto_1b": ("1b", {"fp8": True}, 24, 5),
     "fp8_full_bf16_1b": ("1b", {**BF16}, 24, 5),
     "fp8_full_hand_1b": ("1b", {**HAND_1B, **BF16}, 24, 5),
@@ -244,15 +255,26 @@ def lf_deepspeed(name: str, ds: dict) -> dict:
 
 
 # TORCH_LOGS=recompiles: the compiled runs log each recompilation (warm-up should end them)
+# what keeps a hand-tuned run (LORA_HAND) on LLaMA-Factory's own code where llmft's would apply
+PLAIN_TOOL_ENV = {"LLMFT_LIGER_CROSS_ENTROPY": "1"}
 VARIANT_ENV = {
     "ours_1b_prof": {"LLMFT_PROFILE_STEPS": "6:8"},
     "fp8_lora_prof_8b": {"LLMFT_PROFILE_STEPS": "6:7"},
     "lora_prof_8b": {"LLMFT_PROFILE_STEPS": "6:7"},
     "fp8_lora_cpp_8b": {"TORCHINDUCTOR_CPP_WRAPPER": "1"},
     "fp8_lora_devcount_8b": {"LLMFT_DEVICE_TOKEN_COUNT": "1"},
+    "fp8_lora_ligerce_8b": {"LLMFT_LIGER_CROSS_ENTROPY": "1"},
+    "fp8_lora_ligerce_1b": {"LLMFT_LIGER_CROSS_ENTROPY": "1"},
     "ours_1b_rc": {"TORCH_LOGS": "recompiles"},
     "ours_8b_rc": {"TORCH_LOGS": "recompiles"},
 }
+
+
+def variant_env(name: str) -> dict:
+    """The environment variables variant NAME sets: PLAIN_TOOL_ENV for the hand-tuned LoRA runs
+    (LORA_HAND's settings), then VARIANT_ENV's."""
+    plain = PLAIN_TOOL_ENV if LORA_HAND.items() <= VARIANTS[name][1].items() else {}
+    return {**plain, **VARIANT_ENV.get(name, {})}
 
 
 def config_for(name: str, max_steps: int) -> dict:
@@ -438,7 +460,7 @@ def run_variant(name: str, out: Path, max_steps: int | None, timeout: int) -> di
     py = sys.executable
     common = ["--config", str(cfg_path)]
     render = render_cmd(cfg_path, MODELS / f"llama{size}", node_facts(out), WORK / "data", rd)
-    env = llmft_env(**VARIANT_ENV.get(name, {}))
+    env = llmft_env(**variant_env(name))
     t0 = time.time()
     failed = run_stage(render, rd, "render", env)
     if failed:
@@ -721,6 +743,38 @@ def check_varlen(out: Path) -> dict:
     return res
 
 
+def check_fusedce(out: Path) -> dict:
+    """llmft.sft.fusedce's compiled GPU path in bf16 at the 8 B head's shape against float64 on the
+    materialised logits: the loss and the gradients of the input and the weight."""
+    import torch
+    from llmft.sft import fusedce
+
+    torch.manual_seed(0)
+    rows, hidden, vocab = 2048, 4096, 128256
+    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(vocab, hidden, device="cuda") / hidden**0.5).bfloat16()
+    t = torch.randint(0, vocab, (rows,), device="cuda")
+    t[::7] = -100
+    leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+    loss = fusedce.fused_linear_cross_entropy(*leaves, t, reduction="sum")
+    (loss / 1000).backward()
+    ref = [a.detach().double().requires_grad_() for a in (x, w)]
+    want = torch.nn.functional.cross_entropy(ref[0] @ ref[1].t(), t, reduction="sum")
+    (want / 1000).backward()
+
+    def rel(a, r):
+        return float((a.double() - r).norm() / r.norm())
+
+    res = {
+        "loss_rel_err": abs(float(loss) - float(want)) / abs(float(want)),
+        "grad_rel_err": [rel(a.grad, r.grad) for a, r in zip(leaves, ref, strict=True)],
+    }
+    res["ok"] = res["loss_rel_err"] < 1e-3 and max(res["grad_rel_err"]) < 2e-2
+    (out / "fusedce_check.json").write_text(json.dumps(res, indent=2))
+    print(json.dumps(res))
+    return res
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -735,6 +789,8 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--timeout", type=int, default=300)
     p = sub.add_parser("check-varlen")
+    p.add_argument("--out", required=True)
+    p = sub.add_parser("check-fusedce")
     p.add_argument("--out", required=True)
     p = sub.add_parser("triton-compiles")
     p.add_argument("--out", required=True)
@@ -756,6 +812,8 @@ def main() -> None:
         print(f"{len(found)} Triton kernels in {cache}")
     elif args.cmd == "check-varlen":
         check_varlen(Path(args.out))
+    elif args.cmd == "check-fusedce":
+        check_fusedce(Path(args.out))
     else:
         report(Path(args.out), Path(args.json) if args.json else None, args.command or shlex.join(sys.argv))
 

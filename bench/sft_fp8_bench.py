@@ -41,6 +41,13 @@ SPEED = [
         "fp8_lora_devcount_8b",
         None,
     ),
+    ("LoRA 8 B: llmft auto, llmft's fused loss / Liger's", "fp8_lora_auto_8b", "fp8_lora_ligerce_8b", None),
+    (
+        "LoRA 1.24 B: llmft auto, llmft's fused loss / Liger's",
+        "fp8_lora_auto_1b",
+        "fp8_lora_ligerce_1b",
+        None,
+    ),
     ("LoRA 8 B: FP8, torchao's casts / hand-tuned LoRA bf16", "fp8_lora_ao_8b", "fp8_lora_hand_8b", None),
     ("LoRA 1.24 B: bf16 compiled, no DeepSpeed / ZeRO-2", "lora_compile0_1b", "lora_compile_1b", None),
     ("LoRA 1.24 B: FP8 / bf16, both without DeepSpeed", "fp8_lora_z0_1b", "lora_compile0_1b", None),

@@ -52,6 +52,8 @@ PY
 say "env: $(tr -d '\n' <"$R/env.json" | head -c 600) $(tail -3 "$R/env.err")"
 timeout 120 python3 bench/sft_bench.py check-varlen --out "$R" >"$R/varlen_check.log" 2>&1
 say "varlen check: $(tail -1 "$R/varlen_check.log")"
+timeout 120 python3 bench/sft_bench.py check-fusedce --out "$R" >"$R/fusedce_check.log" 2>&1
+say "fusedce check: $(tail -1 "$R/fusedce_check.log")"
 fi
 
 # Inputs made here when only the tokenizer was carried (the data does not fit beside .whl/ in one

@@ -14,6 +14,7 @@ block read here and removed before LLaMA-Factory parses the rest:
       compile_layers: false             # torch.compile each decoder layer (CompileLayers)
       fp8: {recipe: tensorwise, frozen_cast_once: true}  # only when FP8 is planned (llmft.core.fp8)
       liger_loss_only: false            # Liger's fused linear + cross-entropy alone
+                                        # (with Liger, its fused loss runs through llmft.sft.fusedce)
       padding_free: true                # dpo only, when planned: llmft.sft.padfree's forward
       tracking: {backends: [tensorboard], dir: results/<run>/tracking, run: <run>}  # tracking.py
 
@@ -173,6 +174,10 @@ def _train(args: dict, ours: dict) -> int:
         padfree.install()
     if ours.get("liger_loss_only"):
         liger_loss_only(args["model_name_or_path"])
+    if ours.get("liger_loss_only") or args.get("enable_liger_kernel"):
+        from llmft.sft import fusedce
+
+        fusedce.install()  # Liger's fused loss without its per-step host read
     if ours.get("fp8"):
         install_fp8(
             ours["fp8"]["recipe"],

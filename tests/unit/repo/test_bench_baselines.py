@@ -1,0 +1,28 @@
+"""The bench's hand-tuned LoRA runs are the plain tool's: LLaMA-Factory's own Liger kernels, no llmft
+compiled layers and no llmft fused loss; llmft's runs keep both."""
+
+import pytest
+
+from bench import sft_bench as sb
+
+HAND = ["fp8_lora_hand_8b", "fp8_lora_hand_1b", "fp8_lora_lf_8b", "fp8_lora_lf_1b", "lora_hand_8b"]
+
+
+@pytest.mark.parametrize("name", HAND)
+def test_hand_tuned_lora_runs_only_the_plain_tools_code(name):
+    sft = sb.config_for(name, 10)["sft"]
+    assert sft["torch_compile"] is False and sft["liger_kernel"] is True and sft["fp8"] is False
+    assert sb.variant_env(name)["LLMFT_LIGER_CROSS_ENTROPY"] == "1"
+
+
+@pytest.mark.parametrize("name", ["fp8_lora_auto_8b", "fp8_lora_auto_1b", "lora_eager_8b"])
+def test_llmfts_runs_keep_llmfts_fused_loss(name):
+    assert "LLMFT_LIGER_CROSS_ENTROPY" not in sb.variant_env(name)
+    assert "torch_compile" not in sb.config_for(name, 10)["sft"] or name == "lora_eager_8b"
+
+
+def test_the_liger_loss_variants_differ_from_auto_only_in_the_loss():
+    for size in ("8b", "1b"):
+        auto, liger = sb.VARIANTS[f"fp8_lora_auto_{size}"], sb.VARIANTS[f"fp8_lora_ligerce_{size}"]
+        assert auto == liger
+        assert sb.variant_env(f"fp8_lora_ligerce_{size}") == {"LLMFT_LIGER_CROSS_ENTROPY": "1"}
