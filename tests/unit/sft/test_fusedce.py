@@ -63,6 +63,21 @@ def test_bf16_close_to_float64():
     assert abs(got.item() - want.item()) / want.item() < 1e-2
 
 
+def test_float32_inputs_under_bf16_autocast():
+    """A float32 model under bf16 autocast: bf16 logits, gradients back in float32."""
+    x, w, _, t = _case(rows=48, hidden=32, vocab=300)
+    x, w = x.float().requires_grad_(True), w.float().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = fusedce.fused_linear_cross_entropy(x, w, t, rows_per_chunk=16)
+    loss.backward()
+    assert x.grad.dtype == torch.float32 and w.grad.dtype == torch.float32
+    xr, wr = x.detach().double().requires_grad_(True), w.detach().double().requires_grad_(True)
+    torch.nn.functional.cross_entropy(xr @ wr.t(), t).backward()
+    assert abs(loss.item() - torch.nn.functional.cross_entropy(xr @ wr.t(), t).item()) < 2e-2
+    for got, want in ((x.grad, xr.grad), (w.grad, wr.grad)):
+        assert ((got.double() - want).norm() / want.norm()).item() < 3e-2
+
+
 def test_all_rows_ignored_gives_zero_not_nan():
     x, w, _, t = _case(rows=6, ignored=range(6))
     x.requires_grad_(True)

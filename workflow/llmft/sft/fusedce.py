@@ -84,7 +84,11 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             loss_rows[start:end], grad_logits = kernel(logits, target[start:end], ignore_index)
             del logits
             if grad_x is not None:
-                torch.mm(grad_logits, weight.to(grad_logits.dtype), out=grad_x[start:end])
+                w_c = weight.to(grad_logits.dtype)
+                if grad_x.dtype == grad_logits.dtype:
+                    torch.mm(grad_logits, w_c, out=grad_x[start:end])
+                else:  # float32 inputs under bf16 autocast: bf16 logits, float32 gradient
+                    grad_x[start:end] = grad_logits @ w_c
             if grad_w is not None:
                 grad_w.addmm_(grad_logits.t().to(w_dtype), x_c.to(w_dtype))
             if grad_b is not None:
