@@ -141,6 +141,7 @@ def test_route_keeps_signature_and_covers_only_plain_calls():
     assert routed(x, w, t, softcap=30.0) == "liger"
     assert routed(x, w, t, reduction="none") == "liger"
     assert routed(x, w, t, return_token_accuracy=True) == "liger"
+    assert routed(x, w.clone().requires_grad_(True), t) == "liger"  # a trainable head: not measured
 
 
 def test_install_honours_switch(monkeypatch):

@@ -12,8 +12,9 @@ needs no count at all (the trainer divides by its own `num_items_in_batch`), a "
 a GPU tensor. Per chunk: one GEMM for the logits, one compiled kernel for the row losses and the
 logits' gradient (softmax minus the one-hot target, zero on ignored rows), one GEMM for the input's
 gradient and, when the head trains, one for the weight's. `install()` routes Liger's functional entry
-through it for the arguments it covers (no label smoothing, z-loss, soft-capping, class weights or
-extra outputs) and leaves every other call to Liger. LLMFT_LIGER_CROSS_ENTROPY=1 keeps Liger's own.
+through it for the calls it covers (a frozen head; no label smoothing, z-loss, soft-capping, class
+weights or extra outputs) and leaves every other call to Liger. LLMFT_LIGER_CROSS_ENTROPY=1 keeps
+Liger's own.
 """
 
 from __future__ import annotations
@@ -154,8 +155,13 @@ _OFF = {
 
 
 def covers(arguments: dict) -> bool:
-    """Whether a call with Liger's ARGUMENTS (bound, defaults applied) is one this module computes."""
+    """Whether a call with Liger's ARGUMENTS (bound, defaults applied) is one this module computes.
+
+    Only a frozen output head (LoRA, freeze), where it was measured on a GPU; a trainable one (full
+    fine-tuning) keeps Liger's until a benchmark has compared the two there."""
     if arguments.get("reduction") not in ("mean", "sum"):
+        return False
+    if getattr(arguments.get("weight"), "requires_grad", False):
         return False
     return all(arguments.get(name, off) == off for name, off in _OFF.items())
 
