@@ -29,3 +29,12 @@ def test_the_committed_fp8_timeline_matches_the_readme():
     assert round(out["span_ms"], 1) == 808.3 and round(out["busy_ms"], 1) == 688.9
     assert out["long_gaps"] == 29
     assert "busy for 688.9 ms (85.2 %) and idle for 119.4 ms" in (REPO / "bench/README.md").read_text()
+
+
+def test_the_timeline_without_the_loss_read_matches_the_readme():
+    """Session 26's 8 B step with llmft's fused loss: the figures bench/README.md and README.md state."""
+    out = tg.report(REPO / "bench/results/sft_fp8_h200x1_ce1b_prof_trace.json.gz", min_ms=1.0)
+    assert round(out["span_ms"], 1) == 789.8 and round(out["busy_ms"], 1) == 717.3
+    assert round(100 * out["busy_ms"] / out["span_ms"], 1) == 90.8 and out["long_gaps"] == 16
+    for doc in ("README.md", "bench/README.md"):
+        assert "90.8 %" in (REPO / doc).read_text()
