@@ -140,6 +140,8 @@ FP8_VARIANTS = {
     "fp8_lora_ligerce_1b": ("1b", {**LORA, "tokens_per_step": 16384, "fp8": True}, 24, 5),
     "fp8_full_auto_1b": ("1b", {"fp8": True}, 24, 5),
     "fp8_full_bf16_1b": ("1b", {**BF16}, 24, 5),
+    # llmft's bf16 full plan with llmft.sft.fusedce on its trainable head too (LLMFT_LIGER_CROSS_ENTROPY=0)
+    "fp8_full_fusedce_1b": ("1b", {**BF16}, 24, 5),
     "fp8_full_hand_1b": ("1b", {**HAND_1B, **BF16}, 24, 5),
     # the full FP8 plan with its decoder layers compiled (torchao's float8 casts and scales fused),
     # and llmft's bf16 plan compiled the same way: is it FP8 or the compile
@@ -265,6 +267,7 @@ VARIANT_ENV = {
     "fp8_lora_devcount_8b": {"LLMFT_DEVICE_TOKEN_COUNT": "1"},
     "fp8_lora_ligerce_8b": {"LLMFT_LIGER_CROSS_ENTROPY": "1"},
     "fp8_lora_ligerce_1b": {"LLMFT_LIGER_CROSS_ENTROPY": "1"},
+    "fp8_full_fusedce_1b": {"LLMFT_LIGER_CROSS_ENTROPY": "0"},
     "ours_1b_rc": {"TORCH_LOGS": "recompiles"},
     "ours_8b_rc": {"TORCH_LOGS": "recompiles"},
 }

@@ -54,6 +54,7 @@ SPEED = [
     ("LoRA 1.24 B: FP8 without DeepSpeed / hand-tuned bf16", "fp8_lora_z0_1b", "fp8_lora_hand_1b", None),
     ("LoRA 1.24 B: bf16 without DeepSpeed / hand-tuned bf16", "lora_compile0_1b", "fp8_lora_hand_1b", None),
     ("LoRA 1.24 B: bf16 with ZeRO-2 / hand-tuned LoRA bf16", "lora_compile_1b", "fp8_lora_hand_1b", None),
+    ("full 1.24 B bf16 plan: llmft's fused loss / Liger's", "fp8_full_fusedce_1b", "fp8_full_bf16_1b", None),
     ("full 1.24 B: llmft auto / hand-tuned bf16", "fp8_full_auto_1b", "fp8_full_hand_1b", 1.6),
     ("full 1.24 B: llmft auto / llmft's own bf16 plan", "fp8_full_auto_1b", "fp8_full_bf16_1b", 1.2),
     ("full 1.24 B compiled: FP8 / bf16 plan", "fp8_full_compile_1b", "fp8_full_bf16_1b", 1.2),

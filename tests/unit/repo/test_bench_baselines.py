@@ -26,3 +26,9 @@ def test_the_liger_loss_variants_differ_from_auto_only_in_the_loss():
         auto, liger = sb.VARIANTS[f"fp8_lora_auto_{size}"], sb.VARIANTS[f"fp8_lora_ligerce_{size}"]
         assert auto == liger
         assert sb.variant_env(f"fp8_lora_ligerce_{size}") == {"LLMFT_LIGER_CROSS_ENTROPY": "1"}
+
+
+def test_the_full_fused_loss_variant_differs_from_the_bf16_plan_only_in_the_loss():
+    assert sb.VARIANTS["fp8_full_fusedce_1b"] == sb.VARIANTS["fp8_full_bf16_1b"]
+    assert sb.variant_env("fp8_full_fusedce_1b") == {"LLMFT_LIGER_CROSS_ENTROPY": "0"}
+    assert "LLMFT_LIGER_CROSS_ENTROPY" not in sb.variant_env("fp8_full_bf16_1b")

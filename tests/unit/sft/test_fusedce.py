@@ -142,6 +142,8 @@ def test_route_keeps_signature_and_covers_only_plain_calls():
     assert routed(x, w, t, reduction="none") == "liger"
     assert routed(x, w, t, return_token_accuracy=True) == "liger"
     assert routed(x, w.clone().requires_grad_(True), t) == "liger"  # a trainable head: not measured
+    trainable = fusedce.route(_liger_like, trainable_head=True)  # LLMFT_LIGER_CROSS_ENTROPY=0
+    assert torch.is_tensor(trainable(x, w.clone().requires_grad_(True), t))
 
 
 def test_install_honours_switch(monkeypatch):

@@ -29,7 +29,9 @@ import torch
 
 log = logging.getLogger("llmft.sft.fusedce")
 
-LIGER_ENV = "LLMFT_LIGER_CROSS_ENTROPY"  # "1": Liger's own fused loss, with its host read
+# "1": Liger's own fused loss everywhere (with its host read); "0": llmft's for a trainable head too
+# (full fine-tuning, not yet measured on a GPU: the bench's fp8_full_fusedce_1b); unset: frozen heads
+LIGER_ENV = "LLMFT_LIGER_CROSS_ENTROPY"
 
 
 def chunk_rows(rows: int, hidden: int, vocab: int) -> int:
@@ -154,19 +156,19 @@ _OFF = {
 }
 
 
-def covers(arguments: dict) -> bool:
+def covers(arguments: dict, trainable_head: bool = False) -> bool:
     """Whether a call with Liger's ARGUMENTS (bound, defaults applied) is one this module computes.
 
-    Only a frozen output head (LoRA, freeze), where it was measured on a GPU; a trainable one (full
-    fine-tuning) keeps Liger's until a benchmark has compared the two there."""
+    A frozen output head (LoRA, freeze), where it was measured on a GPU; a trainable one (full
+    fine-tuning) only with TRAINABLE_HEAD, until a benchmark has compared the two there."""
     if arguments.get("reduction") not in ("mean", "sum"):
         return False
-    if getattr(arguments.get("weight"), "requires_grad", False):
+    if getattr(arguments.get("weight"), "requires_grad", False) and not trainable_head:
         return False
     return all(arguments.get(name, off) == off for name, off in _OFF.items())
 
 
-def route(liger_fn):
+def route(liger_fn, trainable_head: bool = False):
     """LIGER_FN (Liger's `liger_fused_linear_cross_entropy`) with the calls `covers` accepts sent to
     `fused_linear_cross_entropy`; the signature is Liger's, which its callers inspect."""
     signature = inspect.signature(liger_fn)
@@ -176,7 +178,7 @@ def route(liger_fn):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         a = bound.arguments
-        if not covers(a):
+        if not covers(a, trainable_head):
             return liger_fn(*args, **kwargs)
         return fused_linear_cross_entropy(
             a["input"],
@@ -202,7 +204,13 @@ def install() -> bool:
         import liger_kernel.transformers.functional as functional
     except ImportError:
         return False
+    trainable = os.environ.get(LIGER_ENV) == "0"
     if not getattr(functional.liger_fused_linear_cross_entropy, "_llmft_fusedce", False):
-        functional.liger_fused_linear_cross_entropy = route(functional.liger_fused_linear_cross_entropy)
-    log.info("fused linear + cross-entropy: llmft.sft.fusedce (no host read of the target count)")
+        functional.liger_fused_linear_cross_entropy = route(
+            functional.liger_fused_linear_cross_entropy, trainable
+        )
+    log.info(
+        "fused linear + cross-entropy: llmft.sft.fusedce for a %s head (no host read of the target count)",
+        "frozen or trainable" if trainable else "frozen",
+    )
     return True
