@@ -137,6 +137,15 @@ FP8_VARIANTS = {
     # fp8_lora_auto_8b / _1b with Liger's own fused linear + cross-entropy (its host read of the
     # target count before every loss) instead of llmft.sft.fusedce: what leaving out that read is worth
     "fp8_lora_ligerce_8b": ("8b", {**LORA, "tokens_per_step": 8192}, 16, 6),
+    # the same pair logging every 10 steps, the workflow's default (the bench logs every step, and
+    # each log reads the loss back from the GPU: the one host read left in llmft's 8 B step)
+    "fp8_lora_auto_8b_log10": ("8b", {**LORA, "tokens_per_step": 8192, "logging_steps": 10}, 30, 10),
+    "fp8_lora_hand_8b_log10": (
+        "8b",
+        {**LORA_HAND, **BF16, "per_device_train_batch_size": 4, "logging_steps": 10},
+        30,
+        10,
+    ),
     "fp8_lora_ligerce_1b": ("1b", {**LORA, "tokens_per_step": 16384, "fp8": True}, 24, 5),
     "fp8_full_auto_1b": ("1b", {"fp8": True}, 24, 5),
     "fp8_full_bf16_1b": ("1b", {**BF16}, 24, 5),

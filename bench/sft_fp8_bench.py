@@ -27,6 +27,12 @@ SPEED = [
     ("LoRA 1.24 B: llmft auto / hand-tuned LoRA bf16", "fp8_lora_auto_1b", "fp8_lora_hand_1b", 1.3),
     ("LoRA 1.24 B: llmft auto / LLaMA-Factory fp8: true", "fp8_lora_auto_1b", "fp8_lora_lf_1b", 1.3),
     ("LoRA 8 B: llmft auto / hand-tuned LoRA bf16", "fp8_lora_auto_8b", "fp8_lora_hand_8b", 1.3),
+    (
+        "LoRA 8 B, logging every 10 steps: llmft auto / hand-tuned LoRA bf16",
+        "fp8_lora_auto_8b_log10",
+        "fp8_lora_hand_8b_log10",
+        1.3,
+    ),
     ("LoRA 8 B: llmft auto / LLaMA-Factory fp8: true", "fp8_lora_auto_8b", "fp8_lora_lf_8b", 1.3),
     ("LoRA 8 B: FP8 / llmft's bf16 plan, both compiled", "fp8_lora_py_8b", "lora_compile_8b", None),
     ("LoRA 8 B: llmft auto / llmft's bf16 plan (fp8: false)", "fp8_lora_auto_8b", "fp8_lora_bf16_8b", None),
