@@ -49,6 +49,9 @@ MODELS = Path(os.environ.get("BENCH_MODELS", "/tmp/models"))
 RUNS = Path(os.environ.get("BENCH_RUNS", "/tmp/bench_runs"))
 SEQ = 2048
 
+# What LLaMA-Factory cannot do is pinned off in every baseline: llmft's per-layer compile and FP8
+# (left on auto, later plans would hand them to the plain tool's runs: LORA_HAND below)
+NOT_THE_TOOLS = {"torch_compile": False, "fp8": False}
 RECIPE = {  # the by-hand recipe: LLaMA-Factory's ZeRO-3 example config, as its users run it
     "zero_stage": 3,
     "offload": False,
@@ -59,8 +62,15 @@ RECIPE = {  # the by-hand recipe: LLaMA-Factory's ZeRO-3 example config, as its 
     "flash_attn": "sdpa",
     "liger_kernel": False,
     "zero_bucket_size": "hf",
+    **NOT_THE_TOOLS,
 }
-PLAIN = {"packing": "plain", "flash_attn": "sdpa", "liger_kernel": False, "gradient_checkpointing": False}
+PLAIN = {
+    "packing": "plain",
+    "flash_attn": "sdpa",
+    "liger_kernel": False,
+    "gradient_checkpointing": False,
+    **NOT_THE_TOOLS,
+}
 # the best hand-tuned LLaMA-Factory configs measured on these GPUs before llmft: 1 B plain DDP,
 # 8 B ZeRO-2 with 5e8 buckets
 HAND_1B = {**PLAIN, "zero_stage": 0, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}
@@ -81,6 +91,7 @@ LORA_RECIPE = {
     "packing": "off",
     "flash_attn": "sdpa",
     "liger_kernel": False,
+    **NOT_THE_TOOLS,
 }
 # The hand-tuned LoRA is the plain tool's: LLaMA-Factory's own Liger kernels (`enable_liger_kernel`,
 # with Liger's fused loss: PLAIN_TOOL_ENV) and no compiled layers, which LLaMA-Factory has no key
@@ -94,8 +105,7 @@ LORA_HAND = {
     "liger_kernel": True,
     "gradient_checkpointing": False,
     "gradient_accumulation_steps": 1,
-    "torch_compile": False,
-    "fp8": False,  # llmft's FP8 is not the plain tool's either (the *_lf_* runs add LLaMA-Factory's flag)
+    **NOT_THE_TOOLS,  # the *_lf_* runs add LLaMA-Factory's own fp8 flag to the YAML
 }
 # FP8 (issue 33, bench/sft_fp8_bench.py reports these; one H200: BENCH_GPUS=1). llmft's FP8 run
 # (the *_auto_* names are from when `auto` turned FP8 on where the canary's FP8 leg passed; these runs

@@ -32,3 +32,13 @@ def test_the_full_fused_loss_variant_differs_from_the_bf16_plan_only_in_the_loss
     assert sb.VARIANTS["fp8_full_fusedce_1b"] == sb.VARIANTS["fp8_full_bf16_1b"]
     assert sb.variant_env("fp8_full_fusedce_1b") == {"LLMFT_LIGER_CROSS_ENTROPY": "0"}
     assert "LLMFT_LIGER_CROSS_ENTROPY" not in sb.variant_env("fp8_full_bf16_1b")
+
+
+def test_every_baseline_pins_off_what_llamafactory_cannot_do():
+    """The by-hand recipes and hand-tuned runs, full and LoRA: no llmft compile, no llmft FP8, whatever
+    `auto` would choose for llmft's own runs."""
+    baselines = [n for n in sb.VARIANTS if any(tag in n for tag in ("hand", "recipe", "_lf_"))]
+    assert len(baselines) >= 12
+    for name in baselines:
+        sft = sb.config_for(name, 10)["sft"]
+        assert sft["torch_compile"] is False and sft["fp8"] is False, name
