@@ -77,6 +77,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         w_dtype = accum_dtype or weight.dtype
         grad_w = torch.zeros_like(weight, dtype=w_dtype) if need_w else None
         grad_b = torch.zeros_like(bias, dtype=w_dtype) if need_b else None
+        w_for_x = None  # the weight in the logits' dtype, cast once (a copy only under autocast)
         loss_rows = torch.empty(rows, dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
         for start in range(0, rows, step):
             end = min(rows, start + step)
@@ -87,38 +88,39 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             loss_rows[start:end], grad_logits = kernel(logits, target[start:end], ignore_index)
             del logits
             if grad_x is not None:
-                w_c = weight.to(grad_logits.dtype)
+                if w_for_x is None:
+                    w_for_x = weight.to(grad_logits.dtype)
                 if grad_x.dtype == grad_logits.dtype:
-                    torch.mm(grad_logits, w_c, out=grad_x[start:end])
+                    torch.mm(grad_logits, w_for_x, out=grad_x[start:end])
                 else:  # float32 inputs under bf16 autocast: bf16 logits, float32 gradient
-                    grad_x[start:end] = grad_logits @ w_c
+                    grad_x[start:end] = grad_logits @ w_for_x
             if grad_w is not None:
                 grad_w.addmm_(grad_logits.t().to(w_dtype), x_c.to(w_dtype))
             if grad_b is not None:
                 grad_b.add_(grad_logits.sum(0).to(w_dtype))
         loss = loss_rows.sum()
+        grads = [g for g in (grad_x, grad_w, grad_b) if g is not None]
         if reduction == "mean":
             count = (target != ignore_index).sum().clamp(min=1)  # stays on the GPU
             loss = loss / count
-            for grad in (grad_x, grad_w, grad_b):
-                if grad is not None:
-                    grad.div_(count)
-        ctx.save_for_backward(*(g if g is not None else torch.empty(0) for g in (grad_x, grad_w, grad_b)))
-        ctx.has = (grad_x is not None, grad_w is not None, grad_b is not None)
-        ctx.dtypes = (weight.dtype, bias.dtype if bias is not None else None)
+            for grad in grads:
+                grad.div_(count)
+        ctx.save_for_backward(*grads)
+        ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
         return loss
 
     @staticmethod
     def backward(ctx, grad_output):
-        saved = ctx.saved_tensors
+        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[3])
+        saved = iter(ctx.saved_tensors)
         out = []
-        for has, grad, dtype in zip(ctx.has, saved, (None, *ctx.dtypes), strict=True):
-            if not has:
+        for need, dtype in zip(needs, ctx.dtypes, strict=True):
+            if not need:
                 out.append(None)
                 continue
             # a multiply, not a test of grad_output == 1: comparing would read the GPU again
-            grad = grad.mul_(grad_output.to(grad.dtype))
-            out.append(grad if dtype is None else grad.to(dtype))
+            grad = next(saved)
+            out.append(grad.mul_(grad_output.to(grad.dtype)).to(dtype))
         return out[0], out[1], None, out[2], None, None, None, None
 
 
