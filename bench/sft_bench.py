@@ -726,6 +726,18 @@ def token_lengths(data_dir: Path, tokenizer: str, template: str = "default") -> 
     return out
 
 
+def _rel_err(got, ref) -> float:
+    """|got - ref| / |ref|, with GOT taken to REF's dtype and device first."""
+    return float((got.to(ref) - ref).norm() / ref.norm())
+
+
+def _record(path: Path, res: dict) -> dict:
+    """A GPU check's result: written to PATH and printed as one JSON line (the driver log's)."""
+    path.write_text(json.dumps(res, indent=2))
+    print(json.dumps(res))
+    return res
+
+
 def check_varlen(out: Path) -> dict:
     """The GPU kernel against the per-sample SDPA reference in fp32: outputs and gradients."""
     import torch
@@ -751,18 +763,13 @@ def check_varlen(out: Path) -> dict:
     out_ref, _ = varlen.attention(None, *ref_leaves, None, scaling=d**-0.5, **{**kwargs, "cu_seq_lens_q": cu})
     out_ref.backward(grad.float().cpu())
 
-    def rel(a, r):
-        return float((a.float().cpu() - r).norm() / r.norm())
-
     res = {
         "available": varlen.available(),
-        "output_rel_err": rel(out_gpu.detach(), out_ref.detach()),
-        "grad_rel_err": [rel(a.grad, r.grad) for a, r in zip(leaves, ref_leaves, strict=True)],
+        "output_rel_err": _rel_err(out_gpu.detach(), out_ref.detach()),
+        "grad_rel_err": [_rel_err(a.grad, r.grad) for a, r in zip(leaves, ref_leaves, strict=True)],
     }
     res["ok"] = res["output_rel_err"] < 2e-2 and max(res["grad_rel_err"]) < 2e-2
-    (out / "varlen_check.json").write_text(json.dumps(res, indent=2))
-    print(json.dumps(res))
-    return res
+    return _record(out / "varlen_check.json", res)
 
 
 def check_fusedce(out: Path) -> dict:
@@ -784,17 +791,12 @@ def check_fusedce(out: Path) -> dict:
     want = torch.nn.functional.cross_entropy(ref[0] @ ref[1].t(), t, reduction="sum")
     (want / 1000).backward()
 
-    def rel(a, r):
-        return float((a.double() - r).norm() / r.norm())
-
     res = {
         "loss_rel_err": abs(float(loss) - float(want)) / abs(float(want)),
-        "grad_rel_err": [rel(a.grad, r.grad) for a, r in zip(leaves, ref, strict=True)],
+        "grad_rel_err": [_rel_err(a.grad, r.grad) for a, r in zip(leaves, ref, strict=True)],
     }
     res["ok"] = res["loss_rel_err"] < 1e-3 and max(res["grad_rel_err"]) < 2e-2
-    (out / "fusedce_check.json").write_text(json.dumps(res, indent=2))
-    print(json.dumps(res))
-    return res
+    return _record(out / "fusedce_check.json", res)
 
 
 def main() -> None:
