@@ -29,7 +29,7 @@ set -u
 which=${1:?usage: bash bench/sft_fp8_gpu.sh lora1b|lora8b|full1b|full1b_compile|acc_full|acc_lora|prof8b|levers8b|zero8b|zero1b|auto8b|once8b|check8b|proffp8|lora2|count8b|ce8b|ce1b|ce1b_prof|plain8b|cefull1b|log8b}
 case $which in
   lora1b) specs="fp8_lora_hand_1b:60 fp8_lora_auto_1b:80 fp8_lora_lf_1b:60" ;;
-  lora8b) specs="fp8_lora_hand_8b:110 fp8_lora_auto_8b:120 fp8_lora_lf_8b:70 fp8_lora_z0_8b:110" ;;
+  lora8b) specs="fp8_lora_hand_8b:110 fp8_lora_auto_8b:140 fp8_lora_lf_8b:110" ;;
   full1b) specs="fp8_full_hand_1b:70 fp8_full_bf16_1b:70 fp8_full_auto_1b:90" ;;
   full1b_compile) specs="fp8_full_bf16_1b:70 fp8_full_compile_1b:120 fp8_full_bf16c_1b:100" ;;
   acc_full) specs="acc_full_bf16_1b:230 acc_full_fp8_1b:230" ;;
