@@ -33,7 +33,13 @@ sft.seed, and the JSON keeps its keys):
   these keys (nightly.continue_learning_rate_factor, nightly.replay_fraction, sft.num_train_epochs...);
   its token ratio is the retrain's trained tokens over its own;
 - --jobs N: pipelines side by side (the first run's verify_env runs alone first; the others reuse its
-  verify.json, as the serial bench always did).
+  verify.json, as the serial bench always did);
+- --retrain-from FILE: no retrain runs; each seed's retrain is the one FILE (an earlier result of this
+  bench with the same rows and settings) recorded, for trying continued runs in less device time. Its
+  predictions were not recorded, so there is no row-paired gap against it: `metric_gap` is the
+  difference of the two exact matches on the same held-out rows, and `night1_as_recorded` says whether
+  this call's night1 scored what FILE's did (the runs repeat to the digit on one machine; if they do
+  not, the recorded retrain is not this code's).
 
 `per_seed` holds each seed's runs, gaps and paired rows; `summary` each variant's mean gap over the
 seeds (`paired`: retrain minus continue, both on the same held-out rows; `vs_parent`: night1 minus
@@ -261,6 +267,9 @@ class Bench:
         self.errors: list[str] = []
         self.lock = threading.Lock()
         self.verify_json = self.work(self.seeds[0], "night1") / "results/night1/env/verify.json"
+        self.recorded = recorded_runs(args.retrain_from) if args.retrain_from else {}
+        if missing := [s for s in self.seeds if s not in self.recorded and args.retrain_from]:
+            raise SystemExit(f"--retrain-from {args.retrain_from} has no retrain of seed(s) {missing}")
         self.start = time.perf_counter()
 
     def work(self, seed: int, name: str) -> Path:
@@ -324,17 +333,30 @@ class Bench:
             nights = {}
             for seed in self.seeds:
                 nights[seed] = pool.submit(self.task, seed, "night1", "night1.jsonl", {})
-                pool.submit(self.task, seed, "retrain", "night2.jsonl", {})
+                if seed not in self.recorded:
+                    pool.submit(self.task, seed, "retrain", "night2.jsonl", {})
             for variant, keys in self.variants.items():
                 extra = {**keys, "model": {**keys.get("model", {}), "continue_from": "results/night1"}}
                 for seed in self.seeds:
                     pool.submit(self.task, seed, continued(variant), "night2.jsonl", extra, nights[seed])
 
+    def retrain_of(self, seed: int) -> dict | None:
+        """This call's retrain of `seed`, else the one --retrain-from recorded (no predictions)."""
+        if got := self.done.get((seed, "retrain")):
+            return got
+        if rec := self.recorded.get(seed):
+            return {**rec["retrain"], "predictions": []}
+        return None
+
     def seed_result(self, seed: int) -> dict | None:
-        night1, retrain = self.done.get((seed, "night1")), self.done.get((seed, "retrain"))
+        night1, retrain = self.done.get((seed, "night1")), self.retrain_of(seed)
         if not retrain:
             return None
         out = {"seed": seed, "night1": slim(night1), "retrain": slim(retrain), "continue": {}, "variants": {}}
+        if seed in self.recorded:
+            was = self.recorded[seed]["night1"]["tuned"].get(self.metric)
+            out["retrain_recorded"] = self.args.retrain_from
+            out["night1_as_recorded"] = bool(night1) and night1["tuned"].get(self.metric) == was
         em = {
             "night1": night1 and night1["tuned"].get(self.metric),
             "retrain": retrain["tuned"].get(self.metric),
@@ -370,7 +392,8 @@ class Bench:
         }
         per_seed = [r for r in (self.seed_result(s) for s in self.seeds) if r]
         first = self.seeds[0]
-        night1, retrain, cont = (self.done.get((first, n)) for n in ("night1", "retrain", "continue"))
+        night1, cont = self.done.get((first, "night1")), self.done.get((first, "continue"))
+        retrain = self.retrain_of(first)
         for key, got in (("night1", night1), ("retrain", retrain), ("continue", cont)):
             if got:
                 out[key] = slim(got)
@@ -406,8 +429,10 @@ class Bench:
         diffs = [r["variants"][variant]["diffs"] for r in have]
         parent = [r["variants"][variant]["parent_diffs"] for r in have]
         ratios = [r["variants"][variant]["token_ratio"] for r in have]
+        gaps = [r["variants"][variant]["metric_gap"] for r in have]
         name = continued(variant)
         return {
+            "metric_gap": {"per_seed": gaps, "mean": mean(gaps)},
             "overrides": self.variants[variant],
             "seeds": [r["seed"] for r in have],
             "token_ratio": {"per_seed": ratios, "mean": mean(ratios), "min": min(ratios, default=None)},
@@ -422,6 +447,11 @@ class Bench:
     def write(self) -> None:
         if self.args.out:
             Path(self.args.out).write_text(json.dumps(self.result(), indent=2) + "\n")
+
+
+def recorded_runs(path: str) -> dict[int, dict]:
+    """Each seed's night1 and retrain as an earlier result of this bench recorded them."""
+    return {r["seed"]: r for r in json.loads(Path(path).read_text())["per_seed"] if r.get("retrain")}
 
 
 def complete(diffs: list[list[float] | None]) -> bool:
@@ -478,17 +508,24 @@ def report(out: dict) -> None:
     for variant, s in out["summary"].items():
         p, em, ratio = s["paired"], s[f"mean_{metric}"], s["token_ratio"]
         keys = f" {json.dumps(s['overrides'])}" if s["overrides"] else ""
-        if not p:
-            print(f"{variant}: no complete paired rows (seeds {s['seeds']})")
-            continue
-        print(
+        head = (
             f"{variant}{keys}: seeds {s['seeds']}, token ratio mean {ratio['mean']}x "
             f"(min {ratio['min']}x); mean {metric} night1 {em['night1']}, retrain {em['retrain']}, "
-            f"continue {em[continued(variant)]}; gaps {p['gaps']}, mean {p['gap']:+.4f} on {p['rows']} "
-            f"rows, SE {p['standard_error']:.4f} (rows {p['standard_error_rows']}, seeds "
-            f"{p['standard_error_seeds']}), 95 % one-sided [{p['low_95']:+.4f}, {p['high_95']:+.4f}] "
-            f"vs tolerance {tolerance}: {p['verdict']}"
+            f"continue {em[continued(variant)]}"
         )
+        if not p:
+            gap = s["metric_gap"]
+            print(
+                f"{head}; retrain - continue {gap['per_seed']}, mean {gap['mean']} (no row-paired "
+                "gap: a recorded retrain, or rows missing)"
+            )
+        else:
+            print(
+                f"{head}; gaps {p['gaps']}, mean {p['gap']:+.4f} on {p['rows']} rows, SE "
+                f"{p['standard_error']:.4f} (rows {p['standard_error_rows']}, seeds "
+                f"{p['standard_error_seeds']}), 95 % one-sided [{p['low_95']:+.4f}, {p['high_95']:+.4f}] "
+                f"vs tolerance {tolerance}: {p['verdict']}"
+            )
         if q := s["vs_parent"]:
             print(
                 f"  vs its parent night1 (what the gate compares) on the {q['rows']} rows both scored: gaps "
@@ -519,6 +556,9 @@ def main() -> int:
     )
     parser.add_argument("--jobs", type=int, default=1, help="pipelines run side by side")
     parser.add_argument("--deadline", type=float, help="start no run after this many seconds")
+    parser.add_argument(
+        "--retrain-from", metavar="FILE", help="no retrain runs: each seed's as FILE recorded it"
+    )
     args = parser.parse_args()
     if args.scratch:
         Path(args.scratch).mkdir(parents=True, exist_ok=True)
