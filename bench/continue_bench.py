@@ -290,6 +290,8 @@ class Bench:
 
     def verify(self) -> None:
         """The first run's verify_env alone, before any pipeline runs beside it."""
+        if self.args.resume and self.verify_json.is_file():
+            return
         seed = self.seeds[0]
         work = self.prepare(seed, "night1", "night1.jsonl")
         run(work, "night1", "night1.jsonl", self.overrides(seed), ("results/night1/env/verify.json",))
@@ -300,6 +302,10 @@ class Bench:
                 parent.result()
             if self.args.deadline and time.perf_counter() - self.start > self.args.deadline:
                 raise RuntimeError(f"{name} of seed {seed} not started: past --deadline")
+            done = self.work(seed, name) / "results" / name / "report/summary.json"
+            if self.args.resume and done.is_file():  # a finished run of the call --resume names
+                self.finish(seed, name, facts(self.work(seed, name), name, 0.0))
+                return
             work = self.prepare(seed, name, data)
             if parent is not None:
                 dest = work / "results/night1"
@@ -310,22 +316,25 @@ class Bench:
                 env_dir.mkdir(parents=True, exist_ok=True)
                 shutil.copy(self.verify_json, env_dir / "verify.json")
             seconds = run(work, name, data, self.overrides(seed, extra))
-            got = facts(work, name, seconds)
-            got["predictions"] = predictions(work, name)
-            with self.lock:
-                self.done[(seed, name)] = got
-                print(
-                    f"[{time.perf_counter() - self.start:6.0f} s] seed {seed} {name}: {seconds} s, "
-                    f"{self.metric} {got['tuned'].get(self.metric)}",
-                    flush=True,
-                )
-                self.write()
+            self.finish(seed, name, facts(work, name, seconds))
         except Exception as exc:
             with self.lock:
                 self.errors.append(f"seed {seed} {name}: {exc}")
                 print(f"seed {seed} {name}: {exc}", file=sys.stderr, flush=True)
                 self.write()
             raise
+
+    def finish(self, seed: int, name: str, got: dict) -> None:
+        got["predictions"] = predictions(self.work(seed, name), name)
+        seconds = got["pipeline_seconds"]
+        with self.lock:
+            self.done[(seed, name)] = got
+            print(
+                f"[{time.perf_counter() - self.start:6.0f} s] seed {seed} {name}: {seconds} s, "
+                f"{self.metric} {got['tuned'].get(self.metric)}",
+                flush=True,
+            )
+            self.write()
 
     def execute(self) -> None:
         self.verify()
@@ -557,12 +566,20 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1, help="pipelines run side by side")
     parser.add_argument("--deadline", type=float, help="start no run after this many seconds")
     parser.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="an earlier call's --keep'd working directories: its finished runs reused",
+    )
+    parser.add_argument(
         "--retrain-from", metavar="FILE", help="no retrain runs: each seed's as FILE recorded it"
     )
     args = parser.parse_args()
     if args.scratch:
         Path(args.scratch).mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="llmft-continue-bench.", dir=args.scratch))
+    if args.resume:  # the working directories of an earlier call, its finished runs reused
+        scratch = Path(args.resume)
+    else:
+        scratch = Path(tempfile.mkdtemp(prefix="llmft-continue-bench.", dir=args.scratch))
     bench = Bench(args, scratch)
     try:
         bench.execute()
