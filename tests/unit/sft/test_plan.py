@@ -115,7 +115,15 @@ def test_fp8_predictions_against_every_measured_fp8_peak(model):
     float8 decoder layers compiled), LoRA at 1.24 B and 8 B and full at 1.24 B: the planner's FP8 peak
     is within TOLERANCE of torch's max allocated, and a LoRA one never under it by more than 5 %."""
     checked = []
-    for name in ["lora1b", "lora8b", "full1b_compile", "acc_full", "acc_lora"]:
+    for name in [
+        "lora1b",
+        "lora1b_20261202",
+        "lora8b",
+        "lora8b_20261203",
+        "full1b_compile",
+        "acc_full",
+        "acc_lora",
+    ]:
         for run, r in json.loads((REPO / f"bench/results/sft_fp8_h200x1_{name}.json").read_text())[
             "runs"
         ].items():
