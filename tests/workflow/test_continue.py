@@ -85,7 +85,10 @@ def full(work):
 def lora(full):
     proc = run_with(full, "lp", "parent.jsonl", **LORA)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    proc = run_with(full, "lc", "child.jsonl", **LORA, model__continue_from="results/lp")
+    # one epoch (nightly.continue_epochs) where its parent trained FAST's two
+    proc = run_with(
+        full, "lc", "child.jsonl", **LORA, model__continue_from="results/lp", nightly__continue_epochs=1.0
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return full
 
@@ -146,8 +149,12 @@ def test_a_continued_run_trains_the_new_rows_and_a_replay_share(full, lora, pare
         fed = json.loads((results / run / "sft/train_summary.json").read_text())["train_tokens"]
         planned = planned if isinstance(planned, int) else planned["trained"]
         assert planned == pytest.approx(fed, rel=0.03), (run, planned, fed)
-    # two epochs of whole 2 x 16-row micro-batches: the one-pass token count alone is far off
-    assert tokens["trained"] >= 2 * tokens["one_pass"]["trained"]
+    # two epochs of whole 2 x 16-row micro-batches (lc: one, nightly.continue_epochs; a retrain
+    # two): the one-pass token count alone is far off
+    epochs = 1 if child == "lc" else 2
+    assert tokens["steps"]["epochs"] == epochs and tokens["steps"]["retrain_epochs"] == 2
+    assert tokens["trained"] >= epochs * tokens["one_pass"]["trained"]
+    assert tokens["full_retrain"] >= 2 * tokens["one_pass"]["full_retrain"]
     from llmft.data.prepare import content_key
 
     # the held-out split never moves: every parent held-out row still in the data is held out again
@@ -185,6 +192,7 @@ def test_lora_continue_keeps_training_the_parents_adapter(lora):
     args = yaml.safe_load((results / "lc/sft/llamafactory.yaml").read_text())
     assert args["adapter_name_or_path"] == "results/lp/sft/adapter" and args["create_new_adapter"] is False
     assert args["model_name_or_path"] == "results/lc/base_model"
+    assert args["num_train_epochs"] == 1.0  # nightly.continue_epochs, not sft's 2
     after = load_file(results / "lc/sft/adapter/adapter_model.safetensors")
     assert set(after) == set(adapter)  # the same adapter, trained on: no second one
     assert any(not (after[k] == adapter[k]).all() for k in adapter)

@@ -26,6 +26,7 @@ rule render_sft_config:
                 "model.continue_from",
                 "nightly.continue_learning_rate",
                 "nightly.continue_learning_rate_factor",
+                "nightly.continue_epochs",
             ),
         ),
     shell:

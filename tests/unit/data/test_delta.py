@@ -165,3 +165,31 @@ def test_the_cost_counts_the_tokens_the_trainer_feeds():
     )
     assert (cost["trained"], cost["full_retrain"]) == (9600, 64000)
     assert cost_line(cost) == "trains 9,600 tokens, a full retrain would train 64,000: 6.7x fewer"
+
+
+def test_nightly_continue_epochs_sets_a_continued_runs_epochs_not_the_retrains():
+    """nightly.continue_epochs: the continued run trains that many epochs (the YAML's and the cost's
+    trained figure); the full retrain it is compared with keeps sft.num_train_epochs; a run from the
+    base model ignores it."""
+    from types import SimpleNamespace
+
+    from llmft.core.lineage import continue_epochs, run_cost, training_steps
+    from llmft.sft.render import epochs_text
+
+    plan = SimpleNamespace(micro_batch=16, gradient_accumulation=1, packing="off")
+    raw = {"sft": {"num_train_epochs": 20.0}, "nightly": {"continue_epochs": 4.0}}
+    base = validate(raw)
+    assert continue_epochs(base) == 4.0  # what a continued run of this config would train
+    assert training_steps(base, plan, 2)["epochs"] == 20.0  # but this run is from the base model
+    cont = validate({**raw, "model": {"continue_from": "results/p"}})
+    steps = training_steps(cont, plan, 2)
+    assert (steps["epochs"], steps["retrain_epochs"]) == (4.0, 20.0)
+    cost = run_cost(
+        {"train_rows": 64, "full_train_rows": 640, "tokens": {"trained": 640, "full_retrain": 6400}}, steps
+    )
+    assert (cost["trained"], cost["full_retrain"]) == (4 * 640, 20 * 6400)
+    assert epochs_text(steps) == "4 epoch(s), a retrain 20"
+    unset = validate({"sft": {"num_train_epochs": 20.0}, "model": {"continue_from": "results/p"}})
+    assert continue_epochs(unset) == 20.0 and epochs_text(training_steps(unset, plan, 2)) == "20 epoch(s)"
+    with pytest.raises(ConfigError, match=r"nightly\.continue_epochs"):
+        validate({"nightly": {"continue_epochs": 0}})

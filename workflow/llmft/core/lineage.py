@@ -266,6 +266,12 @@ def continue_learning_rate(cfg: dict) -> float:
     return night["continue_learning_rate_factor"] * cfg["sft"]["learning_rate"]
 
 
+def continue_epochs(cfg: dict) -> float:
+    """The epochs of a continued run's fresh schedule (nightly.continue_epochs, else sft's)."""
+    epochs = cfg["nightly"]["continue_epochs"]
+    return cfg["sft"]["num_train_epochs"] if epochs is None else epochs
+
+
 def start_args(cfg: dict, base_model: str) -> dict:
     """LLaMA-Factory's model arguments of a continued run: full/freeze load the parent's published
     model; LoRA loads the base and the parent's adapter, and trains that adapter on (not a new one)."""
@@ -302,12 +308,15 @@ def fed_tokens(rows: int, tokens: int, steps: dict) -> int:
 
 
 def training_steps(cfg: dict, plan, world: int) -> dict:
-    """What fed_tokens needs of a rendered plan: processes, micro-batch, accumulation, epochs."""
+    """What fed_tokens needs of a rendered plan: processes, micro-batch, accumulation, epochs (this
+    run's, and a retrain's: sft.num_train_epochs)."""
+    continued = parent_of(cfg) is not None
     return {
         "world": world,
         "micro_batch": plan.micro_batch,
         "accumulation": plan.gradient_accumulation,
-        "epochs": cfg["sft"]["num_train_epochs"],
+        "epochs": continue_epochs(cfg) if continued else cfg["sft"]["num_train_epochs"],
+        "retrain_epochs": cfg["sft"]["num_train_epochs"],
         "max_steps": cfg["sft"]["max_steps"],
         "packed": plan.packing != "off",
     }
@@ -322,7 +331,11 @@ def run_cost(delta: dict, steps: dict) -> dict | None:
     full_rows = delta.get("full_train_rows") or delta["train_rows"]
     return {
         "trained": fed_tokens(delta["train_rows"], tokens["trained"], steps),
-        "full_retrain": fed_tokens(full_rows, tokens["full_retrain"], steps),
+        "full_retrain": fed_tokens(
+            full_rows,
+            tokens["full_retrain"],
+            {**steps, "epochs": steps.get("retrain_epochs", steps["epochs"])},
+        ),
         "one_pass": {"trained": tokens["trained"], "full_retrain": tokens["full_retrain"]},
         "steps": steps,
     }

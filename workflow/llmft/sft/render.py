@@ -157,7 +157,7 @@ def _default_args(cfg: dict, base_model: str, data_dir: str, plan: Plan, platfor
         "gradient_accumulation_steps": plan.gradient_accumulation,
         # a continued run: a fresh schedule (warmup and decay again) at its own rate, a new optimizer
         "learning_rate": lineage.continue_learning_rate(cfg) if continued else sft["learning_rate"],
-        "num_train_epochs": sft["num_train_epochs"],
+        "num_train_epochs": lineage.continue_epochs(cfg) if continued else sft["num_train_epochs"],
         "max_steps": sft["max_steps"],
         "lr_scheduler_type": sft["lr_scheduler_type"],
         "warmup_ratio": sft["warmup_ratio"],
@@ -308,15 +308,20 @@ def continue_text(cfg: dict, base_model: str, delta: dict, cost: dict | None = N
     line = lineage.cost_line(cost)
     if line:
         steps = cost["steps"]
-        how = (
-            f"{steps['max_steps']} steps" if steps["max_steps"] > 0 else f"{steps['epochs']:g} epoch(s)"
-        ) + (
+        how = (f"{steps['max_steps']} steps" if steps["max_steps"] > 0 else epochs_text(steps)) + (
             ""
             if steps["packed"]
             else f", each pass's last micro-batches filled to {steps['world']} x {steps['micro_batch']} rows"
         )
         lines.append(f"{line} (tokens the trainer feeds: {how})")
     return "\n".join(lines)
+
+
+def epochs_text(steps: dict) -> str:
+    """ "N epoch(s)", and a retrain's where nightly.continue_epochs makes them differ."""
+    retrain = steps.get("retrain_epochs", steps["epochs"])
+    text = f"{steps['epochs']:g} epoch(s)"
+    return text if retrain == steps["epochs"] else f"{text}, a retrain {retrain:g}"
 
 
 def check_packed(args: dict, data_dir: str) -> None:
