@@ -47,7 +47,7 @@ case $which in
   ce1b) specs="fp8_lora_hand_1b:60 fp8_lora_auto_1b:80 fp8_lora_ligerce_1b:80" ;;
   ce1b_prof) specs="fp8_lora_hand_1b:60 fp8_lora_auto_1b:80 fp8_lora_ligerce_1b:80 fp8_lora_prof_8b:150" ;;
   plain8b) specs="fp8_lora_hand_8b:110 fp8_lora_auto_8b:140" ;;
-  cefull1b) specs="fp8_full_bf16_1b:70 fp8_full_fusedce_1b:70" ;;
+  cefull1b) specs="fp8_full_bf16_1b:85 fp8_full_fusedce_1b:85" ;;
   log8b) specs="fp8_lora_hand_8b_log10:120 fp8_lora_auto_8b_log10:150" ;;
   lora2) specs="fp8_lora_hand_8b:110 fp8_lora_auto_8b:140 fp8_lora_hand_1b:60 fp8_lora_auto_1b:80" ;;
   *) echo "unknown comparison $which" >&2; exit 2 ;;
