@@ -39,7 +39,10 @@ sft.seed, and the JSON keeps its keys):
   predictions were not recorded, so there is no row-paired gap against it: `metric_gap` is the
   difference of the two exact matches on the same held-out rows, and `night1_as_recorded` says whether
   this call's night1 scored what FILE's did (the runs repeat to the digit on one machine; if they do
-  not, the recorded retrain is not this code's).
+  not, the recorded retrain is not this code's);
+- --resume DIR: an earlier call's working directories (kept with --keep; DIR is the folder that call
+  made under --scratch): its finished runs (report/summary.json written) are read, not run again, so a
+  call stopped at its deadline after the night1 runs can go on to the continued runs.
 
 `per_seed` holds each seed's runs, gaps and paired rows; `summary` each variant's mean gap over the
 seeds (`paired`: retrain minus continue, both on the same held-out rows; `vs_parent`: night1 minus

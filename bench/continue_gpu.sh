@@ -4,7 +4,9 @@
 #   DEADLINE=430 CONTINUE_RUN_S=135 bash bench/continue_gpu.sh --rows 6000 --seeds 1 2 3 --jobs 9 \
 #     --set data.heldout_fraction=0.4 --set eval.max_rows=100000 \
 #     --variant lr0.25:nightly.continue_learning_rate_factor=0.25
-# (~400 s: three seeds' night1 and retrain side by side, then their continued runs.)
+# (~400 s: three seeds' night1 and retrain side by side, then their continued runs.) On a warm
+# machine, --resume "$(ls -d /tmp/continue_bench/work/llmft-continue-bench.*)" goes on from the last
+# call's finished runs; --retrain-from bench/results/<file>.json reuses that file's retrains.
 # Every argument goes to continue_bench.py, after the keys this script sets: hardware.gpus_per_node=1,
 # processes_per_node=0 (one process on the GPU) and sft.precision=bf16 (the GPU's setting; the runs
 # in bench/results were made so. The demo config's fp32 failed there at the first step, "FlashAttention
