@@ -108,8 +108,9 @@ LORA_HAND = {
     **NOT_THE_TOOLS,  # the *_lf_* runs add LLaMA-Factory's own fp8 flag to the YAML
 }
 # FP8 (issue 33, bench/sft_fp8_bench.py reports these; one H200: BENCH_GPUS=1). llmft's FP8 run
-# (the *_auto_* names are from when `auto` turned FP8 on where the canary's FP8 leg passed; these runs
-# measured it slower, so `auto` now stays off and the runs pin sft.fp8: true) against
+# (fp8_lora_auto_1b pins sft.fp8: true, from when `auto` kept FP8 off at 1.24 B; `auto` now turns it
+# on for LoRA where the canary's FP8 leg passed and the measured step ratio (llmft.core.fp8
+# PIPELINE_RATIO) is over 1, which it is at 1.24 B and 8 B, so the pin is what `auto` picks) against
 # the hand-tuned bf16 run, LLaMA-Factory's own `fp8: true` on the hand-tuned settings (LF_YAML) and, for
 # full fine-tuning, llmft's own bf16 plan. Every baseline pins sft.fp8: false.
 BF16 = {"fp8": False}
