@@ -272,6 +272,11 @@ def continue_epochs(cfg: dict) -> float:
     return cfg["sft"]["num_train_epochs"] if epochs is None else epochs
 
 
+def run_epochs(cfg: dict) -> float:
+    """The epochs this run trains: continue_epochs in a continued run, else sft.num_train_epochs."""
+    return continue_epochs(cfg) if parent_of(cfg) is not None else cfg["sft"]["num_train_epochs"]
+
+
 def start_args(cfg: dict, base_model: str) -> dict:
     """LLaMA-Factory's model arguments of a continued run: full/freeze load the parent's published
     model; LoRA loads the base and the parent's adapter, and trains that adapter on (not a new one)."""
@@ -310,12 +315,11 @@ def fed_tokens(rows: int, tokens: int, steps: dict) -> int:
 def training_steps(cfg: dict, plan, world: int) -> dict:
     """What fed_tokens needs of a rendered plan: processes, micro-batch, accumulation, epochs (this
     run's, and a retrain's: sft.num_train_epochs)."""
-    continued = parent_of(cfg) is not None
     return {
         "world": world,
         "micro_batch": plan.micro_batch,
         "accumulation": plan.gradient_accumulation,
-        "epochs": continue_epochs(cfg) if continued else cfg["sft"]["num_train_epochs"],
+        "epochs": run_epochs(cfg),
         "retrain_epochs": cfg["sft"]["num_train_epochs"],
         "max_steps": cfg["sft"]["max_steps"],
         "packed": plan.packing != "off",

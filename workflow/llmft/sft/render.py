@@ -157,7 +157,7 @@ def _default_args(cfg: dict, base_model: str, data_dir: str, plan: Plan, platfor
         "gradient_accumulation_steps": plan.gradient_accumulation,
         # a continued run: a fresh schedule (warmup and decay again) at its own rate, a new optimizer
         "learning_rate": lineage.continue_learning_rate(cfg) if continued else sft["learning_rate"],
-        "num_train_epochs": lineage.continue_epochs(cfg) if continued else sft["num_train_epochs"],
+        "num_train_epochs": lineage.run_epochs(cfg),
         "max_steps": sft["max_steps"],
         "lr_scheduler_type": sft["lr_scheduler_type"],
         "warmup_ratio": sft["warmup_ratio"],
