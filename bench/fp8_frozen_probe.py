@@ -14,6 +14,13 @@ under torch.compile; the median of the timed steps. Also: each FP8 variant's out
 gradient against bf16's (relative error of the whole stack).
 
     python bench/fp8_frozen_probe.py --shape 8b --layers 4 --batch 4 --seq 2048
+
+`--trainable` times full fine-tuning's layers instead: no adapters, every weight trained (its weight
+gradient computed), bf16 against torchao's float8 training with the tensorwise and the rowwise
+recipe (each layer compiled as above). What FP8 can give a full fine-tuning step at most: the
+decoder layers' share of the step times this speed-up.
+
+    python bench/fp8_frozen_probe.py --trainable --shape 1b --layers 8 --batch 8 --seq 2048
 """
 
 from __future__ import annotations
@@ -66,13 +73,23 @@ class LoRALinear(torch.nn.Module):
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def build(shape: str, layers: int, variant: str, seed: int = 0):
+def build(shape: str, layers: int, variant: str, seed: int = 0, trainable: bool = False):
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(**SHAPES[shape], attn_implementation="sdpa", torch_dtype=torch.bfloat16)
     stack = torch.nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(layers)).cuda().bfloat16()
+    if trainable:  # full fine-tuning: every weight trained, the seven projections in float8 or not
+        if variant != "bf16":
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+            convert_to_float8_training(
+                stack,
+                module_filter_fn=lambda m, fqn: fqn.rsplit(".", 1)[-1] in PROJ,
+                config=Float8LinearConfig.from_recipe_name(variant),
+            )
+        return stack, LlamaRotaryEmbedding(cfg).cuda()
     for layer in stack:
         for block in (layer.self_attn, layer.mlp):
             for name in PROJ:
@@ -109,11 +126,11 @@ def step(stack, rope, x, pos):
     return h
 
 
-def measure(shape, layers, batch, seq, variant, iters, compile_):
-    stack, rope = build(shape, layers, variant)
+def measure(shape, layers, batch, seq, variant, iters, compile_, trainable=False, dynamic=False):
+    stack, rope = build(shape, layers, variant, trainable=trainable)
     if compile_:
         for i, layer in enumerate(stack):
-            stack[i] = torch.compile(layer)
+            stack[i] = torch.compile(layer, dynamic=dynamic or None)
     torch.manual_seed(1)
     x = torch.randn(batch, seq, SHAPES[shape]["hidden_size"], device="cuda", dtype=torch.bfloat16)
     x.requires_grad_(True)
@@ -121,6 +138,7 @@ def measure(shape, layers, batch, seq, variant, iters, compile_):
     times = []
     for i in range(iters + 5):
         x.grad = None
+        stack.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         t = time.perf_counter()
         y = step(stack, rope, x, pos)
@@ -152,10 +170,29 @@ def main():
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--eager", action="store_true")
+    ap.add_argument(
+        "--dynamic", action="store_true", help="compile with dynamic shapes, as varying lengths do"
+    )
+    ap.add_argument(
+        "--trainable",
+        action="store_true",
+        help="full fine-tuning's layers: no adapters, every weight trained",
+    )
     args = ap.parse_args()
     rows, ref = {}, None
-    for variant in ("bf16", "torchao", "cast_once"):
-        out, res = measure(args.shape, args.layers, args.batch, args.seq, variant, args.iters, not args.eager)
+    variants = ("bf16", "tensorwise", "rowwise") if args.trainable else ("bf16", "torchao", "cast_once")
+    for variant in variants:
+        out, res = measure(
+            args.shape,
+            args.layers,
+            args.batch,
+            args.seq,
+            variant,
+            args.iters,
+            not args.eager,
+            args.trainable,
+            args.dynamic,
+        )
         if ref is None:
             ref = res
         else:

@@ -167,6 +167,17 @@ FP8_VARIANTS = {
     # and llmft's bf16 plan compiled the same way: is it FP8 or the compile
     "fp8_full_compile_1b": ("1b", {"fp8": True, "torch_compile": True}, 24, 5),
     "fp8_full_bf16c_1b": ("1b", {**BF16, "torch_compile": True}, 24, 5),
+    # the two above under torch.profiler (steps 10-11, after the compiled layers' recompiles): where the
+    # FP8 step's time goes against bf16's, kernel by kernel
+    "fp8_full_prof_1b": ("1b", {"fp8": True, "torch_compile": True}, 16, 5),
+    "full_bf16c_prof_1b": ("1b", {**BF16, "torch_compile": True}, 16, 5),
+    # the compiled pair with every micro-batch's flattened row padded to one length (8 x 2048 tokens,
+    # the micro-batch's capacity; ~1 % padding here), so the compiled layers never go dynamic
+    "fp8_full_static_1b": ("1b", {"fp8": True, "torch_compile": True}, 24, 5),
+    "full_bf16c_static_1b": ("1b", {**BF16, "torch_compile": True}, 24, 5),
+    # the FP8 one with Inductor tuning each generated kernel's block sizes (coordinate descent): the
+    # float8 casts and scales fused around the GEMMs are most of what FP8 adds to a step
+    "fp8_full_static_cdt_1b": ("1b", {"fp8": True, "torch_compile": True}, 24, 5),
     # accuracy: 300 steps, the same data order and tokens per step, FP8 (true) against bf16
     "acc_full_bf16_1b": ("1b", {**BF16, "tokens_per_step": 16384, "extra": EVAL}, 300, 5),
     "acc_full_fp8_1b": ("1b", {"fp8": True, "tokens_per_step": 16384, "extra": EVAL}, 300, 5),
@@ -283,6 +294,14 @@ VARIANT_ENV = {
     "ours_1b_prof": {"LLMFT_PROFILE_STEPS": "6:8"},
     "fp8_lora_prof_8b": {"LLMFT_PROFILE_STEPS": "6:7"},
     "lora_prof_8b": {"LLMFT_PROFILE_STEPS": "6:7"},
+    "fp8_full_prof_1b": {"LLMFT_PROFILE_STEPS": "10:11"},
+    "fp8_full_static_1b": {"LLMFT_VARLEN_PAD_TO": "16384"},
+    "full_bf16c_static_1b": {"LLMFT_VARLEN_PAD_TO": "16384"},
+    "fp8_full_static_cdt_1b": {
+        "LLMFT_VARLEN_PAD_TO": "16384",
+        "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1",
+    },
+    "full_bf16c_prof_1b": {"LLMFT_PROFILE_STEPS": "10:11"},
     "fp8_lora_cpp_8b": {"TORCHINDUCTOR_CPP_WRAPPER": "1"},
     "fp8_lora_devcount_8b": {"LLMFT_DEVICE_TOKEN_COUNT": "1"},
     "fp8_lora_ligerce_8b": {"LLMFT_LIGER_CROSS_ENTROPY": "1"},

@@ -65,6 +65,25 @@ SPEED = [
     ("full 1.24 B: llmft auto / llmft's own bf16 plan", "fp8_full_auto_1b", "fp8_full_bf16_1b", 1.2),
     ("full 1.24 B compiled: FP8 / bf16 plan", "fp8_full_compile_1b", "fp8_full_bf16_1b", 1.2),
     ("full 1.24 B: FP8 compiled / bf16 compiled", "fp8_full_compile_1b", "fp8_full_bf16c_1b", None),
+    ("full 1.24 B, profiled: FP8 compiled / bf16 compiled", "fp8_full_prof_1b", "full_bf16c_prof_1b", None),
+    (
+        "full 1.24 B, one shape: FP8 compiled / llmft's bf16 plan",
+        "fp8_full_static_1b",
+        "fp8_full_bf16_1b",
+        1.2,
+    ),
+    (
+        "full 1.24 B, one shape: FP8 compiled / bf16 compiled",
+        "fp8_full_static_1b",
+        "full_bf16c_static_1b",
+        None,
+    ),
+    (
+        "full 1.24 B, one shape, kernels tuned: FP8 compiled / llmft's bf16 plan",
+        "fp8_full_static_cdt_1b",
+        "fp8_full_bf16_1b",
+        1.2,
+    ),
 ]
 ACCURACY = [("full", "acc_full_fp8_1b", "acc_full_bf16_1b"), ("LoRA", "acc_lora_fp8_1b", "acc_lora_bf16_1b")]
 ACCURACY_TOL = 0.01

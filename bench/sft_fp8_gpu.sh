@@ -22,11 +22,14 @@
 #   bash bench/sft_fp8_gpu.sh plain8b    # LoRA 8 B all auto vs the hand-tuned run on LLaMA-Factory's own kernels
 #   bash bench/sft_fp8_gpu.sh cefull1b   # full 1.24 B bf16 plan: llmft's fused loss on the trainable head vs Liger's
 #   bash bench/sft_fp8_gpu.sh log8b      # plain8b with both runs logging every 10 steps (the workflow's default)
+#   bash bench/sft_fp8_gpu.sh proffull1b # full 1.24 B compiled, bf16 and FP8 under torch.profiler, then cefull1b
+#   bash bench/sft_fp8_gpu.sh static1b   # full 1.24 B compiled, every micro-batch one shape: FP8, bf16, vs the bf16 plan
+#   bash bench/sft_fp8_gpu.sh cdt1b      # static1b's FP8 run with Inductor's kernel tuning, vs the bf16 plan
 # Carry .whl (with torchao-0.17.0) and bench/work/sft, as bench/sft_gpu.sh needs. BENCH_CANARY=1 runs
 # the numerics canary (with its FP8 leg) into the node facts, so `auto` decides FP8 as the workflow
 # does. Results: $OUT/sft_fp8_h200x1_<which>.json and bench/sft_gpu.sh's own files.
 set -u
-which=${1:?usage: bash bench/sft_fp8_gpu.sh lora1b|lora8b|full1b|full1b_compile|acc_full|acc_lora|prof8b|levers8b|zero8b|zero1b|auto8b|once8b|check8b|proffp8|lora2|count8b|ce8b|ce1b|ce1b_prof|plain8b|cefull1b|log8b}
+which=${1:?usage: bash bench/sft_fp8_gpu.sh lora1b|lora8b|full1b|full1b_compile|acc_full|acc_lora|prof8b|levers8b|zero8b|zero1b|auto8b|once8b|check8b|proffp8|lora2|count8b|ce8b|ce1b|ce1b_prof|plain8b|cefull1b|log8b|proffull1b|static1b|cdt1b}
 case $which in
   lora1b) specs="fp8_lora_hand_1b:60 fp8_lora_auto_1b:80 fp8_lora_lf_1b:60" ;;
   lora8b) specs="fp8_lora_hand_8b:110 fp8_lora_auto_8b:140 fp8_lora_lf_8b:110" ;;
@@ -48,6 +51,9 @@ case $which in
   ce1b_prof) specs="fp8_lora_hand_1b:60 fp8_lora_auto_1b:80 fp8_lora_ligerce_1b:80 fp8_lora_prof_8b:150" ;;
   plain8b) specs="fp8_lora_hand_8b:110 fp8_lora_auto_8b:140" ;;
   cefull1b) specs="fp8_full_bf16_1b:85 fp8_full_fusedce_1b:85" ;;
+  proffull1b) specs="full_bf16c_prof_1b:90 fp8_full_prof_1b:110 fp8_full_bf16_1b:85 fp8_full_fusedce_1b:85" ;;
+  static1b) specs="fp8_full_static_1b:90 full_bf16c_static_1b:80 fp8_full_bf16_1b:70" ;;
+  cdt1b) specs="fp8_full_static_cdt_1b:130 fp8_full_bf16_1b:70" ;;
   log8b) specs="fp8_lora_hand_8b_log10:120 fp8_lora_auto_8b_log10:150" ;;
   lora2) specs="fp8_lora_hand_8b:110 fp8_lora_auto_8b:140 fp8_lora_hand_1b:60 fp8_lora_auto_1b:80" ;;
   *) echo "unknown comparison $which" >&2; exit 2 ;;

@@ -121,6 +121,7 @@ def test_fp8_predictions_against_every_measured_fp8_peak(model):
         "lora8b",
         "lora8b_20261203",
         "full1b_compile",
+        "cdt1b",
         "acc_full",
         "acc_lora",
     ]:
@@ -140,6 +141,8 @@ def test_fp8_predictions_against_every_measured_fp8_peak(model):
         "fp8_lora_auto_1b:1b",
         "fp8_lora_auto_8b:8b",
         "fp8_full_compile_1b:1b",
+        "fp8_full_static_1b:1b",
+        "fp8_full_static_cdt_1b:1b",
         "acc_lora_fp8_1b:1b",
     } <= set(checked)
 

@@ -121,6 +121,51 @@ def test_torch_compile_renders_compiled_layers_and_liger_loss_alone(tmp_path, ti
     assert args["enable_liger_kernel"] is True and not args["llmft"]["compile_layers"]
 
 
+def test_static_shapes_and_compile_tuning_reach_the_training_entry(tmp_path, tiny, monkeypatch):
+    hw = {"vendor": "cuda", "gpus_per_node": 8, "gpu_model": "h100"}
+    sft = {"torch_compile": True, "static_shapes": True, "compile_tuning": True, "fp8": False}
+    cfg = validate({"hardware": hw, "sft": sft, "data": {"cutoff_len": 512}})
+    args = render(
+        cfg, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", Platform.declared(cfg)
+    )
+    plan = args["llmft"]["plan"]
+    assert args["llmft"]["static_tokens"] == plan["micro_batch"] * 512 == plan["static_tokens"]
+    assert args["llmft"]["compile_tuning"] is True
+    assert f"every micro-batch padded to {plan['static_tokens']} tokens" in (tmp_path / "a.yaml").read_text()
+    # neither by default on a bf16 plan (its layers do not compile)
+    plain = validate({"hardware": hw})
+    args = render(
+        plain, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w", Platform.declared(plain)
+    )
+    assert "static_tokens" not in args["llmft"] and "compile_tuning" not in args["llmft"]
+    # the collator pads a flattened micro-batch to exactly that many tokens, counting real ones only
+    import torch
+    from llmft.core import varlen
+
+    monkeypatch.setenv(varlen.PAD_TO_ENV, "16")
+    seg = torch.tensor([[1, 1, 2, 2, 2, 0], [1, 1, 1, 0, 0, 0]])
+    ids = torch.arange(12).view(2, 6)
+    out = varlen.trainer_batch({"attention_mask": seg, "input_ids": ids, "labels": ids.clone()})
+    assert out["input_ids"].shape == (1, 16) and out[varlen.TOKENS_KEY] == 8
+    assert out["cu_seq_lens_q"].tolist() == [0, 2, 5, 8, 16] and out["labels"][0, 8:].eq(-100).all()
+    monkeypatch.setenv(varlen.PAD_TO_ENV, "4")  # fewer than the real tokens: the usual multiple of 16
+    out = varlen.trainer_batch({"attention_mask": seg, "input_ids": ids, "labels": ids.clone()})
+    assert out["input_ids"].shape == (1, varlen.PAD_MULTIPLE)
+
+
+def test_compile_tuning_turns_on_inductors_kernel_tuning(tiny, monkeypatch):
+    import torch._inductor.config as inductor
+    from llmft.sft.callbacks import compile_layers
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    monkeypatch.setattr(inductor, "coordinate_descent_tuning", False)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny))
+    compile_layers(model)
+    assert inductor.coordinate_descent_tuning is False
+    compile_layers(model, tuning=True)
+    assert inductor.coordinate_descent_tuning is True
+
+
 def test_compile_layers_compiles_each_decoder_layer_in_place(tiny):
     from llmft.sft.callbacks import compile_layers
     from transformers import AutoConfig, AutoModelForCausalLM

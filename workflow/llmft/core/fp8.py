@@ -48,11 +48,14 @@ RECIPE_WHY = (
 # (full and freeze train their float8 layers' weights, LoRA's are frozen) and by the model's hidden
 # size, since float8 saves a share of each GEMM that grows with its size while the casts and scales
 # around it do not:
-# - full, hidden 2048 (the 1.24 B Llama of bench/): bench/results/sft_fp8_h200x1_full1b_compile.json,
-#   FP8 with compiled decoder layers over llmft's own bf16 plan in the same call. Eager, full FP8 ran
-#   at 0.49x (sft_fp8_h200x1_full1b.json): torchao's casts and amax reductions are separate kernels
-#   until torch.compile fuses them, so an FP8 plan compiles its decoder layers
-#   (llmft.sft.plan._use_compile).
+# - full, hidden 2048 (the 1.24 B Llama of bench/): bench/results/sft_fp8_h200x1_cdt1b.json, FP8 as
+#   an FP8 full plan runs it (compiled decoder layers, every micro-batch one shape, Inductor's kernel
+#   tuning: llmft.sft.plan._static_shapes, _compile_tuning) over llmft's own bf16 plan (eager), the
+#   bf16 run from the call before on the same held machine (sft_fp8_h200x1_static1b.json; the second
+#   call's deadline skipped its own). Against bf16 compiled to one shape (same first call): 1.12x.
+#   Eager, full FP8 ran at 0.49x (sft_fp8_h200x1_full1b.json); compiled with the rows' own lengths
+#   (dynamic-shape graphs), 0.98x (sft_fp8_h200x1_full1b_compile.json). Not measured below hidden
+#   2048, where float8's GEMMs save less: there `auto` leaves full fine-tuning in bf16.
 # - LoRA, hidden 2048: bench/results/sft_fp8_h200x1_zero1b.json, llmft's LoRA plan (no DeepSpeed,
 #   compiled decoder layers) with FP8 (frozen weights cast once) over the same plan in bf16, in one
 #   call. (Under ZeRO-2 with torchao's per-step weight casts it was 0.91x the hand-tuned bf16 LoRA:
@@ -64,7 +67,7 @@ RECIPE_WHY = (
 # `auto` turns FP8 on only where a run was measured faster; the planner uses these ratios. A model
 # uses the measurement at the largest measured hidden size not above its own (below the smallest,
 # the smallest): a larger model's GEMMs gain at least as much.
-PIPELINE_RATIO = {"full": {2048: 0.9797}, "frozen": {2048: 1.0598, 4096: 1.2049}}
+PIPELINE_RATIO = {"full": {2048: 1.2001}, "frozen": {2048: 1.0598, 4096: 1.2049}}
 MEASURED_ON = "one H200"
 # float8 GEMMs need both matrix dimensions divisible by 16 (torch._scaled_mm).
 DIM_MULTIPLE = 16
@@ -129,6 +132,12 @@ def decide(sft: dict, platform, hidden: int | None = None) -> tuple[bool, str]:
         return False, f"{SETTING_KEY}: auto -> off: {blocker}"
     ratio, measured_at = pipeline_ratio(sft["finetuning_type"], hidden)
     kind = "LoRA" if _frozen(sft["finetuning_type"]) else sft["finetuning_type"]
+    if not _frozen(sft["finetuning_type"]) and hidden is not None and hidden < measured_at:
+        return False, (
+            f"{SETTING_KEY}: auto -> off: {why} has FP8, but {kind} fine-tuning was measured faster in "
+            f"FP8 at hidden {measured_at} and up only (this model: {hidden}; float8 saves less on smaller "
+            f"GEMMs); {SETTING_KEY}: true turns it on"
+        )
     measured = (
         f"llmft's float8 path measured {ratio:.2f}x bf16 end to end ({kind}, hidden {measured_at}, "
         f"{MEASURED_ON})"

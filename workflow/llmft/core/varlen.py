@@ -37,6 +37,9 @@ DEVICE_COUNT_ENV = "LLMFT_DEVICE_TOKEN_COUNT"
 # integer argument divisible by 16: rows whose length is sometimes a multiple of 16 compiled each
 # kernel again mid-run (pauses at a few steps of a job's first run; bench/README.md, SFT).
 PAD_MULTIPLE = 16
+# Set to a token count: every flattened row is padded to exactly that many tokens (rows holding more
+# keep PAD_MULTIPLE), so compiled layers see one shape (bench/sft_bench.py's *_static_* variants).
+PAD_TO_ENV = "LLMFT_VARLEN_PAD_TO"
 
 
 def segments_to_varlen(segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -77,7 +80,9 @@ def flatten_packed(batch: dict, pad_id: int = 0, multiple: int = PAD_MULTIPLE) -
     starts = cu[:-1].long()
     real = segments.reshape(-1)[starts] != 0  # a sequence is a run of one index: all padding or none
     lengths = torch.diff(cu.long())[real]
-    tail = -int(keep.sum()) % max(1, multiple)
+    real_tokens = int(keep.sum())
+    pad_to = int(os.environ.get(PAD_TO_ENV) or 0)
+    tail = pad_to - real_tokens if pad_to >= real_tokens else -real_tokens % max(1, multiple)
     if tail:
         lengths = torch.cat([lengths, torch.tensor([tail])])
     new_cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32)

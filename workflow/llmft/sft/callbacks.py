@@ -324,9 +324,11 @@ class ProfileWindow(TrainerCallback):
 RECOMPILE_LIMIT = 64
 
 
-def compile_layers(model) -> int:
+def compile_layers(model, tuning: bool = False) -> int:
     """Compile each repeated block (the model's `_no_split_modules`, e.g. LlamaDecoderLayer) in
-    place; the embedding, final norm and loss stay eager. Returns the number of blocks compiled."""
+    place; the embedding, final norm and loss stay eager. `tuning`: Inductor tunes the block sizes of
+    each kernel it generates (coordinate descent; sft.compile_tuning). Returns the number of blocks
+    compiled."""
     import torch
 
     blocks = set(getattr(model, "_no_split_modules", None) or [])
@@ -340,18 +342,23 @@ def compile_layers(model) -> int:
     for key in ("recompile_limit", "cache_size_limit"):
         if hasattr(cfg, key):
             setattr(cfg, key, max(getattr(cfg, key), RECOMPILE_LIMIT))
+    if tuning:
+        import torch._inductor.config as inductor
+
+        inductor.coordinate_descent_tuning = True
     for layer in layers:
         layer.compile()
     return len(layers)
 
 
 class CompileLayers(TrainerCallback):
-    def __init__(self):
+    def __init__(self, tuning: bool = False):
         self.compiled = 0
+        self.tuning = tuning
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if model is not None and not self.compiled:
-            self.compiled = compile_layers(model)
+            self.compiled = compile_layers(model, self.tuning)
 
 
 class CastFrozenFloat8(TrainerCallback):

@@ -437,6 +437,10 @@ def render(
         # this run's tokens and a full retrain's as the trainer feeds them (lineage.run_cost)
         "cost": cost,
     }
+    if plan.static_tokens:  # llmft.sft.train pads every flattened micro-batch to this many tokens
+        args["llmft"]["static_tokens"] = plan.static_tokens
+    if plan.compile_tuning:  # llmft.sft.train turns on Inductor's coordinate-descent tuning
+        args["llmft"]["compile_tuning"] = True
     if plan.padding_free:  # llmft.sft.train gives LLaMA-Factory's DPO trainer llmft.sft.padfree's forward
         args["llmft"]["padding_free"] = True
     if plan.fp8:  # llmft.sft.train converts the loaded model (LLaMA-Factory's own fp8 flag is refused)

@@ -12,6 +12,8 @@ block read here and removed before LLaMA-Factory parses the rest:
       finetuning_type: full
       cutoff_len: 2048
       compile_layers: false             # torch.compile each decoder layer (CompileLayers)
+      static_tokens: 16384              # when planned: every flattened micro-batch padded to this
+      compile_tuning: true              # when planned: Inductor's coordinate-descent kernel tuning
       fp8: {recipe: tensorwise, frozen_cast_once: true}  # only when FP8 is planned (llmft.core.fp8)
       liger_loss_only: false            # Liger's fused linear + cross-entropy alone
                                         # (with Liger, its fused loss runs through llmft.sft.fusedce)
@@ -168,6 +170,8 @@ def _train(args: dict, ours: dict) -> int:
             args["include_num_input_tokens_seen"] = "all"  # that mask holds sample indices, not 0/1
         else:
             varlen.install()
+            if ours.get("static_tokens"):  # the collator reads it, in this process or its workers
+                os.environ[varlen.PAD_TO_ENV] = str(int(ours["static_tokens"]))
     if ours.get("padding_free"):
         from llmft.sft import padfree
 
@@ -210,7 +214,7 @@ def _train(args: dict, ours: dict) -> int:
     if ours.get("fp8", {}).get("frozen_cast_once"):
         callbacks.append(CastFrozenFloat8())  # before the compiled layers' first trace
     if ours.get("compile_layers"):
-        callbacks.append(CompileLayers())
+        callbacks.append(CompileLayers(tuning=bool(ours.get("compile_tuning"))))
     window = profile_window(os.environ.get(PROFILE_ENV))
     if window:
         callbacks.append(ProfileWindow(*window))
