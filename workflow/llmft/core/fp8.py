@@ -76,6 +76,7 @@ DIM_MULTIPLE = 16
 SKIP_ENV = "LLMFT_TEST_FP8_SILENT_SKIP"
 FP8_FILE = "llmft_fp8.json"
 SETTING_KEY = "sft.fp8"
+OFF_REASON = f"{SETTING_KEY}: false"  # decide's reason when the config turns FP8 off
 
 # FP8 matmul hardware, by arch. NVIDIA: compute capability 8.9 (Ada) and newer (Hopper sm_90,
 # Blackwell sm_100 / sm_120). AMD, hand-written from AMD's ROCm documentation ("Data types and
@@ -119,7 +120,7 @@ def decide(sft: dict, platform, hidden: int | None = None) -> tuple[bool, str]:
 
     setting = sft["fp8"]
     if setting is False:
-        return False, f"{SETTING_KEY}: false"
+        return False, OFF_REASON
     capable, why = arch_has_fp8(platform.vendor, platform.arch)
     blocker = config_blocker(sft) or (None if capable else why)
     if setting is True:

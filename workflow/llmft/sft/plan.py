@@ -764,7 +764,7 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
     if use_fp8 and sft["fp8"] == "auto" and _full_weights(sft) and not compiled:
         # trained float8 layers pay off compiled only (eager 0.49x bf16): plan this run in bf16
         plan = resolve({**cfg, "sft": {**sft, "fp8": False}}, model_dir, platform, shape)
-        plan.reasons = [r for r in plan.reasons if r != fp8_false()] + [
+        plan.reasons = [r for r in plan.reasons if r != fp8.OFF_REASON] + [
             f"sft.fp8: auto -> off: the plan's decoder layers do not compile (ZeRO-{stage}, "
             f"sft.torch_compile {sft['torch_compile']}), and eager float8 on trained weights measured "
             "0.49x bf16 (full 1.24 B, one H200)"
@@ -810,11 +810,6 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
 # tuning on top, 71 794. LoRA was not measured with either.
 STATIC_WHY = "full 1.24 B on one H200, compiled: FP8 66 036 / bf16 64 029 tokens/s against 56 882 / 60 798"
 TUNING_WHY = "full 1.24 B FP8 on one H200: 71 794 tokens/s against 66 036 untuned (1.09x)"
-
-
-def fp8_false() -> str:
-    """The reason fp8.decide gives for sft.fp8: false."""
-    return fp8.decide({"fp8": False}, None)[1]
 
 
 def _full_weights(sft: dict) -> bool:
