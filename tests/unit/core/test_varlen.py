@@ -105,7 +105,7 @@ def test_kernel_inputs_follow_autocast_like_sdpa():
         assert varlen.kernel_dtype(half)[0] is half  # already 16 bit: unchanged
 
 
-def test_flattened_batch_has_no_padding_and_the_same_loss_as_llamafactory_neat_packing():
+def test_flattened_batch_has_no_padding_and_the_same_loss_as_llamafactory_neat_packing(monkeypatch):
     """The varlen collator's one-row batch (padding dropped) gives the loss LLaMA-Factory's own neat
     packing gives on the padded batch (4-D block-diagonal mask), on a tiny random Llama."""
     torch.manual_seed(0)
@@ -128,6 +128,12 @@ def test_flattened_batch_has_no_padding_and_the_same_loss_as_llamafactory_neat_p
     assert padded["position_ids"][0, 39:].tolist() == list(range(9))
     # the trainer's non_padding count (attention_mask.sum()) is the real tokens only
     assert padded["attention_mask"].tolist() == [[1] * 39 + [0] * 9]
+    # sft.static_shapes: padded to the micro-batch's capacity (3 rows x 18), one 15-token pad sequence
+    monkeypatch.setenv(varlen.PAD_TO_ENV, str(seg.numel()))
+    static = varlen.flatten_packed({k: v.clone() for k, v in batch.items()}, pad_id=1)
+    monkeypatch.delenv(varlen.PAD_TO_ENV)
+    assert static["input_ids"].shape == (1, 54) and static["cu_seq_lens_q"].tolist()[-2:] == [39, 54]
+    assert static["labels"][0, 39:].eq(-100).all() and int(static["attention_mask"].sum()) == 39
 
     model = _tiny_llama().eval()
     varlen.register()
@@ -138,8 +144,10 @@ def test_flattened_batch_has_no_padding_and_the_same_loss_as_llamafactory_neat_p
         model.set_attn_implementation(varlen.NAME)
         ours = model(**flat)
         ours_padded = model(**padded)
+        ours_static = model(**static)
     assert torch.allclose(ours.loss, ref.loss, atol=1e-5), (ours.loss, ref.loss)
     assert torch.allclose(ours_padded.loss, ref.loss, atol=1e-5), (ours_padded.loss, ref.loss)
+    assert torch.allclose(ours_static.loss, ref.loss, atol=1e-5), (ours_static.loss, ref.loss)
 
 
 def test_guard_logs_before_every_save():
