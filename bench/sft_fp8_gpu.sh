@@ -33,7 +33,7 @@ which=${1:?usage: bash bench/sft_fp8_gpu.sh lora1b|lora8b|full1b|full1b_compile|
 case $which in
   lora1b) specs="fp8_lora_hand_1b:60 fp8_lora_auto_1b:80 fp8_lora_lf_1b:60" ;;
   lora8b) specs="fp8_lora_hand_8b:110 fp8_lora_auto_8b:140 fp8_lora_lf_8b:110" ;;
-  full1b) specs="fp8_full_hand_1b:70 fp8_full_bf16_1b:70 fp8_full_auto_1b:90" ;;
+  full1b) specs="fp8_full_hand_1b:70 fp8_full_bf16_1b:70 fp8_full_auto_1b:200" ;;
   full1b_compile) specs="fp8_full_bf16_1b:70 fp8_full_compile_1b:120 fp8_full_bf16c_1b:100" ;;
   acc_full) specs="acc_full_bf16_1b:230 acc_full_fp8_1b:230" ;;
   acc_lora) specs="acc_lora_bf16_1b:200 acc_lora_fp8_1b:200" ;;
