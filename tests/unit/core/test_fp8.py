@@ -238,8 +238,8 @@ def test_plan_text_says_fp8_why_and_the_recipe_and_estimates_it_as_measured(tmp_
 def test_static_shapes_and_kernel_tuning_follow_the_plan(tmp_path):
     """sft.static_shapes pads every flattened micro-batch to micro-batch x cutoff_len tokens and
     sft.compile_tuning turns on Inductor's kernel tuning: `auto` turns both on for a compiled FP8 full
-    plan (as measured), neither for LoRA (static shapes saying why); `true` where the layers do not
-    compile is refused naming the key."""
+    plan (as measured), neither for a compiled bf16 full plan or LoRA (static shapes saying why for
+    LoRA); `true` where the layers do not compile is refused naming the key."""
     model = _llama_folder(tmp_path / "1b", 2048, 16, 8192, tied=True)
     measured = dataclasses.replace(Platform.declared(_h200_plan()), fp8_canary=True)
     full = resolve(_h200_plan(finetuning_type="full"), str(model), measured)
@@ -252,9 +252,12 @@ def test_static_shapes_and_kernel_tuning_follow_the_plan(tmp_path):
     lora = resolve(_h200_plan(finetuning_type="lora"), str(model), measured)
     assert lora.compile and not lora.static_tokens and not lora.compile_tuning
     assert "static_shapes auto -> off: measured for full fine-tuning only, not LoRA" in describe(lora)
-    # set by hand: on for a compiled bf16 full plan, off when false
+    # a compiled bf16 full plan: auto leaves it unpadded (measured no faster), true pads it
+    bf16 = resolve(_h200_plan(fp8=False, torch_compile=True), str(model), measured)
+    assert bf16.compile and not bf16.static_tokens and not bf16.compile_tuning
     bf16 = resolve(_h200_plan(fp8=False, torch_compile=True, static_shapes=True), str(model), measured)
     assert bf16.static_tokens and not bf16.compile_tuning and not bf16.fp8
+    assert "static_shapes true: every micro-batch padded" in describe(bf16)
     off = resolve(_h200_plan(static_shapes=False, compile_tuning=False), str(model), measured)
     assert off.fp8 and off.compile and not off.static_tokens and not off.compile_tuning
     for key in ("static_shapes", "compile_tuning"):

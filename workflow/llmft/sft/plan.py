@@ -766,11 +766,11 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
         plan = resolve({**cfg, "sft": {**sft, "fp8": False}}, model_dir, platform, shape)
         plan.reasons = [r for r in plan.reasons if r != fp8.OFF_REASON] + [
             f"sft.fp8: auto -> off: the plan's decoder layers do not compile (ZeRO-{stage}, "
-            f"sft.torch_compile {sft['torch_compile']}), and eager float8 on trained weights measured "
-            "0.49x bf16 (full 1.24 B, one H200)"
+            f"sft.torch_compile {str(sft['torch_compile']).lower()}), and eager float8 on trained "
+            "weights measured 0.49x bf16 (full 1.24 B, one H200)"
         ]
         return plan
-    static_tokens, static_why = _static_shapes(sft, compiled, packing, attention, rows * seq)
+    static_tokens, static_why = _static_shapes(sft, compiled, use_fp8, packing, attention, rows * seq)
     tuning, tuning_why = _compile_tuning(sft, compiled, use_fp8)
     reasons.extend(r for r in (static_why, tuning_why) if r)
     return Plan(
@@ -804,11 +804,15 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
 
 
 # Measured on one H200, full fine-tuning of the 1.24 B Llama with compiled decoder layers, ZeRO-2,
-# micro-batch 8 x 2048 (bench/results/sft_fp8_h200x1_static1b.json, _cdt1b.json): every micro-batch
-# padded to one shape, FP8 66 036 and bf16 64 029 tokens/s (before, with the rows' own lengths, the
-# layers recompiled as dynamic-shape graphs: FP8 56 882, bf16 60 798); FP8 with Inductor's kernel
-# tuning on top, 71 794. LoRA was not measured with either.
-STATIC_WHY = "full 1.24 B on one H200, compiled: FP8 66 036 / bf16 64 029 tokens/s against 56 882 / 60 798"
+# micro-batch 8 x 2048, on one data set (bench/README.md, FP8, session 28): tokens/s over steps 13-16
+# (llmft_steps.jsonl), FP8 63 492 with the rows' own lengths (the layers recompiled as dynamic-shape
+# graphs; sft_fp8_h200x1_proffull1b, after its profiled steps) against 67 416 padded to one shape
+# (sft_fp8_h200x1_static1b), and bf16 64 892 against 64 369: one shape pays off in FP8 only.
+# Inductor's kernel tuning on top of FP8's one shape: 71 794 against 66 036 tokens/s (the bench's
+# steady-state figures, sft_fp8_h200x1_cdt1b). LoRA was not measured with either.
+STATIC_WHY = (
+    "full 1.24 B FP8 on one H200, compiled: 67 416 tokens/s against 63 492 with the rows' own lengths"
+)
 TUNING_WHY = "full 1.24 B FP8 on one H200: 71 794 tokens/s against 66 036 untuned (1.09x)"
 
 
@@ -816,13 +820,14 @@ def _full_weights(sft: dict) -> bool:
     return sft["finetuning_type"] in ("full", "freeze")
 
 
-def _static_shapes(sft: dict, compiled: bool, packing: str, attention: str, capacity: int) -> tuple[int, str]:
+def _static_shapes(
+    sft: dict, compiled: bool, use_fp8: bool, packing: str, attention: str, capacity: int
+) -> tuple[int, str]:
     """(tokens every micro-batch's flattened row is padded to, or 0; why). Varlen packing flattens a
     micro-batch to its real tokens, so the length changes every step and the compiled layers become
-    dynamic-shape graphs, whose generated kernels (float8's scaling above all) are slower than
-    fixed-shape ones. Padding to the micro-batch's capacity (rows x cutoff_len; neat packs are
-    nearly full) keeps one shape. auto: on for compiled full and freeze training (measured), off for
-    LoRA (not measured)."""
+    dynamic-shape graphs. Padding to the micro-batch's capacity (rows x cutoff_len; neat packs are
+    nearly full) keeps one shape. auto: on for compiled FP8 full and freeze training (measured 1.06x;
+    bf16 measured no faster), off for LoRA (not measured)."""
     setting = sft["static_shapes"]
     applies = compiled and packing == "neat" and attention == "varlen"
     if setting is True and not applies:
@@ -835,6 +840,8 @@ def _static_shapes(sft: dict, compiled: bool, packing: str, attention: str, capa
         return 0, ""
     if setting == "auto" and not _full_weights(sft):
         return 0, "static_shapes auto -> off: measured for full fine-tuning only, not LoRA"
+    if setting == "auto" and not use_fp8:
+        return 0, ""  # bf16 full training compiled to one shape ran no faster
     return capacity, (
         f"static_shapes {'auto -> on' if setting == 'auto' else 'true'}: every micro-batch padded to "
         f"{capacity} tokens, so the compiled layers keep one shape ({STATIC_WHY})"
