@@ -820,6 +820,20 @@ def _full_weights(sft: dict) -> bool:
     return sft["finetuning_type"] in ("full", "freeze")
 
 
+def _compiled_setting(sft: dict, key: str, applies: bool, needs: str, auto_on: bool, auto_off: str = ""):
+    """(on, how: "<key> auto -> on" | "<key> true" | why auto left it off, or "") for a setting of
+    the compiled layers (sft.static_shapes, sft.compile_tuning): `true` where it cannot apply is
+    refused naming the key and what it `needs`; `auto` follows `auto_on`."""
+    setting = sft[key]
+    if setting is True and not applies:
+        raise ConfigError(f"config key sft.{key}: true needs {needs}; set sft.{key} to auto or false")
+    if setting is False or not applies:
+        return False, ""
+    if setting == "auto" and not auto_on:
+        return False, auto_off
+    return True, f"{key} {'auto -> on' if setting == 'auto' else 'true'}"
+
+
 def _static_shapes(
     sft: dict, compiled: bool, use_fp8: bool, packing: str, attention: str, capacity: int
 ) -> tuple[int, str]:
@@ -828,23 +842,26 @@ def _static_shapes(
     dynamic-shape graphs. Padding to the micro-batch's capacity (rows x cutoff_len; neat packs are
     nearly full) keeps one shape. auto: on for compiled FP8 full and freeze training (measured 1.06x;
     bf16 measured no faster), off for LoRA (not measured)."""
-    setting = sft["static_shapes"]
-    applies = compiled and packing == "neat" and attention == "varlen"
-    if setting is True and not applies:
-        raise ConfigError(
-            "config key sft.static_shapes: true needs compiled decoder layers (sft.torch_compile) and neat "
-            f"packing through varlen attention (the plan: torch_compile {'on' if compiled else 'off'}, "
-            f"packing {packing}, attention {attention}); set sft.static_shapes to auto or false"
-        )
-    if setting is False or not applies:
-        return 0, ""
-    if setting == "auto" and not _full_weights(sft):
-        return 0, "static_shapes auto -> off: measured for full fine-tuning only, not LoRA"
-    if setting == "auto" and not use_fp8:
-        return 0, ""  # bf16 full training compiled to one shape ran no faster
+    on, how = _compiled_setting(
+        sft,
+        "static_shapes",
+        applies=compiled and packing == "neat" and attention == "varlen",
+        needs=(
+            "compiled decoder layers (sft.torch_compile) and neat packing through varlen attention (the "
+            f"plan: torch_compile {'on' if compiled else 'off'}, packing {packing}, attention {attention})"
+        ),
+        auto_on=_full_weights(sft) and use_fp8,  # bf16 full training compiled to one shape ran no faster
+        auto_off=(
+            ""
+            if _full_weights(sft)
+            else "static_shapes auto -> off: measured for full fine-tuning only, not LoRA"
+        ),
+    )
+    if not on:
+        return 0, how
     return capacity, (
-        f"static_shapes {'auto -> on' if setting == 'auto' else 'true'}: every micro-batch padded to "
-        f"{capacity} tokens, so the compiled layers keep one shape ({STATIC_WHY})"
+        f"{how}: every micro-batch padded to {capacity} tokens, so the compiled layers keep one shape "
+        f"({STATIC_WHY})"
     )
 
 
@@ -852,19 +869,18 @@ def _compile_tuning(sft: dict, compiled: bool, use_fp8: bool) -> tuple[bool, str
     """(Inductor's coordinate-descent tuning of each generated kernel, why). auto: on for compiled FP8
     full and freeze training, whose fused float8 casts and scales it speeds up; the first steps
     compile for longer (about 100 s more at 1.24 B)."""
-    setting = sft["compile_tuning"]
-    if setting is True and not compiled:
-        raise ConfigError(
-            "config key sft.compile_tuning: true needs compiled decoder layers (sft.torch_compile, off in "
-            "this plan); set sft.compile_tuning to auto or false"
-        )
-    if setting is False or not compiled:
-        return False, ""
-    if setting == "auto" and not (use_fp8 and _full_weights(sft)):
-        return False, ""
+    on, how = _compiled_setting(
+        sft,
+        "compile_tuning",
+        applies=compiled,
+        needs="compiled decoder layers (sft.torch_compile, off in this plan)",
+        auto_on=use_fp8 and _full_weights(sft),
+    )
+    if not on:
+        return False, how
     return True, (
-        f"compile_tuning {'auto -> on' if setting == 'auto' else 'true'}: Inductor tunes each compiled "
-        f"kernel's block sizes, the first steps compile longer ({TUNING_WHY})"
+        f"{how}: Inductor tunes each compiled kernel's block sizes, the first steps compile longer "
+        f"({TUNING_WHY})"
     )
 
 
