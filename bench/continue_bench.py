@@ -170,6 +170,7 @@ def facts(work: Path, name: str, seconds: float) -> dict:
     run_dir = work / "results" / name
     summary = json.loads((run_dir / "report/summary.json").read_text())
     train = json.loads((run_dir / "sft/train_summary.json").read_text())
+    tuned = json.loads((run_dir / "eval/tuned/metrics.json").read_text())
     return {
         "pipeline_seconds": seconds,
         "lineage": summary["lineage"],
@@ -179,6 +180,8 @@ def facts(work: Path, name: str, seconds: float) -> dict:
         "heldout_rows": summary.get("heldout_rows"),
         "tuned": summary["tuned"],
         "base": summary["base"],
+        # which of the demo's tasks a gap lies in (held-out exact match per task)
+        "exact_match_by_task": tuned.get("exact_match_by_task"),
     }
 
 
@@ -515,6 +518,16 @@ def report(out: dict) -> None:
             f"{p['standard_error']:.4f}; {p['only_retrain']} rows only the retrain got right, "
             f"{p['only_continue']} only the continued run"
         )
+    for r in out["per_seed"]:
+        runs = {"night1": r["night1"], "retrain": r["retrain"]}
+        runs.update({continued(v): got for v, got in r["continue"].items()})
+        by_task = [
+            f"{name} {got['exact_match_by_task']}"
+            for name, got in runs.items()
+            if got and got.get("exact_match_by_task")
+        ]
+        if by_task:
+            print(f"seed {r['seed']}, {metric} by task: " + "; ".join(by_task))
     if len(out["seeds"]) == 1 and len(out["variants"]) == 1:
         return
     for variant, s in out["summary"].items():

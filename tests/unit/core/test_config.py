@@ -50,6 +50,7 @@ BAD = [
     ("shell in run name", with_("run", "a;touch pwned"), "config key run"),
     ("substitution in run name", with_("run", "$(id)"), "config key run"),
     ("heldout fraction out of range", with_("data.heldout_fraction", 1.5), "data.heldout_fraction"),
+    ("replay share of every row", with_("nightly.replay_fraction", 1.0), "nightly.replay_fraction"),
     ("negative nodes", with_("hardware.nodes", 0), "hardware.nodes"),
     (
         "missing dataset file",

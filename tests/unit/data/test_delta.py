@@ -109,6 +109,8 @@ def test_the_replay_follows_the_new_rows_not_the_history():
     assert replay_count(100, 10, 0.25) == 10
     assert replay_count(100, 1_000, 0.0) == 0 and replay_count(0, 1_000, 0.5) == 0
     assert replay_count(100, 1_000, 0.5) == 100
+    # the schema's highest share replays every earlier row once the new rows are few enough
+    assert replay_count(179, 3_673, 0.95) == 3_401 and replay_count(179, 3_673, 0.99) == 3_673
 
 
 def test_no_promoted_model_yet_is_named(tmp_path):
