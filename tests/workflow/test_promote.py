@@ -312,16 +312,24 @@ def test_the_gate_scores_both_models_on_every_heldout_row(night2):
     mine = json.loads((results / "night2/eval/gate/metrics.json").read_text())
     # the promoted model and night2's tuned model, each on every row of night2's split
     assert promoted["model"] == "results/night1/sft/model" and mine["model"] == "results/night2/sft/model"
+    # with each model's exact match per task of the demo rows (first, last, repeat, count, category)
+    assert len(promoted["exact_match_by_task"]) > 1 and len(mine["exact_match_by_task"]) > 1
     assert s2["compared_with"] == {
         "run": "night1",
         "tuned": {m: promoted.get(m) for m in s2["tuned"]},
         **everything,
+        "exact_match_by_task": promoted["exact_match_by_task"],
     }
-    assert s2["gate"] == {"tuned": {m: mine.get(m) for m in s2["tuned"]}, **everything}
+    assert s2["gate"] == {
+        "tuned": {m: mine.get(m) for m in s2["tuned"]},
+        **everything,
+        "exact_match_by_task": mine["exact_match_by_task"],
+    }
     # the run page shows the same comparison: both models, the gate's metric first, the same rows
     page = (results / "night2/report/index.html").read_text()
     assert "Nightly gate" in page and f"both on the same {len(split)} held-out rows" in page
     assert "<td>promoted: night1</td>" in page and "eval_loss (gate)" in page
+    assert "<th>exact_match[repeat]</th>" in page
     decision = json.loads((results / "night2/promotion.json").read_text())
     old, new = s2["compared_with"]["tuned"]["eval_loss"], s2["gate"]["tuned"]["eval_loss"]
     assert decision["metric"] == {"eval_loss": new}

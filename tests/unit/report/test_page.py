@@ -264,3 +264,29 @@ def test_the_gate_section_shows_both_models_on_the_same_rows():
         {"gate": gate, "compared_with": other}, "eval_loss"
     )
     assert gate_section({"gate": gate}, "eval_loss") == ""  # compared with nothing: no section
+
+
+def test_the_gate_section_shows_which_task_a_night_lost(tmp_path):
+    """Rows that name their task: both models' exact match per task beside the gate's metric, read
+    from the gate's two metrics.json files; a single task (or none) adds nothing."""
+    from llmft.core.io import write_json
+    from llmft.report.page import compared_with, gate_scores, gate_section
+
+    common = {"rows": 40, "heldout_fingerprint": "ab12", "eval_loss": 0.2}
+    write_json(tmp_path / "eval/gate/metrics.json", {**common, "exact_match": 0.6765,
+               "exact_match_by_task": {"last": 0.3401, "repeat": 0.4427}})  # fmt: skip
+    write_json(tmp_path / "eval/promoted/metrics.json", {**common, "exact_match": 0.8853,
+               "exact_match_by_task": {"last": 0.9803, "repeat": 0.6618, "count": 1.0}})  # fmt: skip
+    gate, other = gate_scores(tmp_path), compared_with(tmp_path, "results/night1")
+    assert gate["exact_match_by_task"] == {"last": 0.3401, "repeat": 0.4427}
+    html = gate_section({"gate": gate, "compared_with": other}, "exact_match")
+    # the tasks both models were scored on, after the scores, in each model's row
+    assert "<th>exact_match[last]</th><th>exact_match[repeat]</th></tr>" in html
+    assert "exact_match[count]" not in html
+    assert "<td>0.3401</td><td>0.4427</td></tr>" in html and html.count("<td>0.2</td>") == 2
+    assert "<td>0.9803</td><td>0.6618</td></tr>" in html
+    write_json(tmp_path / "eval/gate/metrics.json", {**common, "exact_match_by_task": {"": 0.5}})
+    assert "exact_match_by_task" not in gate_scores(tmp_path)
+    assert "exact_match[" not in gate_section(
+        {"gate": gate_scores(tmp_path), "compared_with": other}, "eval_loss"
+    )

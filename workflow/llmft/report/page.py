@@ -700,23 +700,27 @@ def compared_with(run_dir: Path, other: str) -> dict:
     """summary.json's `compared_with`: the promoted model (nightly.compare_with) scored on the gate's
     held-out rows (eval/promoted: every row of this run's split, or nightly.gate_max_rows)."""
     scores = read_json(run_dir / "eval" / "promoted" / "metrics.json")
-    return {
-        "run": Path(other).name,
-        "tuned": {m: scores.get(m) for m in METRICS},
-        "heldout_rows": scores.get("rows"),
-        "heldout_fingerprint": scores.get("heldout_fingerprint"),
-    }
+    return {"run": Path(other).name, **_gate_block(scores)}
 
 
 def gate_scores(run_dir: Path) -> dict:
     """summary.json's `gate`: this run's tuned model on the same rows as `compared_with` (eval/gate),
     the scores the nightly gate compares; `tuned` and `heldout_rows` stay the page's eval.max_rows."""
-    scores = read_json(run_dir / "eval" / "gate" / "metrics.json")
-    return {
+    return _gate_block(read_json(run_dir / "eval" / "gate" / "metrics.json"))
+
+
+def _gate_block(scores: dict) -> dict:
+    """One model's scores on the gate's rows, with exact match per task (the rows' `task` field) where
+    the rows name more than one task: which skill a refused night lost shows there."""
+    block = {
         "tuned": {m: scores.get(m) for m in METRICS},
         "heldout_rows": scores.get("rows"),
         "heldout_fingerprint": scores.get("heldout_fingerprint"),
     }
+    by_task = scores.get("exact_match_by_task") or {}
+    if len(by_task) > 1:
+        block["exact_match_by_task"] = by_task
+    return block
 
 
 def gate_section(summary: dict, metric: str) -> str:
@@ -728,10 +732,13 @@ def gate_section(summary: dict, metric: str) -> str:
         return ""
     names = [m for m in (gate.get("tuned") or {}) if m in (other.get("tuned") or {})]
     names.sort(key=lambda m: m != metric)
+    tasks = sorted(set(gate.get("exact_match_by_task") or {}) & set(other.get("exact_match_by_task") or {}))
     head = "".join(f"<th>{esc(m)}{' (gate)' if m == metric else ''}</th>" for m in names)
+    head += "".join(f"<th>exact_match[{esc(t or 'no task')}]</th>" for t in tasks)
     rows = ""
     for label, block in (("this run", gate), (f"promoted: {other.get('run', '')}", other)):
         cells = "".join(f"<td>{fmt((block.get('tuned') or {}).get(m), 4)}</td>" for m in names)
+        cells += "".join(f"<td>{fmt(block['exact_match_by_task'][t], 4)}</td>" for t in tasks)
         rows += f"<tr><td>{esc(label)}</td>{cells}</tr>"
     unit = gate.get("rows_unit", "rows")
     same = gate.get("heldout_fingerprint") and gate.get("heldout_fingerprint") == other.get(
