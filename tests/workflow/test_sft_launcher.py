@@ -247,6 +247,26 @@ def test_absurd_learning_rate_stops_at_the_first_nan_with_a_diagnosis(stage, kin
     assert not (stage / f"diverge_{kind}_model").exists()
 
 
+def test_warmup_stable_decay_holds_the_peak_then_decays_over_the_ratio_of_the_steps(stage):
+    """sft.lr_scheduler_type warmup_stable_decay through DeepSpeed ZeRO-3: the launcher turns
+    sft.decay_ratio into the decay's steps from the trainer's own step count."""
+    sft = {"zero_stage": 3, "max_steps": 20, "warmup_ratio": 0.1, "learning_rate": 1.0e-3}
+    sft.update(lr_scheduler_type="warmup_stable_decay", decay_ratio=0.25)
+    overrides, args = render(stage, "wsd", sft)
+    assert args["llmft"]["decay_ratio"] == 0.25
+    proc = launch(stage, overrides, "wsd")
+    out = finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    log = (stage / args["output_dir"] / "trainer_log.jsonl").read_text().splitlines()
+    lr = {e["current_steps"]: e["lr"] for e in map(json.loads, log) if "loss" in e}
+    assert sorted(lr) == list(range(1, 21))
+    # each step's rate: 2 warm-up steps, the peak until the decay's first step (16 = 20 - 5 + 1),
+    # then a cosine towards zero (LLaMA-Factory alone would start decaying after step 9)
+    assert lr[1] < lr[2] < lr[3] == 1.0e-3
+    assert all(lr[i] == 1.0e-3 for i in range(3, 17))
+    assert all(lr[i] > lr[i + 1] for i in range(16, 20)) and lr[20] < 0.1 * 1.0e-3
+
+
 PRELUDE_BOTH_COUNTS = """
 import json, os, sys, transformers
 from llmft.core import varlen

@@ -417,6 +417,7 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
     if cfg["sft"]["offload"] is True and cfg["sft"]["zero_stage"] not in (3, "auto"):
         raise ConfigError("config key sft.offload: offload needs sft.zero_stage: 3 (or auto)")
     _finetuning_checks(cfg["sft"], on_cpu=hw["vendor"] == "cpu" or hw["gpus_per_node"] == 0)
+    _schedule_checks(cfg)
     if cfg.get("preference") is not None:
         _preference_checks(cfg["preference"])
     elif cfg["nightly"]["metric"] in PREFERENCE_METRICS:
@@ -491,6 +492,50 @@ def _sft_defaults() -> dict:
 def sft_default(key: str):
     """The schema's default of sft.<key>."""
     return copy.deepcopy(_sft_defaults()[key])
+
+
+def _schedule_checks(cfg: dict) -> None:
+    """sft.lr_scheduler_type and the preference stage's: what their transformers schedule needs before
+    it starts (else the training job fails at its first step), and sft.decay_ratio only where a
+    warmup_stable_decay schedule reads it."""
+    from llmft.sft.schedule import NEEDS_MIN_LR, STEP_KEYS, WSD
+
+    sft = cfg["sft"]
+    kwargs = sft["extra"].get("lr_scheduler_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise ConfigError(
+            f"config key sft.extra.lr_scheduler_kwargs: {kwargs!r} is not a mapping; write it as one "
+            "(e.g. {min_lr_rate: 0.1})"
+        )
+    stages = [("sft", sft["lr_scheduler_type"], sft["warmup_ratio"])]
+    if cfg.get("preference") is not None:
+        pref = cfg["preference"]
+        stages.append(("preference", pref["lr_scheduler_type"], pref["warmup_ratio"]))
+    for where, kind, warmup in stages:
+        if kind in NEEDS_MIN_LR and not {"min_lr", "min_lr_rate"} & set(kwargs):
+            raise ConfigError(
+                f"config key {where}.lr_scheduler_type: {kind} needs min_lr or min_lr_rate in "
+                "sft.extra.lr_scheduler_kwargs (e.g. {min_lr_rate: 0.1}); set one, or choose cosine"
+            )
+        if kind == WSD and not STEP_KEYS & set(kwargs) and warmup + sft["decay_ratio"] > 1:
+            raise ConfigError(
+                f"config key sft.decay_ratio: {sft['decay_ratio']} and {where}.warmup_ratio {warmup} add up "
+                f"to more than all the steps ({where}.lr_scheduler_type: {WSD} warms up, holds the peak "
+                "rate, then decays); make their sum at most 1"
+            )
+    if sft["decay_ratio"] != sft_default("decay_ratio"):
+        if all(kind != WSD for _, kind, _ in stages):
+            raise ConfigError(
+                f"config key sft.decay_ratio: {sft['decay_ratio']!r} is only used with lr_scheduler_type: "
+                f"{WSD} (sft.lr_scheduler_type is {sft['lr_scheduler_type']!r}); remove the key or set that "
+                "schedule"
+            )
+        given = sorted(STEP_KEYS & set(kwargs))
+        if given:
+            raise ConfigError(
+                f"config key sft.decay_ratio: {sft['decay_ratio']!r} is not read when "
+                f"sft.extra.lr_scheduler_kwargs gives {given[0]}; remove one of the two"
+            )
 
 
 def _finetuning_checks(sft: dict, on_cpu: bool = False) -> None:

@@ -16,7 +16,7 @@ from llmft.core.config import BUILTIN_MODEL, ConfigError, lora_settings
 from llmft.core.io import read_json, write_json, write_text
 from llmft.core.platform import Platform
 from llmft.core.shape import ModelShape, model_shape
-from llmft.sft import preference, tracking
+from llmft.sft import preference, schedule, tracking
 from llmft.sft.packing import STAMP_FILE, packed_dir_name, packing_args, source_fingerprint
 from llmft.sft.plan import Plan, describe, resolve
 
@@ -371,6 +371,16 @@ def packs_from_pack_data(args: dict, data_dir: str) -> dict | None:
     return None
 
 
+def decay_ratio(args: dict, sft: dict) -> float | None:
+    """sft.decay_ratio where the rendered schedule is warmup_stable_decay and the config gives none
+    of its phases in steps (sft.extra.lr_scheduler_kwargs); else None."""
+    if args.get("lr_scheduler_type") != schedule.WSD:
+        return None
+    if schedule.STEP_KEYS & set(args.get("lr_scheduler_kwargs") or {}):
+        return None
+    return sft["decay_ratio"]
+
+
 def render(
     cfg: dict,
     base_model: str,
@@ -445,6 +455,9 @@ def render(
         args["llmft"]["padding_free"] = True
     if plan.fp8:  # llmft.sft.train converts the loaded model (LLaMA-Factory's own fp8 flag is refused)
         args["llmft"]["fp8"] = {"recipe": fp8.RECIPE, "frozen_cast_once": fp8.cast_once(plan.zero_stage)}
+    decay = decay_ratio(args, cfg["sft"])
+    if decay is not None:  # llmft.sft.train turns it into warmup_stable_decay's decay steps
+        args["llmft"]["decay_ratio"] = decay
     header = (
         "# Rendered by llmft from config/config.yaml: edit the config, not this file.\n"
         f"# planned for the nodes' facts, {platform.source}:\n"
@@ -456,6 +469,13 @@ def render(
             f"# FP8 planned: the layers that ran in float8 are counted on the model that trains, in "
             f"{fp8.FP8_FILE} beside the checkpoints, train_summary.json and the run page\n"
             if plan.fp8
+            else ""
+        )
+        + (
+            f"# lr_scheduler_type {schedule.WSD}: its decay is the last {decay:g} of the optimizer steps "
+            "(sft.decay_ratio), which llmft's launcher\n# turns into steps; plain llamafactory-cli "
+            "needs lr_scheduler_kwargs.num_decay_steps instead\n"
+            if decay is not None
             else ""
         )
         + "".join(f"# {line}\n" for line in start.splitlines())

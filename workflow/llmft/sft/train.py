@@ -15,6 +15,8 @@ block read here and removed before LLaMA-Factory parses the rest:
       static_tokens: 16384              # when planned: every flattened micro-batch padded to this
       compile_tuning: true              # when planned: Inductor's coordinate-descent kernel tuning
       fp8: {recipe: tensorwise, frozen_cast_once: true}  # only when FP8 is planned (llmft.core.fp8)
+      decay_ratio: 0.2                  # lr_scheduler_type warmup_stable_decay: its decay's share
+                                        # of the steps (llmft.sft.schedule)
       liger_loss_only: false            # Liger's fused linear + cross-entropy alone
                                         # (with Liger, its fused loss runs through llmft.sft.fusedce)
       padding_free: true                # dpo only, when planned: llmft.sft.padfree's forward
@@ -189,6 +191,10 @@ def _train(args: dict, ours: dict) -> int:
             int(os.environ.get("RANK", "0")),
             bool(ours["fp8"].get("frozen_cast_once")),
         )
+    if ours.get("decay_ratio") is not None:  # warmup_stable_decay's decay as a share of the steps
+        from llmft.sft import schedule
+
+        schedule.install(float(ours["decay_ratio"]))
     cpu_resume_fix()
     try:
         tracking.set_up(ours.get("tracking") or {}, output_dir, int(os.environ.get("RANK", "0")))
