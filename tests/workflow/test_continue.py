@@ -93,19 +93,6 @@ def lora(full):
     return full
 
 
-WSD = {"sft__lr_scheduler_type": "warmup_stable_decay", "sft__decay_ratio": 0.3, "sft__learning_rate": LR}
-
-
-@pytest.fixture(scope="module")
-def wsd(full):
-    """warmup_stable_decay: `wp` from its base, `wc` continued from wp's stable weights."""
-    proc = run_with(full, "wp", "parent.jsonl", **WSD)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    proc = run_with(full, "wc", "child.jsonl", **WSD, model__continue_from="results/wp")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return full
-
-
 def keys_of(path):
     from llmft.data.prepare import content_key
 
@@ -192,33 +179,6 @@ def test_full_continue_starts_from_the_parents_published_weights(full):
     rates = [h["learning_rate"] for h in history if "learning_rate" in h]
     # warmup again to the new peak, then the decay again: never the parent's rate
     assert max(rates) == pytest.approx(LR / 4) and rates[-1] < rates[0]
-
-
-def test_a_warmup_stable_decay_run_continues_from_its_parents_weights_before_the_decay(wsd):
-    results = wsd / "results"
-    parent = json.loads((results / "wp/sft/train_summary.json").read_text())
-    steps = parent["steps"]
-    # the parent kept its weights after the last step before the decay (30 % of its steps) began
-    kept = json.loads((results / "wp/sft/stable/llmft_stable.json").read_text())
-    decay = round(0.3 * steps)
-    assert kept == parent["stable"] == {"step": steps - decay, "max_steps": steps, "decay_steps": decay}
-    rates = {h["step"]: h["learning_rate"] for h in parent["history"] if "learning_rate" in h}
-    assert rates[max(s for s in rates if s <= kept["step"])] == pytest.approx(LR)  # still the peak
-    assert rates[steps] < LR / 10  # decayed by the end
-    stable = load_file(results / "wp/sft/stable/model.safetensors")
-    final = load_file(results / "wp/sft/model/model.safetensors")
-    assert set(stable) == set(final) and any(not (stable[k] == final[k]).all() for k in final)
-    assert not (results / "wp/sft/stable/optimizer.pt").exists()  # model files only
-    # the continued run starts from those weights, at the peak rate the parent's stable phase held
-    child = json.loads((results / "wc/sft/train_summary.json").read_text())
-    start = child["start_weights"]
-    assert {k: start[k] for k in ("shape", "sum", "sha256")} == digest(stable[start["name"]])
-    args = yaml.safe_load((results / "wc/sft/llamafactory.yaml").read_text())
-    assert args["model_name_or_path"] == "results/wp/sft/stable" and args["learning_rate"] == LR
-    header = (results / "wc/sft/llamafactory.yaml").read_text()
-    assert f"results/wp/sft/stable is its weights at step {kept['step']} of {steps}, before its" in header
-    assert summary(results / "wc")["lineage"]["started_from"] == "results/wp/sft/stable"
-    assert child["stable"]["step"] < child["steps"]  # and keeps its own for the next night
 
 
 def test_lora_continue_keeps_training_the_parents_adapter(lora):
@@ -319,8 +279,7 @@ def test_lineage_in_summary_plan_page_and_trend(full, lora):
 
 def copy_run(results, src, dst):
     """A finished run's files that a continued run reads, under another name."""
-    parts = ("report", "sft/model", "sft/llamafactory.yaml", "data/stats.json", "data/train_keys.u64")
-    for part in (*parts, *(["sft/stable"] if (results / src / "sft/stable").is_dir() else [])):
+    for part in ("report", "sft/model", "sft/llamafactory.yaml", "data/stats.json", "data/train_keys.u64"):
         s, d = results / src / part, results / dst / part
         d.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if s.is_dir() else shutil.copy)(s, d)
@@ -331,10 +290,6 @@ def break_tokenizer(run):
     tok = json.loads((run / "sft/model/tokenizer.json").read_text())
     tok["model"]["vocab"]["zzzextra"] = len(tok["model"]["vocab"])
     (run / "sft/model/tokenizer.json").write_text(json.dumps(tok))
-
-
-def drop_stable_config(run):
-    (run / "sft/stable/config.json").unlink()
 
 
 def truncate_weights(run):
@@ -375,12 +330,6 @@ BAD = {
         {"sft__finetuning_type": "freeze"},
         "config key sft.finetuning_type: 'freeze', but model.continue_from run 'bad' trained 'full'",
     ),
-    "broken stable weights": (
-        drop_stable_config,
-        None,
-        WSD,
-        "config key model.continue_from: run 'bad' has broken stable weights",
-    ),
     "itself": (
         None,
         "results/p",
@@ -403,13 +352,11 @@ BAD = {
     data_lost="none",
 )
 @pytest.mark.parametrize("case", list(BAD))
-def test_a_bad_parent_is_refused_by_name_before_any_job(full, case, request):
+def test_a_bad_parent_is_refused_by_name_before_any_job(full, case):
     spoil, target, overrides, needle = BAD[case]
     results = full / "results"
     shutil.rmtree(results / "bad", ignore_errors=True)
-    if overrides is WSD:
-        request.getfixturevalue("wsd")
-    bad = copy_run(results, "wp" if overrides is WSD else "p", "bad")
+    bad = copy_run(results, "p", "bad")
     if spoil:
         spoil(bad)
     make_workdir(

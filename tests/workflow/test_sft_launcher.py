@@ -247,17 +247,14 @@ def test_absurd_learning_rate_stops_at_the_first_nan_with_a_diagnosis(stage, kin
     assert not (stage / f"diverge_{kind}_model").exists()
 
 
-@pytest.mark.parametrize("kind", ["full", "lora"])
-def test_warmup_stable_decay_holds_the_peak_then_decays_over_the_ratio_of_the_steps(stage, kind):
+def test_warmup_stable_decay_holds_the_peak_then_decays_over_the_ratio_of_the_steps(stage):
     """sft.lr_scheduler_type warmup_stable_decay through DeepSpeed ZeRO-3: the launcher turns
-    sft.decay_ratio into the decay's steps from the trainer's own step count, and keeps the model
-    (LoRA: the adapter) as the decay starts, which finalize publishes beside the model."""
+    sft.decay_ratio into the decay's steps from the trainer's own step count."""
     sft = {"zero_stage": 3, "max_steps": 20, "warmup_ratio": 0.1, "learning_rate": 1.0e-3}
-    sft.update(lr_scheduler_type="warmup_stable_decay", decay_ratio=0.25, finetuning_type=kind)
-    name = f"wsd_{kind}"
-    overrides, args = render(stage, name, sft)
+    sft.update(lr_scheduler_type="warmup_stable_decay", decay_ratio=0.25)
+    overrides, args = render(stage, "wsd", sft)
     assert args["llmft"]["decay_ratio"] == 0.25
-    proc = launch(stage, overrides, name)
+    proc = launch(stage, overrides, "wsd")
     out = finish(proc)
     assert proc.returncode == 0, out[-3000:]
     log = (stage / args["output_dir"] / "trainer_log.jsonl").read_text().splitlines()
@@ -268,24 +265,6 @@ def test_warmup_stable_decay_holds_the_peak_then_decays_over_the_ratio_of_the_st
     assert lr[1] < lr[2] < lr[3] == 1.0e-3
     assert all(lr[i] == 1.0e-3 for i in range(3, 17))
     assert all(lr[i] > lr[i + 1] for i in range(16, 20)) and lr[20] < 0.1 * 1.0e-3
-    # the weights after step 15, the last before the decay's: model files only, hard links of the
-    # checkpoint saved there
-    work = stage / args["output_dir"]
-    kept = work / "llmft_stable"
-    weights = "adapter_model.safetensors" if kind == "lora" else "model.safetensors"
-    record = {"step": 15, "max_steps": 20, "decay_steps": 5}
-    assert json.loads((kept / "llmft_stable.json").read_text()) == record
-    assert (kept / weights).stat().st_ino == (work / "checkpoint-15" / weights).stat().st_ino
-    assert not {"optimizer.pt", "scheduler.pt", "trainer_state.json"} & {f.name for f in kept.iterdir()}
-    summary = publish(stage, overrides, name)
-    assert summary["stable"] == record
-    from safetensors.torch import load_file
-
-    published = load_file(stage / "stable" / weights)  # beside f"{name}_model"
-    assert published.keys() <= (kept_tensors := load_file(kept / weights)).keys()
-    assert all((published[k] == kept_tensors[k]).all() for k in published)
-    final = load_file(work / weights)
-    assert any(not (published[k] == final[k]).all() for k in published)  # the decay moved them
 
 
 PRELUDE_BOTH_COUNTS = """

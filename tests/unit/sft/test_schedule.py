@@ -3,7 +3,6 @@ would fail at the first step, and warmup_stable_decay with its decay as a share 
 (sft.decay_ratio), turned into steps by the launcher from the trainer's own count."""
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -146,33 +145,3 @@ def test_the_rendered_yaml_carries_the_ratio_for_the_launcher(tmp_path):
         cfg = validate(with_sft(**sft), base_dir=REPO)
         args = rendered(cfg, tiny, tmp_path / "b.yaml")
         assert "decay_ratio" not in args["llmft"]
-
-
-@pytest.mark.parametrize("kind", ["full", "lora"])
-def test_a_continued_run_starts_from_the_stable_weights_only_under_warmup_stable_decay(
-    tmp_path, monkeypatch, kind
-):
-    """The parent kept stable weights (sft/stable with its record): a warmup_stable_decay run starts
-    from them at sft.learning_rate; under another schedule, from the final model or adapter at the
-    continue factor; without the record, from the final ones under either."""
-    from llmft.core import lineage
-
-    monkeypatch.chdir(tmp_path)
-    stable = tmp_path / "results/p/sft/stable"
-    stable.mkdir(parents=True)
-    final = "adapter" if kind == "lora" else "model"
-    cfg = validate(with_sft(finetuning_type=kind, lr_scheduler_type="warmup_stable_decay"), base_dir=REPO)
-    cfg["model"]["continue_from"] = "results/p"
-    key = "adapter_name_or_path" if kind == "lora" else "model_name_or_path"
-    lr = cfg["sft"]["learning_rate"]
-    factor = cfg["nightly"]["continue_learning_rate_factor"]
-    assert lineage.start_args(cfg, "base")[key] == f"results/p/sft/{final}"  # no record: not kept
-    (stable / "llmft_stable.json").write_text('{"step": 80, "max_steps": 100, "decay_steps": 20}')
-    assert lineage.stable_of(cfg) == {"step": 80, "max_steps": 100, "decay_steps": 20}
-    assert lineage.start_args(cfg, "base")[key] == "results/p/sft/stable"
-    assert lineage.continue_learning_rate(cfg) == lr
-    assert lineage.lineage_head(Path("results/p"), stable=True)["started_from"] == "results/p/sft/stable"
-    cfg["sft"]["lr_scheduler_type"] = "cosine"
-    assert lineage.stable_of(cfg) is None
-    assert lineage.start_args(cfg, "base")[key] == f"results/p/sft/{final}"
-    assert lineage.continue_learning_rate(cfg) == pytest.approx(factor * lr)

@@ -24,22 +24,6 @@ KEY = "config key model.continue_from"
 # distinct 64-bit content keys, the identity dedup and the split use. A continued run's new rows are
 # the ones whose key its parent's file lacks.
 TRAIN_KEYS_FILE = "train_keys.u64"
-# warmup_stable_decay: a run's weights as its decay started, beside its model (llmft.sft.publish),
-# with the record of that step (llmft.sft.markers.STABLE_FILE)
-STABLE = "stable"
-STABLE_RECORD = "llmft_stable.json"
-WSD = "warmup_stable_decay"  # llmft.sft.schedule.WSD
-
-
-def stable_of(cfg: dict, cwd: str | Path = ".") -> dict | None:
-    """The parent's stable-weights record (its STABLE_RECORD) when this continued run resumes the
-    parent's stable phase: its own schedule is warmup_stable_decay and the parent kept the weights its
-    decay started from (sft/stable). None otherwise: it starts from the parent's final model."""
-    parent = parent_of(cfg)
-    if parent is None or cfg["sft"]["lr_scheduler_type"] != WSD:
-        return None
-    record = read_optional(Path(cwd) / parent / "sft" / STABLE / STABLE_RECORD)
-    return record if isinstance(record, dict) else None
 
 
 def parent_of(cfg: dict, base_dir: str | Path = ".") -> Path | None:
@@ -81,11 +65,8 @@ def resolve(cfg: dict, base_dir: str | Path = ".") -> dict | None:
         real = _recorded_parent(cfg, base_dir, given)
     cfg["model"]["continue_from"] = _display(real, base_dir)
     _check_finished(real, cfg["sft"]["finetuning_type"])
-    stable = stable_of(cfg, base_dir) is not None
-    if stable:
-        _check_stable(real, cfg["sft"]["finetuning_type"])
     # paths as the jobs see them: relative to the working directory
-    head = lineage_head(Path(cfg["model"]["continue_from"]), cwd=base_dir, stable=stable)
+    head = lineage_head(Path(cfg["model"]["continue_from"]), cwd=base_dir)
     _check_compatible(cfg, real, head, base_dir)
     return head
 
@@ -123,21 +104,6 @@ def _check_finished(parent: Path, kind: str) -> None:
     problems = run_problems(parent)
     if problems:
         raise ConfigError(f"{KEY}: run {name!r} has a broken published model: " + "; ".join(problems))
-
-
-def _check_stable(parent: Path, kind: str) -> None:
-    """The parent's stable weights (sft/stable) are whole: a model folder, or LoRA's adapter."""
-    folder = parent / "sft" / STABLE
-    need = ["adapter_config.json", "adapter_model.safetensors"] if kind == "lora" else ["config.json"]
-    missing = [n for n in need if not (folder / n).is_file()]
-    if kind != "lora" and not list(folder.glob("*.safetensors")):
-        missing.append("*.safetensors")
-    if missing:
-        raise ConfigError(
-            f"{KEY}: run {parent.name!r} has broken stable weights ({folder} lacks {', '.join(missing)}), "
-            "which a warmup_stable_decay run continues from; continue from another run, or set "
-            "sft.lr_scheduler_type to start from its final model"
-        )
 
 
 def run_problems(run_dir: Path) -> list[str]:
@@ -258,19 +224,16 @@ def tokenizer_fingerprint(model: dict, base_dir: Path) -> str:
     return folder_tokenizer(Path(name) if Path(name).is_absolute() else base_dir / name)
 
 
-def lineage_head(
-    parent: Path | None, base_model: str | None = None, cwd: Path = Path("."), stable: bool = False
-) -> dict:
+def lineage_head(parent: Path | None, base_model: str | None = None, cwd: Path = Path(".")) -> dict:
     """parent / started_from / base_model / chain of a run whose parent is `parent` (None: a run from
-    its base model `base_model`); `parent` as the jobs name it, read relative to `cwd`. `stable`: the
-    run starts from the parent's stable weights (stable_of)."""
+    its base model `base_model`); `parent` as the jobs name it, read relative to `cwd`."""
     if parent is None:
         return {"parent": None, "started_from": base_model, "base_model": base_model, "chain": []}
     summary = read_optional(cwd / parent / "report" / "summary.json", {}) or {}
     theirs = summary.get("lineage") if isinstance(summary, dict) else None
     theirs = theirs if isinstance(theirs, dict) else {}
     adapter = (cwd / parent / "sft" / "adapter" / "adapter_config.json").is_file()
-    started = parent / "sft" / (STABLE if stable else "adapter" if adapter else "model")
+    started = parent / "sft" / ("adapter" if adapter else "model")
     return {
         "parent": parent.name,
         "started_from": str(started),
@@ -296,14 +259,10 @@ def base_model_name(folder: str, run: str) -> str:
 
 
 def continue_learning_rate(cfg: dict) -> float:
-    """The peak learning rate of a continued run's fresh schedule: nightly.continue_learning_rate if
-    set; from a parent's stable weights (stable_of) sft.learning_rate, the rate its stable phase
-    held; else nightly.continue_learning_rate_factor x sft.learning_rate."""
+    """The peak learning rate of a continued run's fresh schedule."""
     night = cfg["nightly"]
     if night["continue_learning_rate"] is not None:
         return night["continue_learning_rate"]
-    if stable_of(cfg) is not None:
-        return cfg["sft"]["learning_rate"]
     return night["continue_learning_rate_factor"] * cfg["sft"]["learning_rate"]
 
 
@@ -324,14 +283,13 @@ def start_args(cfg: dict, base_model: str) -> dict:
     parent = parent_of(cfg)
     if parent is None:
         return {"model_name_or_path": base_model}
-    stable = stable_of(cfg) is not None  # warmup_stable_decay: the weights its parent's decay started from
     if cfg["sft"]["finetuning_type"] == "lora":
         return {
             "model_name_or_path": base_model,
-            "adapter_name_or_path": str(parent / "sft" / (STABLE if stable else "adapter")),
+            "adapter_name_or_path": str(parent / "sft" / "adapter"),
             "create_new_adapter": False,
         }
-    return {"model_name_or_path": str(parent / "sft" / (STABLE if stable else "model"))}
+    return {"model_name_or_path": str(parent / "sft" / "model")}
 
 
 def fed_tokens(rows: int, tokens: int, steps: dict) -> int:

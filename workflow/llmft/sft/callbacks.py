@@ -21,9 +21,6 @@
 - CheckpointSeal: once every rank has written checkpoint-N, rank 0 seals it (faults.seal); an
   unsealed checkpoint is never resumed from.
 - HeartbeatCallback: each rank's heartbeat file (faults.Heartbeat) carries its last step.
-- StableWeights: under lr_scheduler_type warmup_stable_decay, a checkpoint where the decay starts,
-  whose model files rank 0 keeps (hard links) as STABLE_DIR: the weights a continued run resumes the
-  stable phase from.
 
 Exceptions end the run from inside the training loop, on every rank at the same step (the values
 they act on are global: the logged loss is averaged over ranks, the grad norm is the global norm,
@@ -43,8 +40,6 @@ from llmft.sft.markers import (
     DIVERGENCE_FILE,
     PARAMS_FILE,
     PREEMPTED_FILE,
-    STABLE_DIR,
-    STABLE_FILE,
     START_WEIGHTS_FILE,
     STEPS_FILE,
 )
@@ -188,68 +183,6 @@ class CheckpointSeal(TrainerCallback):
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and checkpoint.is_dir():
             seal(checkpoint)
-
-
-# A checkpoint's files that are training state, not the model: left out of STABLE_DIR.
-TRAINING_STATE = {"optimizer.pt", "scheduler.pt", "trainer_state.json", "training_args.bin", "latest"}
-TRAINING_STATE |= {"zero_to_fp32.py"}
-
-
-def keep_stable(checkpoint: Path, out: Path, record: dict) -> None:
-    """The model files of `checkpoint` (weights, config, tokenizer; LoRA: the adapter) as `out`, hard
-    linked where the file system allows, with `record` as STABLE_FILE; written under a temporary
-    name and renamed, so `out` is whole or absent."""
-    import os
-    import shutil
-
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for item in checkpoint.iterdir():
-        if not item.is_file() or item.name in TRAINING_STATE or item.name.startswith(("rng_state", ".")):
-            continue
-        try:
-            os.link(item, tmp / item.name)
-        except OSError:
-            shutil.copy2(item, tmp / item.name)
-    (tmp / STABLE_FILE).write_text(json.dumps(record))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-
-
-class StableWeights(TrainerCallback):
-    """warmup_stable_decay: save a checkpoint after the last step at the peak rate (the decay's
-    first step is optimizer step max_steps - decay + 1) and keep its model files as STABLE_DIR (the
-    checkpoint itself may be rotated away later). A resumed attempt past that step keeps what the
-    first attempt kept, or takes it from the checkpoint if it was left there."""
-
-    def __init__(self, ratio: float):
-        self.ratio = ratio
-        self.step = 0
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        from llmft.sft.schedule import decay_steps
-
-        self.step = state.max_steps - decay_steps(self.ratio, state.max_steps)
-        work = Path(args.output_dir)
-        out, checkpoint = work / STABLE_DIR, work / f"checkpoint-{self.step}"
-        if state.global_step >= self.step and not out.is_dir() and checkpoint.is_dir():
-            if state.is_world_process_zero:
-                keep_stable(checkpoint, out, self._record(state))
-
-    def _record(self, state) -> dict:
-        return {"step": self.step, "max_steps": state.max_steps, "decay_steps": state.max_steps - self.step}
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.step > 0 and state.global_step == self.step:
-            control.should_save = True
-
-    def on_save(self, args, state, control, **kwargs):
-        # after CheckpointSeal's barrier: every rank has written the checkpoint
-        if self.step > 0 and state.global_step == self.step and state.is_world_process_zero:
-            checkpoint = Path(args.output_dir) / f"checkpoint-{self.step}"
-            keep_stable(checkpoint, Path(args.output_dir) / STABLE_DIR, self._record(state))
-            log.info("stable weights: step %d of %d (before the decay) kept", self.step, state.max_steps)
 
 
 class HeartbeatCallback(TrainerCallback):

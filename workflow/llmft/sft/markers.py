@@ -10,9 +10,5 @@ STOP_REQUEST_FILE = "llmft_stop_request"
 STEPS_FILE = "llmft_steps.jsonl"
 PARAMS_FILE = "llmft_params.json"
 START_WEIGHTS_FILE = "llmft_start_weights.json"
-# warmup_stable_decay: the model as its decay starts (callbacks.StableWeights), in the work folder and
-# published beside the model as sft/stable/, with STABLE_FILE saying which step it is
-STABLE_DIR = "llmft_stable"
-STABLE_FILE = "llmft_stable.json"
 EXIT_DIVERGED = 3
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again later

@@ -9,13 +9,10 @@ import yaml
 from llmft.core.io import atomic_path, read_json, read_jsonl, read_optional, write_json
 from llmft.core.modelfiles import keep_base_structure
 from llmft.core.platform import Platform
-from llmft.sft.markers import PARAMS_FILE, STABLE_DIR, STABLE_FILE, START_WEIGHTS_FILE, STEPS_FILE
+from llmft.sft.markers import PARAMS_FILE, START_WEIGHTS_FILE, STEPS_FILE
 
 # LoRA: the published adapter's folder, beside the merged model's (results/{run}/sft/adapter).
 ADAPTER_DIR = "adapter"
-# beside the model: warmup_stable_decay's weights as its decay started (callbacks.StableWeights), the
-# model (full, freeze) or the adapter (LoRA) a continued run resumes the stable phase from
-STABLE_PUBLISHED = "stable"
 
 
 def attempts_summary(records: list[dict]) -> dict:
@@ -145,22 +142,6 @@ def fp8_summary(args: dict, work: Path) -> dict:
     return {"planned": True, **{k: v for k, v in report.items() if k != "bf16_names"}}
 
 
-def publish_stable(work: Path, out: Path, kind: str, base_model: str) -> dict | None:
-    """The work folder's STABLE_DIR published as `out` (atomically; full and freeze with the base's
-    structure, as the model); a run without one removes an earlier config's `out`. Returns its
-    STABLE_FILE record, or None."""
-    src = work / STABLE_DIR
-    if not (src / STABLE_FILE).is_file():
-        if out.is_dir():
-            shutil.rmtree(out)
-        return None
-    with atomic_path(out, directory=True) as tmp:
-        _copy_files(src, tmp)
-        if kind != "lora":
-            keep_base_structure(tmp, base_model)
-    return read_json(out / STABLE_FILE)
-
-
 def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
     """Publish the trained model atomically and summarise the run from trainer_log.jsonl.
 
@@ -192,7 +173,6 @@ def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
         if (adapter_path / "adapter_config.json").is_file():
             # an earlier LoRA config's adapter: not this model's
             shutil.rmtree(adapter_path)
-    stable = publish_stable(work, model_path.with_name(STABLE_PUBLISHED), kind, args["model_name_or_path"])
     results = read_json(work / "all_results.json") if (work / "all_results.json").exists() else {}
     steps_file = work / STEPS_FILE
     attempt = attempts_summary(read_jsonl(steps_file) if steps_file.exists() else [])
@@ -222,8 +202,6 @@ def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
         "start_weights": read_optional(work / START_WEIGHTS_FILE),
         **finetuning_summary(args, work, model_path, adapter_path),
         "fp8": fp8_summary(args, work),
-        # warmup_stable_decay: the step whose weights sft/stable holds, or None
-        "stable": stable,
         "history": history,
     }
     write_json(summary_out, summary)

@@ -284,8 +284,7 @@ def run_lineage(cfg: dict, base_model: str) -> dict:
     parent = lineage.parent_of(cfg)
     if parent is None:
         return lineage.lineage_head(None, lineage.base_model_name(base_model, cfg["run"]))
-    stable = lineage.stable_of(cfg) is not None
-    return lineage.lineage_head(Path(cfg["model"]["continue_from"]), stable=stable)
+    return lineage.lineage_head(Path(cfg["model"]["continue_from"]))
 
 
 def data_delta(data_dir: str) -> dict:
@@ -300,19 +299,9 @@ def continue_text(cfg: dict, base_model: str, delta: dict, cost: dict | None = N
     head = run_lineage(cfg, base_model)
     if head["parent"] is None:
         return f"starts from the base model {head['base_model']}"
-    stable = lineage.stable_of(cfg)
     lines = [
         f"continues run {head['parent']} from {head['started_from']} (chain: {lineage.chain_text(head)});"
         f" fresh schedule at learning rate {lineage.continue_learning_rate(cfg):g}, new optimizer state",
-        *(
-            [
-                f"{head['started_from']} is its weights at step {stable.get('step')} of "
-                f"{stable.get('max_steps')}, before its decay: this run resumes the stable phase at the "
-                "peak rate (warmup_stable_decay)"
-            ]
-            if stable
-            else []
-        ),
         f"rows: {delta.get('new')} new, {delta.get('replayed')} replayed, {delta.get('removed')} removed"
         f" since {head['parent']}; {delta.get('train_rows')} train rows of {delta.get('full_train_rows')}",
     ]

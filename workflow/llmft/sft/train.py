@@ -16,8 +16,7 @@ block read here and removed before LLaMA-Factory parses the rest:
       compile_tuning: true              # when planned: Inductor's coordinate-descent kernel tuning
       fp8: {recipe: tensorwise, frozen_cast_once: true}  # only when FP8 is planned (llmft.core.fp8)
       decay_ratio: 0.2                  # lr_scheduler_type warmup_stable_decay: its decay's share
-                                        # of the steps (llmft.sft.schedule); the weights as the
-                                        # decay starts are kept (StableWeights)
+                                        # of the steps (llmft.sft.schedule)
       liger_loss_only: false            # Liger's fused linear + cross-entropy alone
                                         # (with Liger, its fused loss runs through llmft.sft.fusedce)
       padding_free: true                # dpo only, when planned: llmft.sft.padfree's forward
@@ -55,7 +54,6 @@ with hidden(*UNUSED, "torchao"):
         Preempted,
         PreemptionSaver,
         ProfileWindow,
-        StableWeights,
         StartWeights,
         StepClock,
         profile_window,
@@ -207,8 +205,6 @@ def _train(args: dict, ours: dict) -> int:
     heartbeat = faults.Heartbeat(output_dir, rank).start()
     callbacks = [
         CheckpointSeal(),  # before the saver: a checkpoint saved for a stop is sealed first
-        # warmup_stable_decay: the weights as the decay starts (after the seal, before the saver)
-        *([StableWeights(float(ours["decay_ratio"]))] if ours.get("decay_ratio") is not None else []),
         HeartbeatCallback(heartbeat),
         DivergenceGuard(
             factor=float(ours.get("divergence_factor", 100)),
