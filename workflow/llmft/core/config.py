@@ -498,7 +498,7 @@ def _schedule_checks(cfg: dict) -> None:
     """sft.lr_scheduler_type and the preference stage's: what their transformers schedule needs before
     it starts (else the training job fails at its first step), and sft.decay_ratio only where a
     warmup_stable_decay schedule reads it."""
-    from llmft.sft.schedule import NEEDS_MIN_LR, STEP_KEYS, WSD
+    from llmft.sft.schedule import NEEDS_MIN_LR, STEP_KEYS, WSD, reads_ratio
 
     sft = cfg["sft"]
     kwargs = sft["extra"].get("lr_scheduler_kwargs") or {}
@@ -517,7 +517,7 @@ def _schedule_checks(cfg: dict) -> None:
                 f"config key {where}.lr_scheduler_type: {kind} needs min_lr or min_lr_rate in "
                 "sft.extra.lr_scheduler_kwargs (e.g. {min_lr_rate: 0.1}); set one, or choose cosine"
             )
-        if kind == WSD and not STEP_KEYS & set(kwargs) and warmup + sft["decay_ratio"] > 1:
+        if reads_ratio(kind, kwargs) and warmup + sft["decay_ratio"] > 1:
             raise ConfigError(
                 f"config key sft.decay_ratio: {sft['decay_ratio']} and {where}.warmup_ratio {warmup} add up "
                 f"to more than all the steps ({where}.lr_scheduler_type: {WSD} warms up, holds the peak "

@@ -374,11 +374,8 @@ def packs_from_pack_data(args: dict, data_dir: str) -> dict | None:
 def decay_ratio(args: dict, sft: dict) -> float | None:
     """sft.decay_ratio where the rendered schedule is warmup_stable_decay and the config gives none
     of its phases in steps (sft.extra.lr_scheduler_kwargs); else None."""
-    if args.get("lr_scheduler_type") != schedule.WSD:
-        return None
-    if schedule.STEP_KEYS & set(args.get("lr_scheduler_kwargs") or {}):
-        return None
-    return sft["decay_ratio"]
+    reads = schedule.reads_ratio(args.get("lr_scheduler_type"), args.get("lr_scheduler_kwargs"))
+    return sft["decay_ratio"] if reads else None
 
 
 def render(

@@ -20,6 +20,12 @@ NEEDS_MIN_LR = ("cosine_with_min_lr", "cosine_warmup_with_min_lr")
 STEP_KEYS = {"num_decay_steps", "num_stable_steps"}
 
 
+def reads_ratio(kind: str, kwargs: dict | None) -> bool:
+    """Whether a schedule takes its decay from sft.decay_ratio: warmup_stable_decay whose phases the
+    config does not give in steps (lr_scheduler_kwargs)."""
+    return kind == WSD and not STEP_KEYS & set(kwargs or {})
+
+
 def decay_steps(ratio: float, total: int) -> int:
     """The optimizer steps of the final decay: `ratio` of `total`, at least one."""
     return max(1, round(ratio * total))
