@@ -114,7 +114,19 @@ def diagnose(
 
 
 class DivergenceGuard(TrainerCallback):
-    """Stops on a NaN/inf loss or grad norm, or a grad norm `factor` x its running median."""
+    """Stops on a NaN/inf loss or grad norm, or on a grad norm `factor` x its running median that
+    the next logged step confirms.
+
+    A lone spike is clipped by max_grad_norm and often harmless: near zero loss the running median is
+    tiny, and one hard batch is hundreds of times it. So a spike is a suspect, and the next logged
+    step judges it: its grad norm still over `factor` x the suspect's median, or its loss more than
+    doubled from its running median (and up by over LOSS_RISE), stops the run, as does any spike at the
+    last step (the final model is saved right after it). A checkpoint saved since the suspect is then
+    moved aside (`diverged-checkpoint-N`), so nothing resumes from or publishes a diverged model.
+    """
+
+    WINDOW = 20  # logged steps in the running medians
+    LOSS_RISE = 0.1  # a loss doubled from near zero is noise until it has risen this much
 
     def __init__(self, factor: float, precision: str, finetuning_type: str, cutoff_len: int):
         self.factor = factor
@@ -123,6 +135,8 @@ class DivergenceGuard(TrainerCallback):
         self.cutoff_len = cutoff_len
         self.history: list[dict] = []
         self.fp16_overflows = 0
+        self.suspect: dict | None = None
+        self.cleared: list[dict] = []  # spikes the next logged step did not confirm
 
     def on_step_end(self, args, state, control, **kwargs):
         # Log before every save (transformers logs, then saves): the loss and grad norm of the steps
@@ -130,31 +144,77 @@ class DivergenceGuard(TrainerCallback):
         if control.should_save:
             control.should_log = True
 
+    def _median(self, key: str) -> float | None:
+        values = [h[key] for h in self.history[-self.WINDOW :] if _finite(h.get(key))]
+        return statistics.median(values) if len(values) >= 5 else None
+
+    def _judge(self, entry: dict, last: bool) -> str | None:
+        """Why this log stops training, or None. Leaves a spike that is not the last step as a suspect."""
+        loss, norm = entry["loss"], entry["grad_norm"]
+        if not _finite(loss):
+            return f"loss is {loss}"
+        if norm is not None and not _finite(norm):
+            # fp16's dynamic loss scaling skips steps whose gradients overflow: a few are normal.
+            self.fp16_overflows += 1
+            if self.precision != "fp16" or self.fp16_overflows >= 5:
+                return f"gradient norm is {norm}"
+            return None
+        self.fp16_overflows = 0
+        suspect = self.suspect
+        if suspect is not None:
+            self.suspect = None
+            spike = (
+                f"gradient norm {suspect['grad_norm']:.4g} at step {suspect['step']} was "
+                f"{suspect['grad_norm'] / suspect['median']:.0f}x its running median {suspect['median']:.4g}"
+            )
+            base = suspect["loss_median"]
+            at = f"at step {entry['step']}"
+            if _finite(norm) and norm > self.factor * suspect["median"]:
+                return f"{spike}, and {at} it is still {norm / suspect['median']:.0f}x"
+            if base is not None and loss > 2 * base and loss - base > self.LOSS_RISE:
+                return f"{spike}, and {at} the loss rose to {loss:.4g} from a running median {base:.4g}"
+            self.history.append(suspect["entry"])
+            self.cleared.append({k: suspect[k] for k in ("step", "grad_norm", "median")})
+            log.warning(f"{spike}; {at} the grad norm is {norm:.4g}, the loss {loss:.4g}: not a divergence")
+            return None
+        median = self._median("grad_norm")
+        if not (self.factor and _finite(norm) and median and norm > self.factor * median):
+            return None
+        what = f"gradient norm {norm:.4g} is {norm / median:.0f}x its running median {median:.4g}"
+        if last:
+            return what
+        self.suspect = {
+            "entry": entry, "step": entry["step"], "grad_norm": norm, "median": median,
+            "loss_median": self._median("loss"),
+        }  # fmt: skip
+        log.warning(f"{what}: the next logged step decides whether training stops")
+        return None
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
         if "loss" not in logs:
             return
         entry = {k: logs.get(k) for k in ("loss", "grad_norm", "learning_rate")}
         entry["step"] = state.global_step
-        loss, norm = entry["loss"], entry["grad_norm"]
-        what = None
-        if not _finite(loss):
-            what = f"loss is {loss}"
-        elif norm is not None and not _finite(norm):
-            # fp16's dynamic loss scaling skips steps whose gradients overflow: a few are normal.
-            self.fp16_overflows += 1
-            if self.precision != "fp16" or self.fp16_overflows >= 5:
-                what = f"gradient norm is {norm}"
-        else:
-            self.fp16_overflows = 0
-            norms = [h["grad_norm"] for h in self.history[-20:] if _finite(h.get("grad_norm"))]
-            if self.factor and _finite(norm) and len(norms) >= 5:
-                median = statistics.median(norms)
-                if median > 0 and norm > self.factor * median:
-                    what = f"gradient norm {norm:.4g} is {norm / median:.0f}x its running median {median:.4g}"
-        if what is None:
+        suspect = self.suspect
+        what = self._judge(entry, last=bool(state.max_steps) and state.global_step >= state.max_steps)
+        if what is not None:
+            self._stop(args, state, entry, what, suspect)
+        if self.suspect is None:
             self.history.append(entry)
-            return
+
+    def on_train_end(self, args, state, control, **kwargs):
+        # A spike that no logged step came after to clear it: the final model is saved next.
+        suspect, self.suspect = self.suspect, None
+        if suspect is not None:
+            what = (
+                f"gradient norm {suspect['grad_norm']:.4g} at step {suspect['step']} was "
+                f"{suspect['grad_norm'] / suspect['median']:.0f}x its running median "
+                f"{suspect['median']:.4g}, and training ended before a logged step could clear it"
+            )
+            self._stop(args, state, suspect["entry"], what, suspect)
+
+    def _stop(self, args, state, entry: dict, what: str, suspect: dict | None):
         diagnosis = diagnose(
             {**entry, "what": what},
             self.history,
@@ -164,9 +224,20 @@ class DivergenceGuard(TrainerCallback):
             cutoff_len=self.cutoff_len,
             warmup_steps=args.get_warmup_steps(state.max_steps) if state.max_steps else 0,
         )
+        if self.cleared:
+            diagnosis["cleared_spikes"] = self.cleared
         if state.is_world_process_zero:
-            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-            (Path(args.output_dir) / DIVERGENCE_FILE).write_text(json.dumps(diagnosis, indent=2, default=str))
+            work = Path(args.output_dir)
+            work.mkdir(parents=True, exist_ok=True)
+            if suspect is not None:  # what was saved since the spike holds the diverging weights
+                from llmft.sft.faults import DIVERGED_PREFIX, checkpoints, set_aside
+
+                diagnosis["set_aside"] = [
+                    set_aside(path, DIVERGED_PREFIX).name
+                    for step, path in checkpoints(work)
+                    if step >= suspect["step"]
+                ]
+            (work / DIVERGENCE_FILE).write_text(json.dumps(diagnosis, indent=2, default=str))
         raise Diverged(diagnosis)
 
 

@@ -32,6 +32,7 @@ HEARTBEAT_SECONDS = 2.0
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 EXIT_BUSY = 16  # EBUSY: another launcher holds the work folder
 SET_ASIDE_PREFIX = "incomplete-"  # transformers only resumes from and rotates `checkpoint-*`
+DIVERGED_PREFIX = "diverged-"  # saved after a gradient spike that the next logged step confirmed
 
 
 def _host() -> str:
@@ -106,6 +107,17 @@ def checkpoints(work: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def set_aside(path: Path, prefix: str) -> Path:
+    """Rename a checkpoint folder out of `checkpoint-*` (never resumed or rotated); returns the new path."""
+    target = path.with_name(f"{prefix}{path.name}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{prefix}{path.name}.{n}")
+    path.rename(target)
+    return target
+
+
 def set_aside_unsealed(work: Path) -> list[str]:
     """Rename every checkpoint that was not written whole, so it is neither resumed nor rotated.
 
@@ -115,12 +127,7 @@ def set_aside_unsealed(work: Path) -> list[str]:
     for step, path, why in reversed(_problems(work)):
         if why is None:
             continue
-        target = path.with_name(f"{SET_ASIDE_PREFIX}{path.name}")
-        n = 1
-        while target.exists():
-            n += 1
-            target = path.with_name(f"{SET_ASIDE_PREFIX}{path.name}.{n}")
-        path.rename(target)
+        target = set_aside(path, SET_ASIDE_PREFIX)
         warnings.append(f"checkpoint-{step} is not trusted: {why}; moved to {target.name}")
     if warnings:
         whole = checkpoints(work)
