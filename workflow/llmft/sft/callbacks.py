@@ -114,15 +114,17 @@ def diagnose(
 
 
 class DivergenceGuard(TrainerCallback):
-    """Stops on a NaN/inf loss or grad norm, or on a grad norm `factor` x its running median that
-    the next logged step confirms.
+    """Stops on a NaN/inf loss or grad norm, or on a grad norm `factor` x its running median whose
+    loss confirms it.
 
-    A lone spike is clipped by max_grad_norm and often harmless: near zero loss the running median is
-    tiny, and one hard batch is hundreds of times it. So a spike is a suspect, and the next logged
-    step judges it: its grad norm still over `factor` x the suspect's median, or its loss more than
-    doubled from its running median (and up by over LOSS_RISE), stops the run, as does any spike at the
-    last step (the final model is saved right after it). A checkpoint saved since the suspect is then
-    moved aside (`diverged-checkpoint-N`), so nothing resumes from or publishes a diverged model.
+    Adam scales each step by the gradients' running size, so one spike moves a weight by about three
+    normal steps at most ((1 - beta1) / sqrt(1 - beta2)): a divergence shows in the loss. Near zero
+    loss the running median of the grad norm is tiny, and one hard batch is hundreds of times it. So
+    a spike is a suspect, and the next logged step judges it: a loss more than doubled from its
+    running median before the spike, and up by over LOSS_RISE, stops the run. A spike at the last
+    step, or one no logged step follows, is judged by its own logged loss (the final model is saved
+    right after it). A checkpoint saved since a confirmed spike is moved aside
+    (`diverged-checkpoint-N`): nothing resumes from or publishes it.
     """
 
     WINDOW = 20  # logged steps in the running medians
@@ -136,7 +138,7 @@ class DivergenceGuard(TrainerCallback):
         self.history: list[dict] = []
         self.fp16_overflows = 0
         self.suspect: dict | None = None
-        self.cleared: list[dict] = []  # spikes the next logged step did not confirm
+        self.cleared: list[dict] = []  # spikes whose loss did not confirm them
 
     def on_step_end(self, args, state, control, **kwargs):
         # Log before every save (transformers logs, then saves): the loss and grad norm of the steps
@@ -160,34 +162,39 @@ class DivergenceGuard(TrainerCallback):
                 return f"gradient norm is {norm}"
             return None
         self.fp16_overflows = 0
-        suspect = self.suspect
-        if suspect is not None:
-            self.suspect = None
-            spike = (
-                f"gradient norm {suspect['grad_norm']:.4g} at step {suspect['step']} was "
-                f"{suspect['grad_norm'] / suspect['median']:.0f}x its running median {suspect['median']:.4g}"
-            )
-            base = suspect["loss_median"]
-            at = f"at step {entry['step']}"
-            if _finite(norm) and norm > self.factor * suspect["median"]:
-                return f"{spike}, and {at} it is still {norm / suspect['median']:.0f}x"
-            if base is not None and loss > 2 * base and loss - base > self.LOSS_RISE:
-                return f"{spike}, and {at} the loss rose to {loss:.4g} from a running median {base:.4g}"
-            self.history.append(suspect["entry"])
-            self.cleared.append({k: suspect[k] for k in ("step", "grad_norm", "median")})
-            log.warning(f"{spike}; {at} the grad norm is {norm:.4g}, the loss {loss:.4g}: not a divergence")
-            return None
+        if self.suspect is not None:
+            suspect, self.suspect = self.suspect, None
+            return self._confirm(suspect, entry)
         median = self._median("grad_norm")
-        if not (self.factor and _finite(norm) and median and norm > self.factor * median):
-            return None
-        what = f"gradient norm {norm:.4g} is {norm / median:.0f}x its running median {median:.4g}"
-        if last:
-            return what
-        self.suspect = {
-            "entry": entry, "step": entry["step"], "grad_norm": norm, "median": median,
-            "loss_median": self._median("loss"),
-        }  # fmt: skip
-        log.warning(f"{what}: the next logged step decides whether training stops")
+        if self.factor and _finite(norm) and median and norm > self.factor * median:
+            suspect = {
+                "entry": entry, "step": entry["step"], "grad_norm": norm, "median": median,
+                "loss_median": self._median("loss"),
+            }  # fmt: skip
+            if last:  # nothing comes after it: its own logged loss judges it
+                return self._confirm(suspect, entry)
+            self.suspect = suspect
+            log.warning(f"{self._spike(suspect)}: the next logged step's loss decides")
+        return None
+
+    @staticmethod
+    def _spike(suspect: dict) -> str:
+        return (
+            f"gradient norm {suspect['grad_norm']:.4g} at step {suspect['step']} was "
+            f"{suspect['grad_norm'] / suspect['median']:.0f}x its running median {suspect['median']:.4g}"
+        )
+
+    def _confirm(self, suspect: dict, entry: dict) -> str | None:
+        """Why `entry`'s loss confirms the spike `suspect` as a divergence, or None (the spike cleared)."""
+        loss, base = entry["loss"], suspect["loss_median"]
+        at = f"at step {entry['step']}"
+        if base is not None and loss > 2 * base and loss - base > self.LOSS_RISE:
+            rose = f"the loss rose to {loss:.4g} from a running median {base:.4g}"
+            return f"{self._spike(suspect)}, and {at} {rose}"
+        if entry is not suspect["entry"]:
+            self.history.append(suspect["entry"])
+        self.cleared.append({k: suspect[k] for k in ("step", "grad_norm", "median")})
+        log.warning(f"{self._spike(suspect)}; {at} the loss is {loss:.4g}: not a divergence")
         return None
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -204,14 +211,9 @@ class DivergenceGuard(TrainerCallback):
             self.history.append(entry)
 
     def on_train_end(self, args, state, control, **kwargs):
-        # A spike that no logged step came after to clear it: the final model is saved next.
+        # A spike no logged step came after (the final model is saved next): its own loss judges it.
         suspect, self.suspect = self.suspect, None
-        if suspect is not None:
-            what = (
-                f"gradient norm {suspect['grad_norm']:.4g} at step {suspect['step']} was "
-                f"{suspect['grad_norm'] / suspect['median']:.0f}x its running median "
-                f"{suspect['median']:.4g}, and training ended before a logged step could clear it"
-            )
+        if suspect is not None and (what := self._confirm(suspect, suspect["entry"])):
             self._stop(args, state, suspect["entry"], what, suspect)
 
     def _stop(self, args, state, entry: dict, what: str, suspect: dict | None):
