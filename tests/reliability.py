@@ -19,6 +19,7 @@ MODULES = [
     "tests.slurm.test_node_lost",
     "tests.slurm.test_sft_resume",
     "tests.workflow.test_sft_launcher",
+    "tests.unit.sft.test_divergence_guard",
     "tests.slurm.test_cluster",
     "tests.slurm.test_nightly",
     "tests.workflow.test_hostile_paths",
