@@ -164,7 +164,10 @@ class DivergenceGuard(TrainerCallback):
         self.fp16_overflows = 0
         if self.suspect is not None:
             suspect, self.suspect = self.suspect, None
-            return self._confirm(suspect, entry)
+            what = self._confirm(suspect, entry)
+            if what is None:  # cleared: the spike's log joins the history before this one
+                self.history.append(suspect["entry"])
+            return what
         median = self._median("grad_norm")
         if self.factor and _finite(norm) and median and norm > self.factor * median:
             suspect = {
@@ -191,8 +194,6 @@ class DivergenceGuard(TrainerCallback):
         if base is not None and loss > 2 * base and loss - base > self.LOSS_RISE:
             rose = f"the loss rose to {loss:.4g} from a running median {base:.4g}"
             return f"{self._spike(suspect)}, and {at} {rose}"
-        if entry is not suspect["entry"]:
-            self.history.append(suspect["entry"])
         self.cleared.append({k: suspect[k] for k in ("step", "grad_norm", "median")})
         log.warning(f"{self._spike(suspect)}; {at} the loss is {loss:.4g}: not a divergence")
         return None
