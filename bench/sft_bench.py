@@ -181,6 +181,20 @@ FP8_VARIANTS = {
     # the FP8 one with Inductor tuning each generated kernel's block sizes (coordinate descent): the
     # float8 casts and scales fused around the GEMMs are most of what FP8 adds to a step
     "fp8_full_static_cdt_1b": ("1b", {"fp8": True, "torch_compile": True}, 24, 5),
+    # full 1.24 B at the hand-tuned run's tokens per step (8 rows x 2048 = 16 384): every key auto, and
+    # llmft's bf16 plan; the hand-tuned run again with Liger's kernels and fused loss (its best kernels)
+    "full_auto_1b": ("1b", {"tokens_per_step": 16384}, 24, 5),
+    "full_bf16_1b": ("1b", {**BF16, "tokens_per_step": 16384}, 24, 5),
+    "full_handliger_1b": ("1b", {**HAND_1B, **BF16, "liger_kernel": True}, 24, 5),
+    # LoRA with the compiled layers kept to one shape and their kernels tuned (auto leaves both off for
+    # LoRA), against the LoRA plan auto makes (fp8_lora_auto_1b / _8b)
+    "lora_static_1b": ("1b", {**LORA, "tokens_per_step": 16384, "fp8": True, "static_shapes": True,
+                              "compile_tuning": True}, 24, 5),
+    "lora_static_8b": ("8b", {**LORA, "tokens_per_step": 8192, "static_shapes": True, "compile_tuning": True},
+                       16, 6),
+    # accuracy with every key auto (FP8, one shape, tuned kernels for full) against the bf16 runs below
+    "acc_full_auto_1b": ("1b", {"tokens_per_step": 16384, "extra": EVAL}, 300, 5),
+    "acc_lora_auto_1b": ("1b", {**LORA, "tokens_per_step": 16384, "extra": EVAL}, 300, 5),
     # accuracy: 300 steps, the same data order and tokens per step, FP8 (true) against bf16
     "acc_full_bf16_1b": ("1b", {**BF16, "tokens_per_step": 16384, "extra": EVAL}, 300, 5),
     "acc_full_fp8_1b": ("1b", {"fp8": True, "tokens_per_step": 16384, "extra": EVAL}, 300, 5),
@@ -300,6 +314,7 @@ VARIANT_ENV = {
     "fp8_full_prof_1b": {"LLMFT_PROFILE_STEPS": "10:11"},
     "fp8_full_static_1b": {"LLMFT_VARLEN_PAD_TO": "16384"},
     "full_bf16c_static_1b": {"LLMFT_VARLEN_PAD_TO": "16384"},
+    "full_handliger_1b": {"LLMFT_LIGER_CROSS_ENTROPY": "1"},
     "fp8_full_static_cdt_1b": {
         "LLMFT_VARLEN_PAD_TO": "16384",
         "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1",

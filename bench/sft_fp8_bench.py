@@ -84,8 +84,23 @@ SPEED = [
         "fp8_full_bf16_1b",
         1.2,
     ),
+    ("full 1.24 B, 16k tokens a step: llmft auto / hand-tuned bf16", "full_auto_1b", "fp8_full_hand_1b", 1.6),
+    (
+        "full 1.24 B, 16k tokens a step: llmft auto / hand-tuned bf16 with Liger",
+        "full_auto_1b",
+        "full_handliger_1b",
+        1.6,
+    ),
+    ("full 1.24 B, 16k tokens a step: llmft auto / bf16 plan", "full_auto_1b", "full_bf16_1b", 1.2),
+    ("LoRA 1.24 B: one shape, tuned kernels / the auto plan", "lora_static_1b", "fp8_lora_auto_1b", None),
+    ("LoRA 8 B: one shape, tuned kernels / the auto plan", "lora_static_8b", "fp8_lora_auto_8b", None),
 ]
-ACCURACY = [("full", "acc_full_fp8_1b", "acc_full_bf16_1b"), ("LoRA", "acc_lora_fp8_1b", "acc_lora_bf16_1b")]
+ACCURACY = [
+    ("full", "acc_full_fp8_1b", "acc_full_bf16_1b"),
+    ("LoRA", "acc_lora_fp8_1b", "acc_lora_bf16_1b"),
+    ("full, every key auto", "acc_full_auto_1b", "acc_full_bf16_1b"),
+    ("LoRA, every key auto", "acc_lora_auto_1b", "acc_lora_bf16_1b"),
+]
 ACCURACY_TOL = 0.01
 LAST_STEPS = 10
 

@@ -24,12 +24,15 @@
 #   bash bench/sft_fp8_gpu.sh log8b      # plain8b with both runs logging every 10 steps (the workflow's default)
 #   bash bench/sft_fp8_gpu.sh proffull1b # full 1.24 B compiled, bf16 and FP8 under torch.profiler, then cefull1b
 #   bash bench/sft_fp8_gpu.sh static1b   # full 1.24 B compiled, every micro-batch one shape: FP8, bf16, vs the bf16 plan
+#   bash bench/sft_fp8_gpu.sh full1b_auto # full 1.24 B at 16 384 tokens a step: auto vs bf16 plan vs hand-tuned (with and without Liger)
+#   bash bench/sft_fp8_gpu.sh acc_auto   # 300 steps full and LoRA 1.24 B, every key auto vs bf16: train and held-out loss
+#   bash bench/sft_fp8_gpu.sh lora_static # LoRA 1.24 B and 8 B: one shape + tuned kernels vs the auto plan
 #   bash bench/sft_fp8_gpu.sh cdt1b      # static1b's FP8 run with Inductor's kernel tuning, vs the bf16 plan
 # Carry .whl (with torchao-0.17.0) and bench/work/sft, as bench/sft_gpu.sh needs. BENCH_CANARY=1 runs
 # the numerics canary (with its FP8 leg) into the node facts, so `auto` decides FP8 as the workflow
 # does. Results: $OUT/sft_fp8_h200x1_<which>.json and bench/sft_gpu.sh's own files.
 set -u
-which=${1:?usage: bash bench/sft_fp8_gpu.sh lora1b|lora8b|full1b|full1b_compile|acc_full|acc_lora|prof8b|levers8b|zero8b|zero1b|auto8b|once8b|check8b|proffp8|lora2|count8b|ce8b|ce1b|ce1b_prof|plain8b|cefull1b|log8b|proffull1b|static1b|cdt1b}
+which=${1:?usage: bash bench/sft_fp8_gpu.sh lora1b|lora8b|full1b|full1b_compile|acc_full|acc_lora|prof8b|levers8b|zero8b|zero1b|auto8b|once8b|check8b|proffp8|lora2|count8b|ce8b|ce1b|ce1b_prof|plain8b|cefull1b|log8b|proffull1b|static1b|cdt1b|full1b_auto|acc_auto|lora_static}
 case $which in
   lora1b) specs="fp8_lora_hand_1b:60 fp8_lora_auto_1b:80 fp8_lora_lf_1b:60" ;;
   lora8b) specs="fp8_lora_hand_8b:110 fp8_lora_auto_8b:140 fp8_lora_lf_8b:110" ;;
@@ -56,6 +59,9 @@ case $which in
   cdt1b) specs="fp8_full_static_cdt_1b:130 fp8_full_bf16_1b:70" ;;
   log8b) specs="fp8_lora_hand_8b_log10:120 fp8_lora_auto_8b_log10:150" ;;
   lora2) specs="fp8_lora_hand_8b:110 fp8_lora_auto_8b:140 fp8_lora_hand_1b:60 fp8_lora_auto_1b:80" ;;
+  full1b_auto) specs="full_auto_1b:200 full_bf16_1b:60 fp8_full_hand_1b:70 full_handliger_1b:70" ;;
+  acc_auto) specs="acc_full_auto_1b:200 acc_full_bf16_1b:140 acc_lora_auto_1b:150 acc_lora_bf16_1b:120" ;;
+  lora_static) specs="lora_static_1b:130 fp8_lora_auto_1b:80 lora_static_8b:200 fp8_lora_auto_8b:140" ;;
   *) echo "unknown comparison $which" >&2; exit 2 ;;
 esac
 export BENCH_GPUS=1 BENCH_CANARY=${BENCH_CANARY-1} OUT=${OUT:-/tmp/out} BENCH_OUT=${BENCH_OUT:-/tmp/sft_bench}
