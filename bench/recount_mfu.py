@@ -4,7 +4,7 @@ counted 6 x every parameter (the embedding table included) + causal attention; t
 attention span and the model shape of each run are what the run recorded, so only the FLOPs per
 token change (untied 8 B: -6 %, tied 1.24 B: unchanged).
 
-    python bench/recount_mfu.py bench/results/sft_h200x2_1b_s5.json ... --json OUT.json
+    python bench/recount_mfu.py bench/results/sft_h200x2_1b_20261201T0218.json ... --json OUT.json
 """
 
 from __future__ import annotations

@@ -261,7 +261,7 @@ VARIANTS = {
     "ours_8b_b2e9": ("8b", {"tokens_per_step": 16384, "zero_bucket_size": 2000000000}, 10, 3),
     "ours_8b_rc": ("8b", {"tokens_per_step": 16384, "torch_compile": True}, 16, 8),
     "ours_1b_ovf": ("1b", {}, 24, 5),  # ours with DeepSpeed's bf16 overflow pass left on (DS_LF)
-    # 2026-11-30 (session 4), results/sft_h200x2_1b_s4.json: ours_1b again, second in its call, with
+    # 2026-11-30, results/sft_h200x2_1b_20261130T2303.json: ours_1b again, second in its call, with
     # an experimental gc.freeze switched off (measured no effect and removed): the default path
     "ours_1b_nogc": ("1b", {}, 24, 5),
     # Untimed warm-ups: ours' first run in a device call compiles Liger's Triton kernels for new batch

@@ -215,7 +215,8 @@ def _deepspeed_states(
     elif stage in (1, 2):
         # overlap_comm double-buffers the reduce bucket. The step converts the 16-bit gradient
         # partition to fp32 (4 bytes per sharded parameter): the measured 8 B ZeRO-2 step stays
-        # under its backward peak (torch's max allocated; bench/results/sft_h200x2_session_end.json).
+        # under its backward peak (torch's max allocated;
+        # bench/results/sft_h200x2_20261130T1715_recipe_vs_auto.json).
         bucket = unit * (2 * reduce_b + gather_b)
         transient = 0.0 if offload else 4 * t / w
     else:
