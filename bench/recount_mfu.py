@@ -1,5 +1,5 @@
 """The MFU of committed SFT bench results, counted again with llmft.core.flops (the one count the run
-page and summary.json use): the output head once, the embedding lookup not counted. Earlier sessions
+page and summary.json use): the output head once, the embedding lookup not counted. Results before 1059f24
 counted 6 x every parameter (the embedding table included) + causal attention; the tokens/s, the
 attention span and the model shape of each run are what the run recorded, so only the FLOPs per
 token change (untied 8 B: -6 %, tied 1.24 B: unchanged).

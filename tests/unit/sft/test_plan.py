@@ -84,7 +84,7 @@ def test_predictions_within_15_percent_of_measured_gpu_peaks(model):
 
 def test_lora_predictions_never_under_measured_peaks_by_more_than_5_percent(model):
     """Every LoRA run of the committed one-H200 benches, recipe, hand-tuned and ours (eager and
-    compiled, ZeRO-2 and, as planned since session 24, without DeepSpeed; bf16 and FP8), 1.24 B and
+    compiled, ZeRO-2 and, as planned since 91439ce, without DeepSpeed; bf16 and FP8), 1.24 B and
     8 B: the planner's peak is never under the measured one by more than 5 %, and ours (compiled or
     under ZeRO-2) are within the planner's stated error too."""
     checked = []
