@@ -196,7 +196,7 @@ def main() -> None:
     ap.add_argument("--size", choices=["1b", "8b"], default="8b")
     ap.add_argument("--world", type=int, default=2, help="GPUs the real run shards the optimizer over")
     ap.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
-    ap.add_argument("--measured-mfu", type=float, help="the real run's median-step MFU (8 B: session 4's)")
+    ap.add_argument("--measured-mfu", type=float, help="the real run's median-step MFU, as recorded")
     ap.add_argument("--repeats", type=int, default=8)
     args = ap.parse_args()
     if args.measured_mfu is None and args.size == "8b":

@@ -4,7 +4,7 @@ For a LoRA run the base weights never change, yet torchao's float8 training cast
 FP8 again in every forward and backward (amax, scale, cast: reading 2 bytes and writing 1 per weight,
 twice a step). `cast_once` casts each frozen weight at conversion: e4m3 with one scale per tensor, in
 both layouts torch._scaled_mm needs (W for the forward, W^T for the input gradient; no weight
-gradient is ever needed); since session 24 this is llmft's own layer (llmft.core.fp8,
+gradient is ever needed); since 2312bd4 (2026-12-04) this is llmft's own layer (llmft.core.fp8,
 FrozenFloat8Linear), which the training entry uses below ZeRO-3. Per step only the activations and
 the output gradients are cast.
 

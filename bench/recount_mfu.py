@@ -1,10 +1,10 @@
 """The MFU of committed SFT bench results, counted again with llmft.core.flops (the one count the run
-page and summary.json use): the output head once, the embedding lookup not counted. Earlier sessions
+page and summary.json use): the output head once, the embedding lookup not counted. Results before 1059f24
 counted 6 x every parameter (the embedding table included) + causal attention; the tokens/s, the
 attention span and the model shape of each run are what the run recorded, so only the FLOPs per
 token change (untied 8 B: -6 %, tied 1.24 B: unchanged).
 
-    python bench/recount_mfu.py bench/results/sft_h200x2_1b_s5.json ... --json OUT.json
+    python bench/recount_mfu.py bench/results/sft_h200x2_1b_20261201T0218.json ... --json OUT.json
 """
 
 from __future__ import annotations

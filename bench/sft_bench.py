@@ -95,7 +95,7 @@ LORA_RECIPE = {
 }
 # The hand-tuned LoRA is the plain tool's: LLaMA-Factory's own Liger kernels (`enable_liger_kernel`,
 # with Liger's fused loss: PLAIN_TOOL_ENV) and no compiled layers, which LLaMA-Factory has no key
-# for. Until session 26 it left sft.torch_compile on auto, so it ran llmft's per-layer compile (with
+# for. Until 856be52 (2026-12-04) it left sft.torch_compile on auto, so it ran llmft's per-layer compile (with
 # Liger's loss alone) as ours did; those hand-tuned LoRA rows in bench/README.md say so.
 LORA_HAND = {
     **LORA,
@@ -121,13 +121,13 @@ FP8_VARIANTS = {
     "fp8_lora_lf_1b": ("1b", {**LORA_HAND, **BF16, "per_device_train_batch_size": 8}, 24, 5),
     # every key auto (at 8 B `auto` turns FP8 on since levers8b measured it faster than llmft's bf16
     # plan) at the hand-tuned run's tokens per step, with lora_compile_8b's steps and warm-up (the
-    # compiled layers recompile for the first packed shapes). Until session 23 it pinned sft.fp8: true
+    # compiled layers recompile for the first packed shapes). Until 0119963 it pinned sft.fp8: true
     # and ran 12 steps, 3 of them warm-up.
     "fp8_lora_auto_8b": ("8b", {**LORA, "tokens_per_step": 8192}, 16, 6),
     # the same without DeepSpeed (ZeRO stage 0, no per-parameter ZeRO-2 gradient hooks), FP8 pinned
     "fp8_lora_z0_8b": ("8b", {**LORA, "tokens_per_step": 8192, "fp8": True, "zero_stage": 0}, 16, 6),
     "fp8_lora_hand_8b": ("8b", {**LORA_HAND, **BF16, "per_device_train_batch_size": 4}, 16, 6),
-    # llmft's bf16 LoRA plan, every other key auto (since session 24 no DeepSpeed, compiled layers)
+    # llmft's bf16 LoRA plan, every other key auto (since 2312bd4, 2026-12-04: no DeepSpeed, compiled layers)
     "fp8_lora_bf16_8b": ("8b", {**LORA, **BF16, "tokens_per_step": 8192}, 16, 6),
     "fp8_lora_lf_8b": ("8b", {**LORA_HAND, **BF16, "per_device_train_batch_size": 4}, 16, 6),
     # where a LoRA step's GPU time goes at 8 B, FP8 and llmft's bf16 plan (torch.profiler, steps 6-7)
@@ -158,7 +158,7 @@ FP8_VARIANTS = {
         10,
     ),
     "fp8_lora_ligerce_1b": ("1b", {**LORA, "tokens_per_step": 16384, "fp8": True}, 24, 5),
-    # every key auto (since session 28 `auto` turns FP8 on for full fine-tuning at hidden 2048 where the
+    # every key auto (since 34f2112 `auto` turns FP8 on for full fine-tuning at hidden 2048 where the
     # canary's FP8 leg passed, compiles the layers to one shape and tunes their kernels); until then
     # it pinned sft.fp8: true and ran eager
     "fp8_full_auto_1b": ("1b", {}, 24, 5),
@@ -264,7 +264,7 @@ VARIANTS = {
     # ours_1b under torch.profiler (llmft_profile_rank*.txt): where a step's time goes
     "ours_1b_prof": ("1b", {}, 9, 5),
     "recipe_8b": ("8b", RECIPE, 5, 2),
-    # the recipe as sessions 1-4 measured it: llmft's ZeRO-3 rendering (overlap_comm on), not LF's example
+    # the recipe as measured before 0424163: llmft's ZeRO-3 rendering (overlap_comm on), not LF's example
     "recipe_1b_ovl": ("1b", RECIPE, 10, 3),
     "recipe_8b_ovl": ("8b", RECIPE, 5, 2),
     "hand_8b": ("8b", HAND_8B, 10, 3),
@@ -275,7 +275,7 @@ VARIANTS = {
     "ours_8b_b2e9": ("8b", {"tokens_per_step": 16384, "zero_bucket_size": 2000000000}, 10, 3),
     "ours_8b_rc": ("8b", {"tokens_per_step": 16384, "torch_compile": True}, 16, 8),
     "ours_1b_ovf": ("1b", {}, 24, 5),  # ours with DeepSpeed's bf16 overflow pass left on (DS_LF)
-    # 2026-11-30 (session 4), results/sft_h200x2_1b_s4.json: ours_1b again, second in its call, with
+    # 2026-11-30, results/sft_h200x2_1b_20261130T2303.json: ours_1b again, second in its call, with
     # an experimental gc.freeze switched off (measured no effect and removed): the default path
     "ours_1b_nogc": ("1b", {}, 24, 5),
     # Untimed warm-ups: ours' first run in a device call compiles Liger's Triton kernels for new batch
@@ -288,7 +288,7 @@ VARIANTS = {
 # Where LLaMA-Factory 0.9.5's example DeepSpeed configs differ from llmft's rendering: the recipe and
 # hand-tuned runs are LLaMA-Factory as its users run it. Every one keeps DeepSpeed's bf16 overflow
 # pass; the recipe names `deepspeed: examples/deepspeed/ds_z3_config.json`, which also turns
-# communication overlap off (llmft's ZeRO-3 rendering turns it on; sessions 1-4 measured the recipe
+# communication overlap off (llmft's ZeRO-3 rendering turns it on; results before 0424163 measured the recipe
 # with it on). The hand-tuned 8 B run is ZeRO-2 with overlap_comm on, as rendered.
 # Sections replace the rendered ones, except zero_optimization, whose keys are updated.
 LF_BF16 = {"bf16": {"enabled": "auto"}}

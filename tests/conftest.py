@@ -99,7 +99,7 @@ _SESSION: dict = {}
 
 @pytest.fixture(scope="session", autouse=True)
 def _session_dir(tmp_path_factory):
-    """A folder every xdist worker of this session shares (the session's own folder when serial)."""
+    """A folder every xdist worker of this pytest session shares (the session's own folder when serial)."""
     base = tmp_path_factory.getbasetemp()
     _SESSION["dir"] = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 

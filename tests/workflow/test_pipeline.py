@@ -119,6 +119,34 @@ def test_page_flops_equal_the_benchs_count_for_the_same_run(demo):
     assert "embedding lookup not counted" in page and f"{bench.total:.4g}" in page
 
 
+def test_summary_has_one_throughput_figure_the_formula_over_the_logged_steps(demo):
+    """summary.json's one throughput field, recomputed here from the run's own step log
+    (llmft_steps.jsonl) and evaluation times: (T_b - T_a) / (t_b - t_a - E) / world size, over the
+    last attempt's steps after its first quarter."""
+    run = demo[0] / "results/demo"
+    summary = json.loads((run / "report/summary.json").read_text())
+    train = json.loads((run / "sft/train_summary.json").read_text())
+    assert sorted(k for k in summary if "tokens_per_second" in k) == [
+        "eval_new_tokens_per_second",  # generation at evaluation, not training
+        "tokens_per_second_per_gpu",
+    ]
+    (steps_file,) = (run / "work").glob("sft-*/llmft_steps.jsonl")
+    records = [json.loads(line) for line in steps_file.read_text().splitlines()]
+    last_start = max(i for i, r in enumerate(records) if "attempt_start" in r)
+    steps = [r for r in records[last_start:] if "time" in r and "step" in r]
+    a, b = steps[len(steps) // 4], steps[-1]
+    evals = [
+        h["eval_runtime"]
+        for h in train["history"]
+        if "eval_runtime" in h and a["step"] <= h["step"] < b["step"]
+    ]
+    expected = (b["tokens"] - a["tokens"]) / (b["time"] - a["time"] - sum(evals)) / summary["world_size"]
+    assert summary["tokens_per_second_per_gpu"] == pytest.approx(expected, abs=0.05)
+    assert summary["tokens_per_second_per_gpu"] == train["tokens_per_second_per_gpu"]
+    assert summary["throughput_steps"] == train["throughput_steps"] == [a["step"] + 1, b["step"]]
+    assert f"here steps {a['step'] + 1}-{b['step']}" in (run / "report/index.html").read_text()
+
+
 def test_evaluate_logs_progress_per_batch(demo):
     log = (demo[0] / "results/demo/logs/evaluate_tuned.log").read_text()
     lines = re.findall(r"generate batch (\d+)/(\d+)", log)

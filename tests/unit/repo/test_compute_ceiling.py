@@ -44,9 +44,9 @@ def test_kernel_kind(name, kind):
 @pytest.mark.parametrize(
     ("name", "size"),
     [
-        ("compute_ceiling_h200x1_8b_s6.json", "8b"),
-        ("compute_ceiling_h200x1_8b_s6_repeat.json", "8b"),
-        ("compute_ceiling_h200x1_1b_s6.json", "1b"),
+        ("compute_ceiling_h200x1_8b_20261201T0322.json", "8b"),
+        ("compute_ceiling_h200x1_8b_20261201T0322_repeat.json", "8b"),
+        ("compute_ceiling_h200x1_1b_20261201T0328.json", "1b"),
     ],
 )
 def test_committed_roofline_holds_together(name, size):

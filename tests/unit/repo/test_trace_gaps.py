@@ -32,7 +32,7 @@ def test_the_committed_fp8_timeline_matches_the_readme():
 
 
 def test_the_timeline_without_the_loss_read_matches_the_readme():
-    """Session 26's 8 B step with llmft's fused loss: the figures bench/README.md and README.md state."""
+    """The 8 B step of 856be52 with llmft's fused loss: the figures bench/README.md and README.md state."""
     out = tg.report(REPO / "bench/results/sft_fp8_h200x1_ce1b_prof_trace.json.gz", min_ms=1.0)
     assert round(out["span_ms"], 1) == 789.8 and round(out["busy_ms"], 1) == 717.3
     assert round(100 * out["busy_ms"] / out["span_ms"], 1) == 90.8 and out["long_gaps"] == 16

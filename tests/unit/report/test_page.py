@@ -290,3 +290,21 @@ def test_the_gate_section_shows_which_task_a_night_lost(tmp_path):
     assert "exact_match[" not in gate_section(
         {"gate": gate_scores(tmp_path), "compared_with": other}, "eval_loss"
     )
+
+
+def test_summary_and_page_carry_one_throughput_figure_with_its_formula(tmp_path):
+    from llmft.core.throughput import THROUGHPUT_FORMULA
+    from llmft.report.draw import esc, fmt
+    from llmft.report.page import build_report
+
+    train = {"world_size": 2, "tokens_per_second_per_gpu": 1234.5, "throughput_steps": [16, 60]}
+    run = _minimal_run(tmp_path, train)
+    summary = build_report(validate({"run": "r"}), str(run), str(run / "report"))
+    assert [k for k in summary if "tokens_per_second" in k] == ["tokens_per_second_per_gpu"] + [
+        "eval_new_tokens_per_second"
+    ]
+    assert (summary["tokens_per_second_per_gpu"], summary["throughput_steps"]) == (1234.5, [16, 60])
+    page = (run / "report/index.html").read_text()
+    assert page.count("T_b - T_a") == 1  # the formula, stated once, with the steps it measured
+    label = esc(THROUGHPUT_FORMULA.replace("per GPU", "per process"))  # a CPU run
+    assert f"<td>{label}; here steps 16-60</td><td class='num'>{fmt(1234.5)}</td>" in page

@@ -34,3 +34,18 @@ def test_trend_links_only_to_run_folders_it_validated(tmp_path, caplog):
     assert re.findall(r"href='([^']*)'", page) == ["a/report/index.html"]
     assert "javascript:" not in page and "-x y" not in page
     assert "javascript:alert(document.cookie)" in caplog.text and "not a run folder" in caplog.text
+
+
+def test_an_older_summary_renders_its_throughput(tmp_path):
+    """A summary.json written before the throughput was measured over the last attempt's steps (a
+    committed H200 pipeline run's): the trend page reads the same key from it."""
+    from tests.conftest import REPO
+
+    old = json.loads((REPO / "bench/results/pipeline_h200x1_20261201_flops.summary.json").read_text())
+    results = tmp_path / "results"
+    _run(results, "old", **{k: v for k, v in old.items() if k != "run"})
+    _run(results, "new", generated="2099-01-01", tokens_per_second_per_gpu=2.5, mfu=0.5)
+    build_trend(results, tmp_path / "trend.html")
+    page = (tmp_path / "trend.html").read_text()
+    assert "<td class='num'>6.494e+04</td><td>49.39%</td>" in page  # 64 944.2, MFU 0.4939
+    assert "<td class='num'>2.5</td><td>50.00%</td>" in page

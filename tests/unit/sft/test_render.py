@@ -237,7 +237,7 @@ def test_a_resumed_attempt_reports_its_own_steps_and_what_was_lost():
         10,
         2,
     )
-    assert got["tokens_per_second"] == 50.0  # 100 tokens a step, 2 s a step, this attempt only
+    assert got["tokens_per_second_per_gpu"] == 50.0  # 100 tokens a step, 2 s a step, this attempt only
     assert got["starts"] == [0, 10]
     assert got["runtime_s"] == 22.0 + 30.0  # 0 -> 22 s (step 12), then 100 -> 130 s (step 20)
     again = attempts_summary(

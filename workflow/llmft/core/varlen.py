@@ -242,7 +242,7 @@ def count_tokens_on_host() -> None:
     transformers' own count (`Trainer._track_num_input_tokens`) sums the batch's mask on the GPU and
     reads it back with `.item()` after every backward pass. That waits for the GPU to finish, so
     nothing of the next step is queued meanwhile and the host's work between steps leaves the GPU
-    idle (bench/README.md, FP8 session 25: one of two such reads per step). Batches without the key
+    idle (bench/README.md, FP8, 2026-12-04, 3895151: one of two such reads per step). Batches without the key
     (other collators) keep transformers' count."""
     from collections.abc import Mapping
 

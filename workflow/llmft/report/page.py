@@ -14,6 +14,7 @@ from llmft.core import flops
 from llmft.core.config import PREFERENCE_METRICS
 from llmft.core.io import read_json, read_jsonl, read_optional, write_json, write_text
 from llmft.core.platform import Platform
+from llmft.core.throughput import THROUGHPUT_FORMULA
 from llmft.report import bench
 from llmft.report import preference as pref_page
 from llmft.report.draw import CSP, STYLE, esc, fmt, svg_bars, svg_lines, table, tsv
@@ -338,7 +339,7 @@ class LoadedRun:
     peak: float | None
     peak_note: str
     tps: list[tuple[float, float]]
-    tps_gpu: float | None  # steady-state mean
+    tps_gpu: float | None  # the run's one throughput figure (core.throughput)
     mfu_mean: float | None
 
     @property
@@ -391,9 +392,7 @@ def load_run(cfg: dict, run_dir: str | Path) -> LoadedRun:
     shape = run_shape(run / "sft/model")
     count = flop_count(shape, sft_args, stats)
     per_token = count.total if count else 0.0
-    tps_values = [v for _, v in tps]
-    steady = tps_values[len(tps_values) // 4 :] or tps_values  # skip the warm-up intervals
-    tps_gpu = round(sum(steady) / len(steady), 1) if steady else None
+    tps_gpu = train.get("tokens_per_second_per_gpu")  # core.throughput
     mfu_mean = flops.mfu(tps_gpu, per_token, peak) if (tps_gpu and peak and per_token) else None
     return LoadedRun(
         cfg=cfg,
@@ -436,7 +435,9 @@ def report_figures(r: LoadedRun) -> dict[str, str]:
         "learning_rate": svg_lines({"learning rate": lr}, "Learning rate", "optimizer step"),
         "grad_norm": svg_lines({"grad norm": gnorm}, "Gradient norm (before clipping)", "optimizer step"),
         "throughput": svg_lines(
-            {f"tokens/s per {unit}": r.tps}, f"Training tokens/s per {unit}", "optimizer step"
+            {f"tokens/s per {unit}": r.tps},
+            f"Training tokens/s per {unit}, each logging interval",
+            "optimizer step",
         ),
         "mfu": svg_lines(
             {"MFU": mfu}, "Model FLOPs utilisation", "optimizer step", na="" if mfu else r.peak_note
@@ -524,6 +525,14 @@ def curves_section(figures: dict[str, str]) -> str:
 """
 
 
+def throughput_label(train: dict, unit: str) -> str:
+    """The throughput row's label: the formula (core.throughput, stated once) and the steps it
+    measured in this run."""
+    steps = train.get("throughput_steps")
+    here = f"here steps {steps[0]}-{steps[1]}" if steps else "n/a: this run recorded no measured steps"
+    return f"{THROUGHPUT_FORMULA.replace('per GPU', f'per {unit}')}; {here}"
+
+
 def throughput_rows(r: LoadedRun) -> list[list]:
     """What trained, how fast, the FLOPs count behind MFU, and memory: accelerator, plan, host."""
     train, count = r.train, r.count
@@ -537,7 +546,7 @@ def throughput_rows(r: LoadedRun) -> list[list]:
             ["optimizer steps", train.get("steps")],
             ["train runtime (s), all attempts", _runtime_text(runtime(train))],
             ["train tokens (all processes, incl. padding)", train.get("train_tokens")],
-            [f"tokens/s per {r.unit} (steady state, mean)", r.tps_gpu],
+            [throughput_label(train, r.unit), r.tps_gpu],
             ["parameters (the tuned model's files)", r.n_params],
             [
                 "matrix weights M (output head once, embedding lookup not counted)",
@@ -667,8 +676,8 @@ def report_summary(r: LoadedRun, generated: str, git: dict) -> dict:
         "exact_match_gain": round(tuned_em - base_em, 4) if None not in (tuned_em, base_em) else None,
         "heldout_rows": tuned.get("rows"),
         "heldout_fingerprint": tuned.get("heldout_fingerprint"),
-        "tokens_per_second": train.get("tokens_per_second"),
         "tokens_per_second_per_gpu": r.tps_gpu,
+        "throughput_steps": train.get("throughput_steps"),
         "mfu": round(r.mfu_mean, 4) if r.mfu_mean is not None else None,
         "flops_per_token": round(r.per_token) if r.per_token else None,
         "attention_span_tokens": round(count.span, 2) if count else None,

@@ -43,7 +43,9 @@ def load(cfg: dict, run_dir: Path) -> dict | None:
     train = folder / "train_summary.json"
     if train.is_file():
         t = read_json(train)
-        out["train"] = {k: t.get(k) for k in ("steps", "first_loss", "final_loss", "tokens_per_second")}
+        out["train"] = {
+            k: t.get(k) for k in ("steps", "first_loss", "final_loss", "tokens_per_second_per_gpu")
+        }
         out["train"]["finetuning_type"] = t.get("finetuning_type")
     return out
 
@@ -80,5 +82,5 @@ reward beta x (log pi - log ref) is higher for the chosen answer (KTO: rows whos
 sign); reward_margin: its mean difference; likelihood_accuracy: pairs whose chosen answer the model
 itself finds more likely (no reference). Generation metrics: greedy answers to the held-out prompts
 against the chosen answer. Training: {esc(train.get("steps"))} steps, loss {esc(train.get("first_loss"))}
--> {esc(train.get("final_loss"))}, {esc(train.get("tokens_per_second"))} tokens/s.</p>
+-> {esc(train.get("final_loss"))}, {esc(train.get("tokens_per_second_per_gpu"))} tokens/s per GPU.</p>
 """

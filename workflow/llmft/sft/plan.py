@@ -215,7 +215,8 @@ def _deepspeed_states(
     elif stage in (1, 2):
         # overlap_comm double-buffers the reduce bucket. The step converts the 16-bit gradient
         # partition to fp32 (4 bytes per sharded parameter): the measured 8 B ZeRO-2 step stays
-        # under its backward peak (torch's max allocated; bench/results/sft_h200x2_session_end.json).
+        # under its backward peak (torch's max allocated;
+        # bench/results/sft_h200x2_20261130T1715_recipe_vs_auto.json).
         bucket = unit * (2 * reduce_b + gather_b)
         transient = 0.0 if offload else 4 * t / w
     else:
@@ -804,7 +805,7 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
 
 
 # Measured on one H200, full fine-tuning of the 1.24 B Llama with compiled decoder layers, ZeRO-2,
-# micro-batch 8 x 2048, on one data set (bench/README.md, FP8, session 28): tokens/s over steps 13-16
+# micro-batch 8 x 2048, on one data set (bench/README.md, FP8, 2026-12-04, 34f2112): tokens/s over steps 13-16
 # (llmft_steps.jsonl), FP8 63 492 with the rows' own lengths (the layers recompiled as dynamic-shape
 # graphs; sft_fp8_h200x1_proffull1b, after its profiled steps) against 67 416 padded to one shape
 # (sft_fp8_h200x1_static1b), and bf16 64 892 against 64 369: one shape pays off in FP8 only.

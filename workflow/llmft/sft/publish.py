@@ -9,27 +9,23 @@ import yaml
 from llmft.core.io import atomic_path, read_json, read_jsonl, read_optional, write_json
 from llmft.core.modelfiles import keep_base_structure
 from llmft.core.platform import Platform
+from llmft.core.throughput import measured_throughput
 from llmft.sft.markers import PARAMS_FILE, START_WEIGHTS_FILE, STEPS_FILE
 
 # LoRA: the published adapter's folder, beside the merged model's (results/{run}/sft/adapter).
 ADAPTER_DIR = "adapter"
 
 
-def attempts_summary(records: list[dict]) -> dict:
+def attempts_summary(records: list[dict], history: list[dict] = (), world: int = 1) -> dict:
     """What the last attempt that trained did, from llmft_steps.jsonl: the step it resumed from, the
-    steps it trained, the steps an earlier attempt computed past its last checkpoint (lost), and
-    tokens/s over this attempt's own steps (resumed ones are not counted in it). Over all attempts:
-    the step each started from and the training time they took together (each from its start to its
-    last step: LLaMA-Factory's train_runtime is the last attempt's alone)."""
+    steps it trained, the steps an earlier attempt computed past its last checkpoint (lost), and its
+    throughput over its own measured steps (measured_throughput: resumed steps are not counted in
+    it). Over all attempts: the step each started from and the training time they took together
+    (each from its start to its last step: LLaMA-Factory's train_runtime is the last attempt's alone)."""
     attempts, current = [], None
     for r in records:
         if "attempt_start" in r:
-            current = {
-                "start": r["attempt_start"],
-                "t0": r["started"],
-                "tok0": r.get("tokens") or 0,
-                "steps": [],
-            }
+            current = {"record": r, "start": r["attempt_start"], "t0": r["started"], "steps": []}
             attempts.append(current)
         elif "time" in r and "step" in r and current is not None:
             current["steps"].append(r)
@@ -38,13 +34,9 @@ def attempts_summary(records: list[dict]) -> dict:
     if not trained:
         return {"attempts": len(attempts), "republished_without_training": republished}
     last = trained[-1]
-    first, end = last["steps"][0], last["steps"][-1]
+    end = last["steps"][-1]
     before = [a for a in attempts[: attempts.index(last)] if a["steps"]]
     lost = max(0, before[-1]["steps"][-1]["step"] - last["start"]) if before else 0
-    if len(last["steps"]) > 1:
-        rate = (end["tokens"] - first["tokens"]) / (end["time"] - first["time"])
-    else:
-        rate = (end["tokens"] - last["tok0"]) / (end["time"] - last["t0"])
     return {
         "attempts": len(attempts),
         "starts": [a["start"] for a in attempts],
@@ -52,7 +44,7 @@ def attempts_summary(records: list[dict]) -> dict:
         "resumed_from_step": last["start"],
         "steps_trained": end["step"] - last["start"],
         "steps_lost": lost,
-        "tokens_per_second": round(rate, 2),
+        **measured_throughput(last["steps"], last["record"], list(history), world),
         "republished_without_training": republished,
     }
 
@@ -175,9 +167,9 @@ def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
             shutil.rmtree(adapter_path)
     results = read_json(work / "all_results.json") if (work / "all_results.json").exists() else {}
     steps_file = work / STEPS_FILE
-    attempt = attempts_summary(read_jsonl(steps_file) if steps_file.exists() else [])
     state = work / "trainer_state.json"
     history = read_json(state)["log_history"] if state.exists() else []
+    attempt = attempts_summary(read_jsonl(steps_file) if steps_file.exists() else [], history, world_size)
     train_logs = [h for h in history if "loss" in h]
     summary = {
         "work_dir": str(work),
@@ -189,9 +181,10 @@ def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
         "train_samples_per_second": results.get("train_samples_per_second"),
         "train_tokens": results.get("num_input_tokens_seen")
         or (entries[-1].get("total_tokens") if entries else None),
-        # Over the steps the last attempt that trained computed itself (llmft_steps.jsonl); LLaMA-Factory's
+        # core.throughput: over the last attempt's measured steps (llmft_steps.jsonl); LLaMA-Factory's
         # own figure divides every token seen, resumed ones included, by this attempt's time.
-        "tokens_per_second": attempt.get("tokens_per_second"),
+        "tokens_per_second_per_gpu": attempt.pop("tokens_per_second_per_gpu", None),
+        "throughput_steps": attempt.pop("throughput_steps", None),
         "llamafactory_throughput": entries[-1].get("throughput") if entries else None,
         "attempt": attempt,
         "peak_vram_gib": max((e.get("vram_allocated", 0) for e in entries), default=0) or None,
