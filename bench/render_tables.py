@@ -115,7 +115,7 @@ def performance() -> str:
         row(
             "full SFT 1.24 B, 1 × H200, FP8",
             sft_cell(fp8),
-            f"llmft's bf16 plan: {sft_cell(bf16)}",
+            f"llmft's bf16 plan (the call before, same machine): {sft_cell(bf16)}",
             ratio(fp8["tokens_per_s_per_gpu"], bf16["tokens_per_s_per_gpu"]),
             src(FP8_FULL_1B),
         )
