@@ -20,6 +20,8 @@ How each figure is computed (one way each):
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import sys
@@ -46,6 +48,7 @@ CONTINUE_CPU = (
     "continue_cpu2_20261205_cosine_lr5e4_guard_seed1.json",
     "continue_cpu2_20261205_cosine_lr5e4_guard_seed2.json",
 )
+FUSEDCE_TRACE = "sft_fp8_h200x1_ce1b_prof_trace.json.gz"
 SUITE = "suite_timings.json"
 DEMO = "demo_timings.json"
 
@@ -268,6 +271,21 @@ def bench_backend() -> str:
     return "\n".join(lines)
 
 
+def gpu_busy() -> str:
+    """docs/fp8.md: how busy the GPU was over one profiled step (bench/trace_gaps.py's count)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import trace_gaps
+
+    with contextlib.redirect_stdout(io.StringIO()):  # report() prints its findings too
+        out = trace_gaps.report(RESULTS / FUSEDCE_TRACE, min_ms=1.0)
+    busy = 100 * out["busy_ms"] / out["span_ms"]
+    return (
+        f"On a profiled 1.24 B LoRA step with llmft's own fused loss the GPU was busy {busy:.1f} % of the "
+        f"step ({out['busy_ms']:.1f} of {out['span_ms']:.1f} ms: `python bench/trace_gaps.py "
+        f"bench/results/{FUSEDCE_TRACE}`)."
+    )
+
+
 def suite_time() -> str:
     """The `make test` line: the latest clean-clone run, and the range over the recorded ones."""
     runs = [r for r in load(SUITE)["runs"] if r["machine"] == "cpu2"]
@@ -301,6 +319,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "fp8-accuracy": fp8_accuracy,
     "continue-cpu": continue_cpu,
     "bench-backend": bench_backend,
+    "gpu-busy": gpu_busy,
     "suite-time": suite_time,
     "demo-time": demo_time,
 }
