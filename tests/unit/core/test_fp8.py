@@ -169,8 +169,12 @@ def test_auto_is_off_on_an_arch_without_fp8_even_when_its_canary_leg_passed():
         fp8.decide(cfg["sft"], platform)
 
 
-@pytest.mark.reliability(fault="sft.fp8: true with fp32 precision, or LLaMA-Factory's fp8 flag in sft.extra",
-             seen="config check, naming sft.fp8", steps_lost="none", data_lost="none")  # fmt: skip
+@pytest.mark.reliability(
+    fault="sft.fp8: true with fp32 precision, or LLaMA-Factory's fp8 flag in sft.extra",
+    seen="config check, naming sft.fp8",
+    steps_lost="none",
+    data_lost="none",
+)
 def test_config_refuses_fp8_with_fp32_and_llamafactorys_inert_flag():
     with pytest.raises(ConfigError, match=r"sft\.fp8: true but sft\.precision is fp32"):
         validate({"sft": {"fp8": True, "precision": "fp32"}})
@@ -457,8 +461,13 @@ def test_the_canary_fp8_leg_checks_the_frozen_weight_path(monkeypatch):
     assert not ok and message.startswith("FP8 drifts from bf16: 9 %; " + said)
 
 
-@pytest.mark.reliability(fault="FP8 asked for but silently not applied", seen="canary, naming FP8",
-             steps_lost="the canary's FP8 leg (seconds)", data_lost="none")  # fmt: skip
+@pytest.mark.reliability(
+    fault="FP8 asked for but silently not applied (here: the FP8 leg's conversion switched off)",
+    seen="the canary's FP8 leg fails saying FP8 was asked for but did not run, and verify_env's finding "
+    "names sft.fp8; under sft.fp8: auto the failed leg only keeps FP8 off",
+    steps_lost="the canary's FP8 leg (seconds)",
+    data_lost="none",
+)
 def test_canary_fails_naming_fp8_when_fp8_silently_did_not_apply(monkeypatch):
     """sft.fp8: true on an H200's facts, the FP8 leg run on this CPU after a bf16 leg that passed: the
     leg's conversion is switched off (the test-only switch), and the canary fails naming FP8. (The bf16
@@ -554,9 +563,12 @@ def test_the_training_entry_casts_frozen_weights_once_when_the_plan_says_so(lf_l
     assert sum(getattr(m, "float8_cast", False) for m in model.modules()) == 14
 
 
-@pytest.mark.reliability(fault="FP8 planned, but the loaded model has no float8 layer",
-             seen="training entry refuses at model load, naming sft.fp8", steps_lost="none (before step 1)",
-             data_lost="none")  # fmt: skip
+@pytest.mark.reliability(
+    fault="FP8 planned, but the loaded model has no float8 layer",
+    seen="training entry refuses at model load, naming sft.fp8",
+    steps_lost="none (before step 1)",
+    data_lost="none",
+)
 def test_the_training_entry_refuses_to_train_in_bf16_when_fp8_was_planned(lf_lora_args, monkeypatch):
     from llmft.sft.train import FP8NotApplied
 
