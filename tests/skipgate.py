@@ -1,10 +1,14 @@
 """No silent skips. Under CI (the variable CI set to anything but empty/0/false) or with
-LLMFT_NO_SKIPS=1 (which `make test` sets), a test that skips and is not on the allow-list
-tests/allowed_skips.yaml fails the run at session end, naming the test and its skip reason. Outside
-those, skips stay skips (a developer's machine may lack Node, Chromium or root).
+LLMFT_NO_SKIPS=1 (which `make test` sets), a test that skips or xfails and is not on the allow-list
+tests/allowed_skips.yaml fails the run at session end, naming the test and its reason. An entry
+allows a node id pattern with one reason pattern: the same test skipping for another reason (a
+different missing tool) still fails the run. Outside those, skips stay skips (a developer's machine
+may lack Node, Chromium or root).
 
 Registered by tests/conftest.py; a plugin module of its own so that a test can run it on a
-generated suite (tests/unit/repo/test_skip_gate.py)."""
+generated suite (tests/unit/repo/test_skip_gate.py). Under pytest-xdist the controller decides: it
+receives every worker's test reports and its skipped collection reports.
+"""
 
 from __future__ import annotations
 
@@ -24,27 +28,36 @@ def gate_on() -> bool:
     return os.environ.get("LLMFT_NO_SKIPS") == "1" or ci not in ("", "0", "false", "no")
 
 
-def load_allowed(path: Path = ALLOWED) -> dict[str, str]:
-    """{node id pattern (fnmatch): reason}; every entry must say why it may skip."""
+def load_allowed(path: Path = ALLOWED) -> list[dict]:
+    """[{test: node id pattern, reason: skip or xfail reason pattern (both fnmatch), why: ...}]."""
     entries = yaml.safe_load(path.read_text(encoding="utf-8")) or []
-    allowed = {}
     for i, entry in enumerate(entries, 1):
-        if not (isinstance(entry, dict) and entry.get("test") and str(entry.get("reason") or "").strip()):
-            raise pytest.UsageError(f"{path}: entry {i} needs a `test` pattern and a `reason`")
-        allowed[str(entry["test"])] = str(entry["reason"])
-    return allowed
+        if not (
+            isinstance(entry, dict)
+            and all(str(entry.get(k) or "").strip() for k in ("test", "reason", "why"))
+        ):
+            raise pytest.UsageError(
+                f"{path}: entry {i} needs a `test` pattern, a `reason` pattern and a `why`"
+            )
+    return entries
 
 
-def not_allowed(skipped: list[tuple[str, str]], allowed: dict[str, str]) -> list[tuple[str, str]]:
-    return [(node, why) for node, why in skipped if not any(fnmatchcase(node, p) for p in allowed)]
+def not_allowed(skipped: list[tuple[str, str]], allowed: list[dict]) -> list[tuple[str, str]]:
+    def listed(node: str, why: str) -> bool:
+        return any(fnmatchcase(node, a["test"]) and fnmatchcase(why, a["reason"]) for a in allowed)
+
+    return [(node, why) for node, why in skipped if not listed(node, why)]
 
 
 def _record(report) -> None:
-    if report.skipped and not hasattr(report, "wasxfail"):
+    if not report.skipped:
+        return
+    if hasattr(report, "wasxfail"):  # an xfail is a test that did not prove what it names
+        why = f"xfail: {report.wasxfail}" if report.wasxfail else "xfail"
+    else:
         longrepr = report.longrepr
-        why = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
-        why = why.removeprefix("Skipped: ")
-        _skipped.append((report.nodeid, why))
+        why = (longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)).removeprefix("Skipped: ")
+    _skipped.append((report.nodeid, why))
 
 
 def pytest_runtest_logreport(report):
@@ -72,7 +85,7 @@ def pytest_terminal_summary(terminalreporter, config):
         for node, why in bad:
             terminalreporter.line(f"{node}: {why}")
         terminalreporter.line(
-            f"{len(bad)} skipped test(s) fail this run: install what they need or allow them"
+            f"{len(bad)} skipped or xfailed test(s) fail this run: install what they need or allow them"
         )
 
 

@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from tests.conftest import make_workdir, rules_run
-from tests.reliability import reliability
 from tests.slurm.cluster import (  # noqa: F401 (re-exported: other modules import them from here)
     BOX,
     CPU_RULES,
@@ -148,9 +147,13 @@ def test_rerun_one_stage_runs_only_its_jobs(whole_run):
     assert (run / "sft/train_summary.json").stat().st_mtime == model_mtime
 
 
-@reliability(
+FAILS_WITHIN_S = 240
+
+
+@pytest.mark.reliability(
     fault="a stage that fails on a node (a package missing there)",
-    seen="`snakemake` exits non-zero within minutes and prints the job's own log",
+    seen=f"`snakemake` exits non-zero within {FAILS_WITHIN_S // 60} minutes (the job and its one retry "
+    "failed) and prints the job's own log",
     steps_lost="none",
     data_lost="none",
 )
@@ -167,7 +170,7 @@ def test_failing_stage_exits_nonzero_in_bounded_time_and_shows_its_log(tmp_path)
     elapsed = time.monotonic() - start
     log = proc.stdout + proc.stderr
     assert proc.returncode not in (0, 124, 137), log[-4000:]  # failed by itself, not by the timeout
-    assert elapsed < 240, f"took {elapsed:.0f} s"
+    assert elapsed < FAILS_WITHIN_S, f"took {elapsed:.0f} s"
     jobs = submissions(log)
     assert set(jobs) == {"verify_env"} and len(jobs["verify_env"]) == 2  # profile: retries: 1
     records = slurm_records(jobs["verify_env"])

@@ -17,7 +17,6 @@ import pytest
 from llmft.data.assets import synthetic_rows
 
 from tests.conftest import BIN, REPO, make_workdir, place_verify
-from tests.reliability import reliability
 from tests.slurm.cluster import fast_poll_env
 from tests.slurm.test_cluster import _cluster_problem, box_args
 
@@ -114,7 +113,7 @@ def llmft(work: Path, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=120)  # fmt: skip
 
 
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "a second nightly retrain started while one runs; a continued night trained on rows made to "
         "damage the model"

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability import reliability
 from tests.slurm.cluster import RUN, cluster_start, rebuilt_upstream, running_job_id, trained_steps
 
 pytestmark = pytest.mark.slurm
 
 STEPS, SAVE = 30, 10
+ENDS_WITHIN_S = 300
+IN_FLIGHT = 3  # steps the surviving node may finish (a save among them cut short) before it stops
 SLURM_CONF = "/etc/slurm/slurm.conf"
 
 
@@ -87,13 +88,15 @@ def job_state(job: str) -> str:
     return out.stdout.strip()
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a node lost mid-training: its slurmd, the job's slurmstepd and every rank there killed at once",
     seen=(
-        "the job ends within minutes; once the node is back (slurmd restarted), Snakemake's retry or "
-        "Slurm's requeue runs sft again and it resumes from the newest checkpoint written whole"
+        f"the job ends within {ENDS_WITHIN_S // 60} minutes; once the node is back (slurmd restarted), "
+        "Snakemake's retry or Slurm's requeue runs sft again and it resumes from the newest checkpoint "
+        "written whole"
     ),
-    steps_lost="the steps since the last save (< sft.save_steps)",
+    steps_lost="the steps since the last whole save, and those the surviving node finishes before it "
+    f"stops: at most sft.save_steps + {IN_FLIGHT}",
     data_lost="none",
 )
 def test_a_node_lost_mid_training_ends_the_job_and_the_run_resumes(tmp_path, slurm_upstream):
@@ -117,7 +120,7 @@ def test_a_node_lost_mid_training_ends_the_job_and_the_run_resumes(tmp_path, slu
             except ProcessLookupError:
                 pass
         # The job on the surviving node ends by itself (its collectives lose their peer).
-        while job_state(job) == "RUNNING" and time.monotonic() - t0 < 300:
+        while job_state(job) == "RUNNING" and time.monotonic() - t0 < ENDS_WITHIN_S:
             time.sleep(2)
         ended = time.monotonic() - t0
         assert job_state(job) != "RUNNING", f"job {job} still running {ended:.0f} s after the node was lost"
@@ -151,4 +154,4 @@ def test_a_node_lost_mid_training_ends_the_job_and_the_run_resumes(tmp_path, slu
     summary = json.loads((work / f"results/{RUN}/sft/train_summary.json").read_text())
     assert summary["steps"] == STEPS
     assert summary["attempt"]["resumed_from_step"] == resumed
-    assert 0 <= summary["attempt"]["steps_lost"] < SAVE + 4
+    assert 0 <= summary["attempt"]["steps_lost"] <= SAVE + IN_FLIGHT

@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from tests.reliability import reliability
 from tests.slurm.cluster import (
     RUN,
     cluster_start,
@@ -26,7 +25,7 @@ pytestmark = pytest.mark.slurm
 STEPS = 40
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a two-node Slurm preference (DPO) job signalled before its time limit (`--signal=USR1@600`)",
     seen="a checkpoint on every rank, `scontrol requeue`, the same job id resumes",
     steps_lost="none",

@@ -17,7 +17,6 @@ import time
 
 import pytest
 
-from tests.reliability import reliability
 from tests.slurm.cluster import (
     RUN,
     cluster_start,
@@ -34,7 +33,7 @@ pytestmark = pytest.mark.slurm
 STEPS = 60
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a two-node Slurm sft job signalled before its time limit (`--signal=USR1@600`)",
     seen=(
         "a checkpoint on every rank, `scontrol requeue`, the same job id resumes; TensorBoard, "

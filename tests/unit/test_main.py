@@ -13,8 +13,6 @@ import yaml
 from llmft.__main__ import build_parser, main
 from llmft.core.config import load_schema, parse_config_args
 
-from tests.reliability import reliability
-
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -63,7 +61,7 @@ FAULTS = {
 }
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a stage CLI (`python -m llmft <stage>`) given as `--config` a missing file, a folder, bad YAML "
     "or JSON, or a YAML list; `--overrides` / `--config-json` not a JSON object",
     seen="`llmft: config error:` naming the file or flag and why, exit 2, no traceback",
@@ -86,13 +84,13 @@ def test_a_bad_or_missing_config_is_a_named_error_in_every_stage_cli(fault, tmp_
         assert rc == 2 and "llmft: config error: " in err and want in err, (argv, err)
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="`llmft check-config --config my.yaml`: a file where `snakemake --config` takes key=value",
     seen="exit 2, `llmft: config error:` saying a config file goes in --configfile",
     steps_lost="none",
     data_lost="none",
 )
-@reliability(
+@pytest.mark.reliability(
     fault="`llmft check-config` on a config the workflow's DAG-time plan check refuses (more trainable "
     "layers than the model has)",
     seen="exit 2, the workflow's own message naming the key (`sft.freeze_trainable_layers`)",

@@ -10,7 +10,6 @@ import os
 import pytest
 
 from tests.conftest import make_workdir, snakemake
-from tests.reliability import reliability
 
 pytestmark = pytest.mark.workflow
 TARGET = "results/demo/data/stats.json"
@@ -20,7 +19,7 @@ TARGET = "results/demo/data/stats.json"
     "kind,needle",
     [("fifo", "is a FIFO (named pipe)"), ("loop", "is a symlink loop"), ("zero", "is a device")],
 )
-@reliability(
+@pytest.mark.reliability(
     fault="a FIFO, a symlink loop or `/dev/zero` as `data.sources[].path`",
     seen='the run stops before any job naming the key, the path and what it is (it used to say "not found")',
     steps_lost="none",
@@ -42,7 +41,7 @@ def test_a_special_file_as_dataset_stops_before_any_job(tmp_path, kind, needle):
     assert f"config key data.sources[0].path: {path} {needle}" in out
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="LLaMA-Factory's `kto_en_demo.json` given as a sharegpt source (a `label` column)",
     seen=(
         "prepare_data fails naming each row's `label` column and LLaMA-Factory's kto stage, and says to "

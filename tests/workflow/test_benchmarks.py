@@ -23,7 +23,6 @@ from tests.conftest import (
     snakemake,
     snakemake_env,
 )
-from tests.reliability import reliability
 
 pytestmark = pytest.mark.workflow
 
@@ -67,7 +66,7 @@ def _refused(proc, *needles):
     assert "Traceback" not in proc.stderr and rules_run(proc.stderr + proc.stdout) == []
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="an lm-eval task name with a typo in eval.benchmarks (`arc_eazy`)",
     seen="refused before any job (`snakemake -n` too), naming the key, the task and its close matches",
     steps_lost="none",
@@ -78,7 +77,7 @@ def test_an_unknown_task_is_refused_with_close_matches(tmp_path):
     _refused(snakemake(work, "-n"), "no task 'arc_eazy'", "did you mean", "arc_easy")
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a benchmark whose data is not on this (offline) machine: `arc_easy` with an empty datasets cache",
     seen="refused before any job (`snakemake -n` too), naming the task, its dataset and the cache folder",
     steps_lost="none",
@@ -164,7 +163,7 @@ def _nightly(work, run: str, config: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=work, env=snakemake_env(), capture_output=True, text=True, timeout=1500)
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a nightly retrain whose tuned model was trained on data that teaches a benchmark task's "
     "wrong answers (every llmft_category word labelled with another category)",
     seen="the nightly gate rejects the night naming the task, its score against the promoted run's, "

@@ -17,7 +17,6 @@ import yaml
 from safetensors.torch import load_file
 
 from tests.conftest import make_workdir, place_verify, reuse_verify, snakemake
-from tests.reliability import reliability
 
 pytestmark = pytest.mark.workflow
 
@@ -339,7 +338,7 @@ BAD = {
 }
 
 
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "model.continue_from naming a missing folder, a run without summary.json, a run whose published "
         "weights are truncated, a run with another tokenizer, template or finetuning type, the run itself"

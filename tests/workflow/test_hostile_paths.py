@@ -13,14 +13,13 @@ import sys
 import pytest
 
 from tests.conftest import make_workdir, rules_run, snakemake
-from tests.reliability import reliability
 
 pytestmark = pytest.mark.workflow
 
 HOSTILE = "My Models/m$(touch pwned)`touch pwned2`'q\"\nline two"
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="model and data paths holding spaces, quotes, `$(...)`, backticks and a newline",
     seen=(
         "the whole run goes through, every stage to the report; nothing in the names is ever run "

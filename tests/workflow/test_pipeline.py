@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DEMO, make_workdir, rules_run, shared_run, snakemake
-from tests.reliability import reliability
 
 pytestmark = pytest.mark.workflow
 
@@ -214,7 +213,7 @@ def test_a_missing_published_output_is_planned_again(tmp_path, kind, promised):
     assert {"sft", "evaluate", "report"} <= set(re.findall(r"^rule (\w+):", plan.stdout, re.M)), plan.stdout
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="the published model (sft/model) deleted after a finished run",
     seen="the rerun publishes it again from the finished training without training again, then "
     "evaluates it and rebuilds the page",
@@ -238,7 +237,7 @@ def test_a_deleted_published_model_is_made_again(demo):
     assert summary["steps"] == before["steps"] and summary["final_loss"] == before["final_loss"]
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a forced sft rerun (`snakemake -R sft`) that fails",
     seen="the run's page and summary.json are removed with the model they described, not left "
     "looking current; the next run makes the model and the page again",
@@ -294,7 +293,7 @@ def test_training_param_change_reruns_only_downstream(demo):
         ),
     ],
 )
-@reliability(
+@pytest.mark.reliability(
     fault="a config typo, a bad run name, a missing dataset, a LoRA key without LoRA",
     seen="one line naming the config key, before any job; no traceback",
     steps_lost="none",

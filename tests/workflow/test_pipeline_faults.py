@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BIN, REPO, make_workdir, reuse_verify, rules_run, snakemake, snakemake_env
-from tests.reliability import reliability
 
 pytestmark = pytest.mark.workflow
 
@@ -58,13 +57,13 @@ def trained_steps(work: Path) -> int:
     return 0
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a second `snakemake` on the same run folder while one runs",
     seen='refused by Snakemake\'s lock before any job starts ("Directory cannot be locked")',
     steps_lost="none",
     data_lost="none",
 )
-@reliability(
+@pytest.mark.reliability(
     fault="Snakemake killed (SIGKILL) mid-training; its sft job keeps running; the rerun made with "
     "`--nolock`",
     seen="the rerun's sft job refuses to train beside the running one, naming its pid, and that "

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from tests.conftest import BIN, make_workdir, rules_run, snakemake
-from tests.reliability import reliability
 
 
 def dry_run(tmp_path, *args, **overrides):
@@ -14,7 +15,7 @@ def dry_run(tmp_path, *args, **overrides):
     return res.returncode, res.stdout + res.stderr
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a Slurm profile that asks for GPUs for a CPU config, none for a GPU one, or another count",
     seen="refused before any job (under `-n` too), naming both numbers and the key to change",
     steps_lost="none",

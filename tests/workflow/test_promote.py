@@ -17,7 +17,6 @@ from llmft.data.assets import synthetic_rows
 from llmft.nightly.run import retain
 
 from tests.conftest import BIN, REPO, make_workdir, snakemake_env
-from tests.reliability import reliability
 
 pytestmark = pytest.mark.workflow
 
@@ -129,7 +128,7 @@ def test_promote_and_rollback_move_current_and_record_why(runs):
     assert not list(results.glob(".current*"))  # no link left half-made
 
 
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "`llmft promote` of a run without summary.json, of one whose published weights are truncated, "
         "of `current`; `llmft rollback` to a run whose folder was deleted"
@@ -194,7 +193,7 @@ def test_retention_keeps_what_the_promoted_model_descends_from(runs):
     assert (results / "a").is_dir() and (results / "b").is_dir()
 
 
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "a `nightly.mode: continue` night with nothing promoted yet, with `results/current` pointing at "
         "a deleted run, or at a run whose published model lost its config.json"
@@ -358,7 +357,7 @@ def test_a_continue_night_starts_from_the_promoted_run(night2):
     assert "results/night1" in lineage["started_from"]
 
 
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "a night whose snakemake refuses the config before any job (here a GPU profile for a CPU "
         "config; the same path carries `model.continue_from`'s checks)"

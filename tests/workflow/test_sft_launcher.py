@@ -23,7 +23,6 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from tests.reliability import reliability
 
 pytestmark = pytest.mark.workflow
 
@@ -117,7 +116,7 @@ def steps_done(work: Path) -> list[int]:
     "sig,zero_stage,kind",
     [(signal.SIGUSR1, 3, "full"), (signal.SIGTERM, 0, "full"), (signal.SIGUSR1, 3, "lora")],
 )
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "SIGUSR1 or SIGTERM during training (Slurm's warning signal, preemption, a manual stop); a "
         "rerun of a finished training"
@@ -201,7 +200,7 @@ def test_stop_signal_saves_and_the_rerun_resumes_without_losing_steps(stage, sig
 
 
 @pytest.mark.parametrize("kind", ["full", "lora"])
-@reliability(
+@pytest.mark.reliability(
     fault="training diverges (NaN loss)",
     seen="training stops at the first step whose loss is not finite, before any save, with a "
     "diagnosis naming sft.learning_rate as the likely cause",

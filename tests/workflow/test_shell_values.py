@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, make_workdir, snakemake
-from tests.reliability import reliability
 
 # Creates PAYLOAD in the working directory if a shell ever runs it.
 PAYLOAD = "PWNED"
@@ -27,7 +26,7 @@ def refused(res, needle: str) -> str:
     return log
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="`container.image` carrying a shell command (`img.sif;touch${IFS}PWNED`) under `--sdm apptainer`",
     seen="refused before any job, naming the key and what an image may be; the command never runs",
     steps_lost="none",
@@ -68,7 +67,7 @@ HOSTILE_RESOURCES = [
 @pytest.mark.parametrize(
     "rule,name,value", HOSTILE_RESOURCES, ids=[f"{r}.{n}" for r, n, _ in HOSTILE_RESOURCES]
 )
-@reliability(
+@pytest.mark.reliability(
     fault="a Slurm profile's `mpi` or `cpus_per_task` carrying a shell command, with `hardware.nodes: 2`",
     seen="refused under `-n`, naming the profile resource and what it may be",
     steps_lost="none",
@@ -106,7 +105,7 @@ BOMBS = [("list", "config/config.yaml"), ("dict", "config/config.yaml"), ("list"
 
 
 @pytest.mark.parametrize("kind,where", BOMBS, ids=[f"{k}-{w}" for k, w in BOMBS])
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "a YAML alias bomb (9 ** 9 values) under `sft.extra.run_name`: of lists or mappings in "
         "config/config.yaml, of lists in a `--configfile`"
@@ -132,7 +131,7 @@ def test_an_alias_bomb_is_refused_in_bounded_time_naming_file_and_key(tmp_path, 
     assert named in log
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a 200 000-character config string (`sft.extra.run_name`), past the kernel's 128 KiB argument cap",
     seen="refused before any job, naming the key and the limit (not `Argument list too long` in a job)",
     steps_lost="none",
@@ -154,7 +153,7 @@ RUNS = [
 
 
 @pytest.mark.parametrize("run,why", RUNS, ids=["-rf", "--help", "256 characters"])
-@reliability(
+@pytest.mark.reliability(
     fault="run names `-rf`, `--help`, 256 characters, given with `--config run=...`",
     seen="refused before any job, naming `run` and what a run name may be (no Snakemake traceback)",
     steps_lost="none",

@@ -9,7 +9,6 @@ import pytest
 from llmft.data.assets import build_tiny_model
 
 from tests.conftest import REPO
-from tests.reliability import reliability
 
 
 def _bench(tmp_path, bench: list, tasks: list, name: str = "", backend: str = "hf", processes: int = 1):
@@ -24,7 +23,7 @@ def _bench(tmp_path, bench: list, tasks: list, name: str = "", backend: str = "h
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a benchmark task that fails inside lm-eval in the job (its prompt names a field its rows lack)",
     seen="the job exits 2 naming the config key, the task, the model and lm-eval's error; no traceback",
     steps_lost="none",
@@ -47,7 +46,7 @@ def test_a_task_failing_in_the_job_is_named_and_nothing_is_written(tmp_path, pro
     assert not (tmp_path / "scores.json").exists() and not list((tmp_path / "cache").glob("*/scores.json"))
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a model whose context is too short for a benchmark's few-shot prompts",
     seen="the job exits 2 naming the config key, the task, the tokens needed and the model's context",
     steps_lost="none",

@@ -19,7 +19,6 @@ from llmft.data.sources import DataError
 from tests import published_formats as published
 from tests.conftest import REPO, make_workdir, snakemake
 from tests.lfref import aligned_from_canonical, lf_sft
-from tests.reliability import reliability
 
 REAL = REPO / ".cache" / "tokenizers"  # tests/setup-tokenizers.sh fetches them
 CHATML = (  # the chat template Qwen2.5 ships (tool branch left out)
@@ -300,7 +299,7 @@ def test_fixed_padding_in_tokenizer_json_is_not_a_difference(tmp_path):
     assert result["matches"] and result["probes"] == len(tokcheck.PROBES)
 
 
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "a tokenizer that transformers rebuilds without its tokenizer.json's digit split (SmolLM-135M's "
         "layout: `'\\n\\n1'` becomes `Ċ Ċ 1`, not `ĊĊ 1`), with fixed padding in its tokenizer.json"
@@ -354,7 +353,7 @@ def test_prepare_data_stops_before_tokenizing(tmp_path, capsys):
     assert stats["template"] == "default" and stats["tokenizer_check"]["checked"]
 
 
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "a `model.template` that does not fit the model's tokenizer (`qwen` on a tokenizer without its "
         "chat tokens: LLaMA-Factory would add them past the embedding table)"
@@ -524,7 +523,7 @@ def test_a_slow_tokenizer_is_checked_as_transformers_loads_it(slow_qwen2):
     ct.check("qwen", slow_qwen2)  # its own template fits
 
 
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "a model folder with a slow tokenizer (vocab.json + merges.txt, no tokenizer.json) and a template "
         "whose tokens it lacks (`llama3` on Qwen2)"
@@ -583,7 +582,7 @@ def test_a_chat_template_bomb_is_refused_within_its_budget_naming_the_file(tmp_p
     assert f"the chat template in {d / 'chat_template.jinja'}" in msg and re.search(needle, msg), msg
 
 
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "a model folder's chat template with nested `range()` loops (10^10 iterations) under "
         "`model.template: auto`"
@@ -663,7 +662,7 @@ def test_a_named_template_that_contradicts_the_chat_template_is_warned_naming_th
     assert ct.contradiction("qwen", qwen) is None  # its own template: no word
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a `model.template` that contradicts the folder's own chat template (`llama2` on Mistral-v0.3's)",
     seen=(
         "the DAG is built and the run goes on, with a warning naming the chat template's file and the "

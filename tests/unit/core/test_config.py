@@ -2,6 +2,7 @@
 
 import copy
 import json
+import time
 
 import pytest
 import yaml
@@ -9,7 +10,6 @@ from llmft.core.config import ConfigError, layout, load_file, validate
 from llmft.core.io import write_json
 
 from tests.conftest import REPO, tiny_config
-from tests.reliability import reliability
 
 DEMO = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 
@@ -100,7 +100,7 @@ HOSTILE = [
 
 
 @pytest.mark.parametrize("name,cfg,needle", HOSTILE, ids=[b[0] for b in HOSTILE])
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "run names `demo\\n`, `current\\n`, `-rf`, `--help`, 256 characters; a `container.image`, "
         "`nightly.schedule` or `nightly.partition` carrying a command or a newline; "
@@ -128,19 +128,31 @@ def test_safe_images_schedules_and_partitions_pass():
     assert validate(with_("sft.extra", {"trust_remote_code": False}), base_dir=REPO)
 
 
-@reliability(
-    fault="a YAML alias bomb (9 ** 9 values) read by `python -m llmft check-config` or the nightly",
-    seen="refused in bounded time, naming the file and the key",
+BOMB_S = 10
+
+
+@pytest.mark.reliability(
+    fault="a YAML alias bomb (9 ** 9 values) in a file given to `python -m llmft check-config "
+    "--configfile`, or to a stage CLI's --config (load_file)",
+    seen=f"refused within {BOMB_S} s, exit 2, naming the file and the key",
     steps_lost="none",
     data_lost="none",
 )
-def test_an_alias_bomb_file_is_refused_before_it_is_expanded(tmp_path):
+def test_an_alias_bomb_file_is_refused_before_it_is_expanded(tmp_path, capsys):
+    from llmft.__main__ import main
+
     lines = ["&a0 [x, x, x, x, x, x, x, x, x]"] + [
         f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)
     ]
     path = tmp_path / "bomb.yaml"
     path.write_text("sft:\n  extra:\n    run_name:\n" + "".join(f"      - {line}\n" for line in lines))
-    with pytest.raises(ConfigError, match=r"bomb.yaml: config key sft.extra.run_name expands to more than"):
+    said = "bomb.yaml: config key sft.extra.run_name expands to more than"
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config/config.yaml").write_text((REPO / "config/config.yaml").read_text())
+    t0 = time.monotonic()
+    assert main(["check-config", "-d", str(tmp_path), "--configfile", str(path)]) == 2
+    assert time.monotonic() - t0 < BOMB_S and said in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=said):
         load_file(path)
     # the same values, built in memory (a JSON config, --config): counted only up to the bound
     raw = yaml.safe_load(path.read_text())
@@ -149,7 +161,7 @@ def test_an_alias_bomb_file_is_refused_before_it_is_expanded(tmp_path):
 
 
 @pytest.mark.parametrize("name,cfg,needle", BAD, ids=[b[0] for b in BAD])
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "run names `..`, `.`, `current`, `nightly`, `a;touch pwned`, `$(id)`; an unknown template; "
         "a typo in `sft.extra`; `1e-4` read by YAML as text"
@@ -224,7 +236,7 @@ def test_the_json_config_sft_steps_read_keeps_small_numbers(tmp_path):
         load_file(path.rename(tmp_path / "config.yaml"))
 
 
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "a model folder whose model or tokenizer needs its own code (`auto_map`, a type transformers lacks)"
     ),

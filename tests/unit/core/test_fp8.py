@@ -16,7 +16,6 @@ from llmft.env.rules import judge_canary, judge_torchao
 from llmft.sft.plan import describe, resolve
 
 from tests.conftest import REPO
-from tests.reliability import reliability
 
 MI300X = json.loads((REPO / "tests/fixtures/facts_mi300x.json").read_text())
 H200 = json.loads((REPO / "bench/results/pipeline_h200x1_20261201.verify.json").read_text())["nodes"][0]
@@ -170,8 +169,12 @@ def test_auto_is_off_on_an_arch_without_fp8_even_when_its_canary_leg_passed():
         fp8.decide(cfg["sft"], platform)
 
 
-@reliability(fault="sft.fp8: true with fp32 precision, or LLaMA-Factory's fp8 flag in sft.extra",
-             seen="config check, naming sft.fp8", steps_lost="none", data_lost="none")  # fmt: skip
+@pytest.mark.reliability(
+    fault="sft.fp8: true with fp32 precision, or LLaMA-Factory's fp8 flag in sft.extra",
+    seen="config check, naming sft.fp8",
+    steps_lost="none",
+    data_lost="none",
+)
 def test_config_refuses_fp8_with_fp32_and_llamafactorys_inert_flag():
     with pytest.raises(ConfigError, match=r"sft\.fp8: true but sft\.precision is fp32"):
         validate({"sft": {"fp8": True, "precision": "fp32"}})
@@ -300,9 +303,10 @@ def test_an_8b_lora_plan_turns_fp8_on_by_itself_and_estimates_it_faster(tmp_path
          "torchao 0.16.0 with torch 2.11.0: torchao 0.16.0 is built for torch 2.10 only", "torchao==0.17.0"),
     ],
 )  # fmt: skip
-@reliability(
+@pytest.mark.reliability(
     fault="torchao that breaks peft's LoRA or its torch",
-    seen="verify_env, naming both versions and the fix",
+    seen="verify_env's torchao rule (llmft.env.rules.judge_torchao, on the package versions a node's "
+    "facts record) fails, naming both versions and the fix",
     steps_lost="none",
     data_lost="none",
 )
@@ -427,9 +431,15 @@ def test_cast_once_leaves_trainable_layers_to_torchao():
     assert fp8.cast_once(2) and not fp8.cast_once(3)  # ZeRO-3 gathers its weight shards anew each step
 
 
-@reliability(fault="frozen weights cast once compute other numbers than torchao's float8 on the node",
-             seen="canary's FP8 leg, naming the cast-once path", steps_lost="the canary's FP8 leg (seconds)",
-             data_lost="none")  # fmt: skip
+@pytest.mark.reliability(
+    fault="frozen weights cast once compute other numbers than torchao's float8 on the node (here: "
+    "llmft's own cast made 5 % off on this CPU)",
+    seen="the frozen-weight check the canary's FP8 leg runs (fp8.frozen_check, against torchao's "
+    "Float8Linear) fails, and the leg's verdict names the cast-once path; the leg's training is not "
+    "run (FP8 emulated on a CPU takes minutes)",
+    steps_lost="the canary's FP8 leg (seconds)",
+    data_lost="none",
+)
 def test_the_canary_fp8_leg_checks_the_frozen_weight_path(monkeypatch):
     """The FP8 leg (canary.fp8_leg) also runs one frozen layer cast once against torchao's
     Float8Linear (fp8.frozen_check): equal to the bit on this CPU. With a fault injected into llmft's
@@ -451,8 +461,13 @@ def test_the_canary_fp8_leg_checks_the_frozen_weight_path(monkeypatch):
     assert not ok and message.startswith("FP8 drifts from bf16: 9 %; " + said)
 
 
-@reliability(fault="FP8 asked for but silently not applied", seen="canary, naming FP8",
-             steps_lost="the canary's FP8 leg (seconds)", data_lost="none")  # fmt: skip
+@pytest.mark.reliability(
+    fault="FP8 asked for but silently not applied (here: the FP8 leg's conversion switched off)",
+    seen="the canary's FP8 leg fails saying FP8 was asked for but did not run, and verify_env's finding "
+    "names sft.fp8; under sft.fp8: auto the failed leg only keeps FP8 off",
+    steps_lost="the canary's FP8 leg (seconds)",
+    data_lost="none",
+)
 def test_canary_fails_naming_fp8_when_fp8_silently_did_not_apply(monkeypatch):
     """sft.fp8: true on an H200's facts, the FP8 leg run on this CPU after a bf16 leg that passed: the
     leg's conversion is switched off (the test-only switch), and the canary fails naming FP8. (The bf16
@@ -548,9 +563,12 @@ def test_the_training_entry_casts_frozen_weights_once_when_the_plan_says_so(lf_l
     assert sum(getattr(m, "float8_cast", False) for m in model.modules()) == 14
 
 
-@reliability(fault="FP8 planned, but the loaded model has no float8 layer",
-             seen="training entry refuses at model load, naming sft.fp8", steps_lost="none (before step 1)",
-             data_lost="none")  # fmt: skip
+@pytest.mark.reliability(
+    fault="FP8 planned, but the loaded model has no float8 layer",
+    seen="training entry refuses at model load, naming sft.fp8",
+    steps_lost="none (before step 1)",
+    data_lost="none",
+)
 def test_the_training_entry_refuses_to_train_in_bf16_when_fp8_was_planned(lf_lora_args, monkeypatch):
     from llmft.sft.train import FP8NotApplied
 

@@ -16,7 +16,6 @@ from llmft.data.assets import build_tokenizer
 from safetensors.numpy import save_file
 
 from tests.conftest import make_workdir, snakemake
-from tests.reliability import reliability
 
 SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
 
@@ -114,7 +113,7 @@ def test_the_whole_folder_passes(good):
 
 
 @pytest.mark.parametrize("name,change,needle", CASES, ids=[c[0] for c in CASES])
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "a model folder with a corrupt safetensors shard (empty, header length past the file, header not "
         "JSON, truncated, offsets against the shape), an index naming a missing shard, pickle weights "
@@ -147,7 +146,7 @@ def test_a_broken_model_folder_is_refused_by_name(good, tmp_path, name, change, 
     ],
     ids=["truncated shard", "config.json a list", "string field"],
 )
-@reliability(
+@pytest.mark.reliability(
     fault="a truncated safetensors shard, a `config.json` that is a list or has a string dimension",
     seen=(
         "`snakemake -n` exits non-zero before any job with `llmft config error:` naming the file, "

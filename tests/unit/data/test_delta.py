@@ -12,7 +12,6 @@ from llmft.data.delta import read_keys
 from llmft.data.prepare import content_key, is_heldout, prepare
 from llmft.data.sources import DataError
 
-from tests.reliability import reliability
 from tests.unit.data.test_prepare import write_rows
 
 
@@ -80,7 +79,7 @@ def test_new_rows_plus_replay_share_and_removed_counted(tmp_path, tokenizer_dir)
     assert again["fingerprint"] == stats["fingerprint"]  # the same replay sample every time
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a continued run whose data.split_salt differs from its parent's (the held-out split would move)",
     seen=(
         "prepare_data stops naming model.continue_from's run and how many of its train rows would be held "

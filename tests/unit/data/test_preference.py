@@ -11,7 +11,6 @@ from llmft.data.sources import DataError, RowError, validate
 
 from tests.conftest import real_tokenizer
 from tests.lfref import dataset_attr, lf_convert, llamafactory_preprocess
-from tests.reliability import reliability
 
 OPTS = {
     "cutoff_len": 96,
@@ -199,7 +198,7 @@ def test_sft_data_refuses_preference_and_kto_rows_naming_preference_data():
 # -- bad rows
 
 
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "preference rows whose chosen equals rejected, with an empty side, a NUL character, a KTO tag "
         "that is not a boolean, a KTO row among pairs, a sharegpt row in an alpaca source, tools the "
@@ -261,7 +260,7 @@ def test_bad_rows_are_named_with_file_row_and_field(tmp_path, tokenizer_dir):
     assert not (tmp_path / "failed").exists()
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a preference pair over the length limit after tokenization (either side)",
     seen=(
         "the row in rejected.jsonl naming the side and its tokens (prompt + answer) against "
@@ -273,13 +272,17 @@ def test_bad_rows_are_named_with_file_row_and_field(tmp_path, tokenizer_dir):
 def test_over_long_pairs_name_the_side_and_its_tokens(tmp_path, tokenizer_dir):
     rows = [{"instruction": f"q{i}", "chosen": f"yes {i}", "rejected": f"no {i}"} for i in range(8)]
     rows.append({"instruction": "q", "chosen": "short", "rejected": "cat " * 150})
+    rows.append({"instruction": "q2", "chosen": "dog " * 150, "rejected": "short"})
     stats, recs = errors(tmp_path, rows, tokenizer_dir)
-    (rec,) = recs
-    assert (rec["row"], rec["field"], rec["reason"]) == (9, "rejected", pref.TOO_LONG)
-    assert "field 'rejected' makes the row too long: prompt " in rec["message"]
-    assert "tokens with the template, over preference.data.cutoff_len 96" in rec["message"]
-    assert stats["too_long"] == 1
-    with pytest.raises(DataError, match="1 of 9 preference rows exceed preference.data.cutoff_len"):
+    assert [(r["row"], r["field"], r["reason"]) for r in recs] == [
+        (9, "rejected", pref.TOO_LONG),
+        (10, "chosen", pref.TOO_LONG),
+    ]
+    for rec in recs:
+        assert f"field '{rec['field']}' makes the row too long: prompt " in rec["message"]
+        assert "tokens with the template, over preference.data.cutoff_len 96" in rec["message"]
+    assert stats["too_long"] == 2
+    with pytest.raises(DataError, match="2 of 10 preference rows exceed preference.data.cutoff_len"):
         prepare(
             tmp_path, [{"path": write(tmp_path, "a.jsonl", rows)}], tokenizer_dir, max_dropped_fraction=0.0
         )
@@ -458,7 +461,7 @@ def test_the_cli_names_bad_rows_without_a_traceback_and_leaves_no_outputs(tmp_pa
     assert stats["kind"] == "kto" and stats["train_rows"] + stats["heldout_rows"] + stats["duplicates"] == 40
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="pair data under preference.method: kto, or KTO rows under dpo",
     seen="prepare_preference stops naming preference.method, the kind of rows given and the fix",
     steps_lost="none (before training)",

@@ -12,8 +12,6 @@ from llmft.data.assets import synthetic_rows
 from llmft.data.prepare import content_key, is_heldout, prepare
 from llmft.data.sources import DataError
 
-from tests.reliability import reliability
-
 
 def write_rows(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -210,7 +208,7 @@ def test_formats_mix_in_one_run(tmp_path, tokenizer_dir):
     assert info["llmft_train"]["columns"]["history"] == "history"
 
 
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "the length filter or validation dropping more than `data.max_dropped_fraction` (10 %) of "
         "rows; an empty source"
@@ -290,7 +288,7 @@ def test_the_stage_fails_on_a_bad_folder_or_parquet_naming_it(tmp_path, tokenize
     assert not (tmp_path / "out").exists()  # nothing half-written
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="prepare_data failing (a bad row) when its data folder is empty or new (Snakemake makes it first)",
     seen="the stage fails and removes the empty folder; a folder holding other files is left as it was",
     steps_lost="none",
@@ -309,7 +307,7 @@ def test_a_failed_stage_leaves_no_data_folder(tmp_path, tokenizer_dir):
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["synthetic.jsonl"]
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a 40 MB JSON Lines file without a newline (one huge row) as a data source",
     seen=(
         'the stage fails naming the row and the cap ("row 1: is 40000034 bytes, over '

@@ -15,8 +15,6 @@ from llmft.core.text import clean_text, normalise
 from llmft.data import sources as ds
 from llmft.data.sources import FileError, RowError, iter_raw, validate
 
-from tests.reliability import reliability
-
 ALPACA = [
     {"instruction": "Name a fruit.", "input": "", "output": "apple"},
     {"instruction": "Add.", "input": "2 3", "output": "5", "system": "Be brief."},
@@ -154,7 +152,7 @@ def bad(fmt, raw):
         ),
     ],
 )
-@reliability(
+@pytest.mark.reliability(
     fault=("dataset rows with invalid UTF-8, NUL characters, wrong types, missing fields"),
     seen=(
         "every bad row named with its row number and field; `data.invalid_rows: drop` counts and "
@@ -257,7 +255,7 @@ def test_clean_text_keeps_indentation_normalise_does_not():
     assert clean_text("e\u0301") == "\u00e9"  # NFC
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a JSON Lines row holding a raw NUL byte, or trailing garbage after a row (in .jsonl and .json)",
     seen=(
         'the row is named with where it breaks ("row 1: not valid JSON (a NUL byte at character 19 of '
@@ -326,7 +324,7 @@ def test_nul_bytes_and_trailing_garbage_are_named(tmp_path):
         ({"text": "Lorem ipsum"}, "text", "is pretraining text (LLaMA-Factory's pt stage"),  # c4_demo
     ],
 )
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "rows whose columns the SFT stage would drop: a KTO `label`, `images`/`videos`/`audios`, "
         "preference `chosen`/`rejected`; pretraining `text` rows"
@@ -415,8 +413,10 @@ def no_data_files(folder):
 
 
 def outside_file(folder):
-    edit_state(folder, _data_files=[{"filename": "../../../../../../etc/passwd"}])
-    return "_data_files filename '../../../../../../etc/passwd' is not a plain name inside"
+    # a FIFO: a reader that opened it would block until the test's deadline
+    os.mkfifo(folder.parent / "outside.arrow")
+    edit_state(folder, _data_files=[{"filename": "../outside.arrow"}])
+    return "_data_files filename '../outside.arrow' is not a plain name inside"
 
 
 def symlink_outside(folder):
@@ -439,19 +439,21 @@ def not_arrow(folder):
 @pytest.mark.parametrize(
     "spoil", [bad_state_json, no_data_files, outside_file, symlink_outside, fifo_file, not_arrow]
 )
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "a `save_to_disk` folder with bad metadata: state.json not JSON or without a `_data_files` list, "
-        "a data file named outside the folder (`../../etc/passwd`, a symlink out), a FIFO, a non-Arrow file"
+        "a data file named outside the folder (`../outside.arrow`, a symlink out), a FIFO, a non-Arrow file"
     ),
-    seen="the file and the metadata key are named; nothing outside the folder and no FIFO is opened",
+    seen="the file and the metadata key are named; neither the FIFO nor the file named outside (a FIFO "
+    "there too: opening it would block past the test's 20 s deadline) is opened",
     steps_lost="none",
     data_lost="none",
 )
 def test_save_to_disk_folder_with_bad_metadata_is_named(tmp_path, spoil):
     folder = saved(tmp_path)
     needle = spoil(folder)
-    with deadline(20, fifo=folder / "pipe.arrow"), pytest.raises(FileError) as err:
+    fifo = next((p for p in (folder / "pipe.arrow", tmp_path / "outside.arrow") if p.exists()), None)
+    with deadline(20, fifo=fifo), pytest.raises(FileError) as err:
         list(iter_raw(folder))
     assert needle in str(err.value)
 
@@ -468,7 +470,7 @@ def test_dataset_dict_split_outside_the_folder_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("cut", ["head", "middle"])
-@reliability(
+@pytest.mark.reliability(
     fault="a corrupt Parquet file (truncated, or bytes overwritten inside a column chunk)",
     seen='the file is named ("not a readable Parquet file after row N") instead of a pyarrow traceback',
     steps_lost="none",

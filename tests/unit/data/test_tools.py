@@ -17,7 +17,6 @@ from llmft.data.sources import DataError, RowError, validate
 from llmft.evaluate import run as ev
 
 from tests.lfref import llamafactory_preprocess, rows_of
-from tests.reliability import reliability
 
 # Templates of LLaMA-Factory 0.9.5 with their own tool formats (qwen, llama3, glm4, mistral), and
 # `default`, whose tool format is the generic "Action:" one.
@@ -342,7 +341,7 @@ def test_template_refusals_are_named_rows(tokenizer_dir):
         assert (err.row, err.reason, err.field) == (3, reason, field), err
 
 
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "tool-calling rows LLaMA-Factory could not use: a `function_call` at a prompt position, an "
         "`observation` after the last answer, `tools` that are not JSON, a call the template's "

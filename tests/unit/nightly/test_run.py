@@ -26,7 +26,6 @@ from llmft.nightly.run import (
 from llmft.report.preference import gate_blocks
 
 from tests.conftest import REPO
-from tests.reliability import reliability
 
 
 def summary(run, em, loss=1.0):
@@ -145,7 +144,7 @@ def test_the_printed_cron_line_runs_on_a_fresh_checkout_with_spaces_and_percent_
     [("schedule", "0 2 * * *\n* * * * * touch PWNED"), ("partition", "cpu\n#SCRON --uid=0")],
     ids=["schedule", "partition"],
 )
-@reliability(
+@pytest.mark.reliability(
     fault="`nightly.schedule` or `nightly.partition` with a newline adding a cron entry or a `#SCRON` line",
     seen="`llmft nightly-schedule` prints no entry and exits 2, naming the key and what it may be",
     steps_lost="none",

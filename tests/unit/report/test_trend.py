@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 from llmft.report.trend import build_trend
-
-from tests.reliability import reliability
 
 
 def _run(results, folder: str, **summary) -> None:
@@ -15,7 +14,7 @@ def _run(results, folder: str, **summary) -> None:
     (results / folder / "report/summary.json").write_text(json.dumps({"run": folder, **summary}))
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a folder under results/ named like a link scheme (`javascript:...`), or not a run name, "
     "with a report/summary.json",
     seen="left out of trend.html (no link, no row), named in a warning; the page links only to run folders",

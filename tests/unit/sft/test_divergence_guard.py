@@ -1,6 +1,7 @@
 """The divergence guard's rule on real TrainingArguments and TrainerState: a NaN stops at once, a
 gradient spike stops only when the next logged loss confirms it (its own, when no step comes after
-it), and a checkpoint saved since a confirmed spike is moved aside."""
+it), and a checkpoint saved since a confirmed spike is moved aside. The same through the real
+launcher on real spikes: tests/workflow/test_divergence_guard_run.py."""
 
 import json
 
@@ -8,8 +9,6 @@ import pytest
 from llmft.sft.callbacks import Diverged, DivergenceGuard
 from llmft.sft.faults import checkpoints
 from transformers import TrainerControl, TrainerState, TrainingArguments
-
-from tests.reliability import reliability
 
 
 @pytest.fixture
@@ -34,12 +33,6 @@ def diagnosis(work):
     return json.loads((work / "llmft_divergence.json").read_text())
 
 
-@reliability(
-    fault="a gradient norm hundreds of times its running median once the loss is near zero (one hard batch)",
-    seen="a warning naming the spike and the next logged loss; training goes on",
-    steps_lost="none",
-    data_lost="none",
-)
 def test_a_lone_spike_near_zero_loss_is_cleared_by_the_next_logged_step(run):
     guard, log, _, _, work = run
     log(210, 0.004, 3.0)  # 300x the running median
@@ -51,13 +44,6 @@ def test_a_lone_spike_near_zero_loss_is_cleared_by_the_next_logged_step(run):
     assert not (work / "llmft_divergence.json").exists()
 
 
-@reliability(
-    fault="training diverges (a gradient spike, then the loss rises)",
-    seen="training stops at the next logged step with a diagnosis naming the spike and the loss; "
-    "a checkpoint saved since the spike is renamed diverged-checkpoint-N",
-    steps_lost="the diverged run (by design); the checkpoint before the spike is the newest left",
-    data_lost="none: no model is published",
-)
 def test_a_spike_whose_next_logged_loss_rose_stops_and_sets_aside_what_was_saved_since(run):
     _, log, _, _, work = run
     for step in (200, 210):

@@ -6,10 +6,8 @@ from llmft.core.config import ConfigError, validate
 from llmft.core.platform import Platform
 from llmft.sft import preference
 from llmft.sft.plan import GIB, estimate, resolve
-from llmft.sft.render import render, tiny_shape
+from llmft.sft.render import precheck, render, tiny_shape
 from llmft.sft.steptime import step_time
-
-from tests.reliability import reliability
 
 
 def gpu_cfg(gpus=1, gpu="h200", sft=None, **pref):
@@ -103,15 +101,19 @@ def test_auto_batch_counts_both_sequences_of_a_pair(model):
     assert p.tokens_per_step == 32768
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a preference config whose policy and reference model cannot fit",
-    seen="at DAG time, naming the reference model and the keys to change",
+    seen="refused by the check the workflow makes when it builds the DAG (render.precheck of the "
+    "preference stage's view, as workflow/rules/common.smk calls it), naming the reference model and "
+    "the keys to change",
     steps_lost="none (no job starts)",
     data_lost="none",
 )
 def test_a_preference_stage_that_cannot_fit_is_refused_naming_the_reference(model):
+    cfg = gpu_cfg(gpu="h100", sft={"zero_stage": 0, "gradient_checkpointing": False})
+    cfg["model"]["name_or_path"] = str(model("8b"))
     with pytest.raises(ConfigError) as err:
-        plan(gpu_cfg(gpu="h100", sft={"zero_stage": 0, "gradient_checkpointing": False}), model("8b"))
+        precheck(preference.view(cfg))
     msg = str(err.value)
     assert "the preference stage (dpo: 2 sequences per row, reference model copy) does not fit" in msg
     assert "preference.finetuning_type: lora" in msg
