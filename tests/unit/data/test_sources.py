@@ -509,6 +509,18 @@ def nested(levels: int) -> str:
     return "[" * levels + "]" * levels
 
 
+@reliability(
+    fault=(
+        "a row of 200 000 nested `[` (400 KB, under `data.max_row_bytes`) in SFT `.jsonl` / `.json` or "
+        "preference data; a row, `tools` or call text nested past 100 levels"
+    ),
+    seen=(
+        "the row named with file, row number and the nesting limit (too_deep), not a RecursionError "
+        "traceback; in a .json array a row past the reader's recursion stops the file there"
+    ),
+    steps_lost="none",
+    data_lost="the bad rows only, each named",
+)
 def test_json_nested_past_the_limit_is_a_named_row_not_a_recursion_error(tmp_path):
     """200 000 nested lists (400 KB, under data.max_row_bytes) overflow Python's JSON reader; a row
     nested one level past ds.MAX_DEPTH is refused the same way, one at the limit is read."""
