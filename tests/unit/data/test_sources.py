@@ -511,8 +511,8 @@ def nested(levels: int) -> str:
 
 @reliability(
     fault=(
-        "a row of 200 000 nested `[` (400 KB, under `data.max_row_bytes`) in SFT `.jsonl` / `.json` or "
-        "preference data; a row, `tools` or call text nested past 100 levels"
+        "a row of 200 000 nested `[` (400 KB, under `data.max_row_bytes`) in a `.jsonl` or `.json` "
+        "dataset; a row, `tools` or call text nested past 100 levels"
     ),
     seen=(
         "the row named with file, row number and the nesting limit (too_deep), not a RecursionError "
