@@ -13,8 +13,10 @@ from tests.conftest import REPO
 
 def _bench(tmp_path, bench: list, tasks: list, name: str = "", backend: str = "hf", processes: int = 1):
     """`python -m llmft bench` (the benchmarks job's command) on tmp_path/model, into
-    tmp_path/<name>scores.json with the score cache tmp_path/<name>cache."""
+    tmp_path/<name>scores.json with the score cache tmp_path/<name>cache (and datasets' cache in
+    tmp_path/datasets)."""
     overrides = {"eval": {"benchmarks": bench, "benchmark_include_path": tasks, "benchmark_backend": backend}}
+    overrides["eval"]["benchmark_data_cache"] = str(tmp_path / "datasets")
     cmd = [sys.executable, "-m", "llmft", "bench", "--config", str(REPO / "config" / "config.yaml")]
     cmd += ["--overrides", json.dumps(overrides), "--model", str(tmp_path / "model")]
     cmd += ["--out", str(tmp_path / f"{name}scores.json"), "--cache-dir", str(tmp_path / f"{name}cache")]
@@ -90,3 +92,60 @@ def test_two_processes_score_exactly_as_one_with_both_backends(tmp_path):
     assert one["tasks"]["llmft_category"]["metrics"]["acc"] > 0  # a decided score, not an empty one
     assert hf2["tasks"] == one["tasks"] and ours2["tasks"] == one["tasks"]
     assert hf2["key"] == one["key"]  # the process count is not part of the content key
+
+
+FILE_TASK = """\
+task: llmft_category_file
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: words/category.jsonl
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Human: Classify this word: {{word}}</s>\\nAssistant:"
+doc_to_choice: ["animal", "fruit", "color", "tool", "vehicle"]
+doc_to_target: label
+target_delimiter: ""
+metric_list:
+  - metric: acc
+metadata:
+  version: 1.0
+"""
+
+
+@reliability(
+    fault="a benchmark task whose YAML reads `data_files` outside its include folder, edited after its "
+    "scores were cached",
+    seen="the next job scores the task again (the cache key covers every file a task config names); "
+    "the job's log names each task folder whose Python code runs in it",
+    steps_lost="none",
+    data_lost="none",
+)
+def test_a_data_file_outside_the_task_folder_is_part_of_the_score_key(tmp_path):
+    """The task (tmp_path/tasks) reads words/category.jsonl from the working directory, as datasets
+    reads a relative data_files path; the project's llmft_first_word runs its docs.py."""
+    build_tiny_model(tmp_path / "model", seed=5)
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "llmft_category_file.yaml").write_text(FILE_TASK)
+    words = tmp_path / "words" / "category.jsonl"
+    words.parent.mkdir()
+    rows = (REPO / "tests" / "bench_tasks" / "category.jsonl").read_text().splitlines()
+    words.write_text("\n".join(rows[:12]) + "\n")
+    bench = [{"task": "llmft_category_file"}, {"task": "llmft_first_word", "limit": 2}]
+    folders = [str(tmp_path / "tasks"), str(REPO / "tests" / "bench_tasks")]
+
+    def scores(name: str) -> dict:
+        proc = _bench(tmp_path, bench, folders, name)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads((tmp_path / f"{name}scores.json").read_text()) | {"log": proc.stderr}
+
+    first = scores("a-")
+    assert first["reused_from"] is None and first["tasks"]["llmft_category_file"]["samples"] == 12
+    line = f"task folder {REPO / 'tests' / 'bench_tasks'}: its Python code runs in this job (docs.py"
+    assert line in first["log"] and f"task folder {tmp_path / 'tasks'}:" not in first["log"]
+    assert _bench(tmp_path, bench, folders, "a-").returncode == 0  # the same files: reused
+    assert json.loads((tmp_path / "a-scores.json").read_text())["reused_from"]
+    words.write_text("\n".join(rows[12:20]) + "\n")  # the task folder itself is unchanged
+    second = scores("a-")
+    assert second["reused_from"] is None and second["key"] != first["key"]
+    assert second["tasks"]["llmft_category_file"]["samples"] == 8

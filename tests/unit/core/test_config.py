@@ -6,7 +6,7 @@ import time
 
 import pytest
 import yaml
-from llmft.core.config import ConfigError, layout, load_file, validate
+from llmft.core.config import ConfigError, deep_merge, layout, load_file, validate
 from llmft.core.io import write_json
 
 from tests.conftest import REPO, tiny_config
@@ -288,3 +288,63 @@ def test_preference_sources_are_checked_naming_the_key(sources, needle):
     with pytest.raises(ConfigError) as err:
         validate({"preference": {"data": {"sources": sources}}}, base_dir=REPO)
     assert needle in str(err.value)
+
+
+# YAML as a user writes it (.inf, .nan) over the demo config: values no schema bound stops (every
+# comparison with NaN is false) or past a bound the schema sets.
+OUT_OF_RANGE = [
+    (
+        "infinite epochs",
+        "sft: {num_train_epochs: .inf}",
+        "config key sft.num_train_epochs: inf is not a finite",
+    ),
+    ("NaN learning rate", "sft: {learning_rate: .nan}", "config key sft.learning_rate: nan is not a finite"),
+    ("NaN tolerance", "nightly: {tolerance: .nan}", "config key nightly.tolerance: nan is not a finite"),
+    (
+        "NaN preference rate",
+        "preference: {learning_rate: .NaN}",
+        "config key preference.learning_rate: nan is not a finite",
+    ),
+    ("NaN in sft.extra", "sft: {extra: {max_grad_norm: .nan}}", "config key sft.extra.max_grad_norm: nan"),
+    (
+        "-inf benchmark drop",
+        "nightly: {max_benchmark_drop: {arc_easy: -.inf}}",
+        "config key nightly.max_benchmark_drop.arc_easy: -inf is not a finite",
+    ),
+    ("seed -5", "sft: {seed: -5}", "config key sft.seed: -5 is less than the minimum of 0"),
+    ("seed past 2^32", "sft: {seed: 4294967296}", "config key sft.seed: 4294967296 is greater than"),
+    (
+        "max_new_tokens 10^12",
+        "eval: {max_new_tokens: 1000000000000}",
+        "config key eval.max_new_tokens: 1000000000000 is greater than the maximum of 131072",
+    ),
+    (
+        "synthetic_rows 10^12",
+        "data: {synthetic_rows: 1000000000000}",
+        "config key data.synthetic_rows: 1000000000000 is greater than the maximum of 1000000",
+    ),
+    (
+        "preference synthetic_rows 10^12",
+        "preference: {data: {synthetic_rows: 1000000000000}}",
+        "config key preference.data.synthetic_rows: 1000000000000 is greater than the maximum",
+    ),
+]
+
+
+@pytest.mark.parametrize("name,text,needle", OUT_OF_RANGE, ids=[b[0] for b in OUT_OF_RANGE])
+@reliability(
+    fault=(
+        "`.inf` epochs, a NaN learning rate or tolerance (anywhere a number goes, `sft.extra` too), "
+        "seed -5, `max_new_tokens` or `synthetic_rows` 10^12"
+    ),
+    seen="refused by the config check, naming the key: not a finite number, or the schema's bound",
+    steps_lost="none",
+    data_lost="none",
+)
+def test_infinite_nan_and_out_of_range_numbers_are_refused_naming_the_key(tmp_path, name, text, needle):
+    """The config file as the workflow reads it (load_file: YAML, then the whole config check)."""
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(deep_merge(DEMO, yaml.safe_load(text))))
+    with pytest.raises(ConfigError) as err:
+        load_file(path)
+    assert str(err.value).startswith(needle), str(err.value)

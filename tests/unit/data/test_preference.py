@@ -288,6 +288,38 @@ def test_over_long_pairs_name_the_side_and_its_tokens(tmp_path, tokenizer_dir):
         )
 
 
+@pytest.mark.parametrize("name", ["deep.jsonl", "deep.json"])
+def test_a_row_nested_200_000_deep_is_named_not_a_recursion_error(tmp_path, tokenizer_dir, name):
+    """One row of 200 000 nested lists (400 KB, under preference.data.max_row_bytes) among pairs: the
+    stage stops naming the file, the row and the nesting limit, and writes nothing."""
+    rows = [json.dumps(r) for r in ALPACA_PAIRS]
+    rows.insert(2, "[" * 200_000 + "]" * 200_000)
+    path = tmp_path / name
+    path.write_text("\n".join(rows) + "\n" if name.endswith(".jsonl") else "[" + ",\n".join(rows) + "]")
+    with pytest.raises(DataError) as err:
+        prepare(tmp_path, [{"path": str(path)}], tokenizer_dir)
+    assert f"{path} row 3: nests lists and objects ([ and {{) more than 100 levels deep" in str(err.value)
+    assert not (tmp_path / "out").exists()
+
+
+@reliability(
+    fault="a KTO row with both `kto_tag` and a boolean `label`, disagreeing",
+    seen="the row named with file, row number and field `label` (bad_tag), not `label` silently ignored",
+    steps_lost="none",
+    data_lost="the bad rows only, each named",
+)
+def test_a_kto_row_whose_label_contradicts_its_kto_tag_is_refused(tmp_path, tokenizer_dir):
+    rows = [{"instruction": f"q{i}", "output": f"a{i}", "kto_tag": i % 2 == 0} for i in range(10)]
+    rows.append({"instruction": "q", "output": "yes", "kto_tag": True, "label": False})
+    rows.append({"instruction": "q2", "output": "no", "kto_tag": False, "label": False})  # agreeing: kept
+    stats, recs = errors(tmp_path, rows, tokenizer_dir)
+    assert [(r["row"], r["field"], r["reason"]) for r in recs] == [(11, "label", pref.BAD_TAG)]
+    assert recs[0]["message"].endswith(
+        "bad.jsonl row 11: field 'label' is false but kto_tag is true: one row, one tag"
+    )
+    assert stats["invalid"] == 1 and stats["train_rows"] + stats["heldout_rows"] == 11
+
+
 def test_a_text_label_is_no_kto_tag_in_a_pair_row():
     kind, row = pref.check_row("f", 1, {**ALPACA_PAIRS[1], "label": "colours"}, "alpaca", None)
     assert kind == pref.PAIRS and "label" not in row

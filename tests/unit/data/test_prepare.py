@@ -343,3 +343,17 @@ def test_a_huge_row_is_refused_in_bounded_time_and_memory(tmp_path, tokenizer_di
     assert f"{src} row 1: is 40000034 bytes, over data.max_row_bytes (4194304)" in proc.stderr
     assert int(proc.stdout.strip()) < 1 << 20, proc.stdout  # KiB: under 1 GiB
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_row_nested_200_000_deep_is_named_not_a_recursion_error(tmp_path, tokenizer_dir, suffix):
+    """One row of 200 000 nested lists (400 KB, under data.max_row_bytes) among good rows: the stage
+    stops naming the file, the row and the nesting limit, and writes nothing."""
+    src = tmp_path / f"in{suffix}"
+    rows = [json.dumps(r) for r in synthetic_rows(40, seed=3)]
+    rows.insert(2, "[" * 200_000 + "]" * 200_000)
+    src.write_text("\n".join(rows) + "\n" if suffix == ".jsonl" else "[" + ",\n".join(rows) + "]")
+    with pytest.raises(DataError) as err:
+        prepare([{"path": str(src)}], tmp_path / "out", tokenizer_dir, "default", 64, 0.2, "s", "fail")
+    assert f"{src} row 3: nests lists and objects ([ and {{) more than 100 levels deep" in str(err.value)
+    assert not (tmp_path / "out").exists()

@@ -505,3 +505,50 @@ def test_over_long_jsonl_row_is_skipped_in_bounded_memory(tmp_path):
     array.write_bytes(b'[{"instruction": "' + b"x" * 5_000_000 + b'", "output": "y"}]')
     with pytest.raises(FileError, match=r"row 1: longer than data.max_row_bytes \(1048576\)"):
         list(iter_raw(array, max_row_bytes=1 << 20))
+
+
+def nested(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+@reliability(
+    fault=(
+        "a row of 200 000 nested `[` (400 KB, under `data.max_row_bytes`) in a `.jsonl` or `.json` "
+        "dataset; a row, `tools` or call text nested past 100 levels"
+    ),
+    seen=(
+        "the row named with file, row number and the nesting limit (too_deep), not a RecursionError "
+        "traceback; in a .json array a row past the reader's recursion stops the file there"
+    ),
+    steps_lost="none",
+    data_lost="the bad rows only, each named",
+)
+def test_json_nested_past_the_limit_is_a_named_row_not_a_recursion_error(tmp_path):
+    """200 000 nested lists (400 KB, under data.max_row_bytes) overflow Python's JSON reader; a row
+    nested one level past ds.MAX_DEPTH is refused the same way, one at the limit is read."""
+    at_limit = '{"instruction": "a", "output": "b", "meta": ' + nested(ds.MAX_DEPTH - 1) + "}"
+    past = '{"instruction": "c", "output": "d", "meta": ' + nested(ds.MAX_DEPTH) + "}"
+    plain = '{"instruction": "e", "output": "f"}'
+    needle = "nests lists and objects ([ and {) more than 100 levels deep"
+    path = tmp_path / "deep.jsonl"
+    path.write_text("\n".join([at_limit, nested(200_000), past, plain]) + "\n")
+    got = canonical(path, "alpaca")
+    assert got[0]["output"] == "b" and got[3]["output"] == "f"
+    assert [(g.row, g.reason) for g in got[1:3]] == [(2, ds.TOO_DEEP), (3, ds.TOO_DEEP)]
+    assert got[1].message() == f"{path} row 2: {ds.DEEP}" and needle in ds.DEEP
+    array = tmp_path / "deep.json"
+    array.write_text(f"[{at_limit}, {past}, {plain}]")  # a row that ends where it should: the file goes on
+    got = canonical(array, "alpaca")
+    assert (got[0]["output"], got[1].row, got[1].reason, got[2]["output"]) == ("b", 2, ds.TOO_DEEP, "f")
+    array.write_text(f"[{plain}, {nested(200_000)}, {plain}]")
+    with pytest.raises(FileError) as err:
+        list(iter_raw(array))
+    assert str(err.value) == f"{array} row 2: {ds.DEEP}; the rest of the file is unreadable"
+    # the JSON texts inside a row: tools, and a call (sharegpt)
+    err = validate("f.jsonl", 1, {"instruction": "a", "output": "b", "tools": nested(200_000)}, "alpaca")
+    assert (err.reason, err.field) == (ds.TOO_DEEP, "tools")
+    call = {
+        "conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": nested(5000)}]
+    }
+    err = validate("f.jsonl", 1, call, "sharegpt")
+    assert (err.reason, err.field) == (ds.TOO_DEEP, "conversations[2].value")

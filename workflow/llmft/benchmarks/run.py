@@ -1,8 +1,10 @@
 """One benchmark job: the configured lm-eval tasks on one model, offline, reused by content.
 
 The scores of a model are kept under a key made of the model's files (their bytes), the task set and
-its settings, the task files of eval.benchmark_include_path, the precision and lm-eval's version: a
-second run with the same base model reuses its base scores instead of running the tasks again.
+its settings, the task files of eval.benchmark_include_path and everything those tasks read wherever
+it is (their configs with the YAML files they include, their data files and folders, the Python files
+of their `!function`s), the precision and lm-eval's version: a second run with the same base model
+reuses its base scores instead of running the tasks again.
 
 On a node with several GPUs the job runs one lm-eval process per GPU (torchrun; llmft.benchmarks.
 worker): lm-eval gives each rank every world_size-th document of a task and gathers the per-document
@@ -19,6 +21,7 @@ import os
 import time
 from pathlib import Path
 
+from llmft.benchmarks.tasks import TaskReads, data_cache, include_paths, task_manager, task_reads
 from llmft.core.io import read_optional, write_json
 
 log = logging.getLogger("llmft.benchmarks")
@@ -39,16 +42,32 @@ def _files_digest(h, folder: Path) -> None:
         h.update(b"\0")
 
 
-def content_key(model_dir: Path, ecfg: dict, include: list[str], precision: str) -> str:
+def _path_digest(h, path: Path) -> None:
+    h.update(str(path).encode() + b"\0")
+    if path.is_dir():
+        _files_digest(h, path)
+        return
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 24):
+            h.update(chunk)
+    h.update(b"\0")
+
+
+def content_key(model_dir: Path, ecfg: dict, include: list[str], precision: str, reads: TaskReads) -> str:
     from importlib.metadata import version
 
     h = hashlib.sha256()
     settings = {"tasks": ecfg["benchmarks"], "precision": precision, "lm_eval": version("lm_eval")}
     settings["backend"] = ecfg["benchmark_backend"]
-    h.update(json.dumps(settings, sort_keys=True).encode())
+    settings["task_configs"] = reads.configs
+    h.update(json.dumps(settings, sort_keys=True, default=str).encode())
     _files_digest(h, model_dir)
     for folder in include:
         _files_digest(h, Path(folder))
+    inside = [Path(folder) for folder in include]
+    for path in reads.data:  # those in an include folder are hashed with it
+        if not any(path.resolve().is_relative_to(folder) for folder in inside):
+            _path_digest(h, path)
     return h.hexdigest()[:16]
 
 
@@ -187,15 +206,14 @@ def run_benchmarks(
 
     processes: 0 = one per GPU of the job (one on CPU); more than one on CPU shards over CPU
     processes (the tests' way to run the multi-process path without GPUs)."""
-    from llmft.benchmarks.tasks import data_cache, include_paths, task_manager
-
     ecfg = cfg["eval"]
     os.environ.update(OFFLINE)  # before datasets is imported: nothing downloads on a compute node
     os.environ["HF_DATASETS_CACHE"] = str(data_cache(ecfg))
     base = Path.cwd()
     include = include_paths(ecfg, base)
     device, dtype = _device_and_dtype(ecfg["precision"])
-    key = content_key(Path(model_dir), ecfg, include, dtype)
+    reads = task_reads(ecfg, include)
+    key = content_key(Path(model_dir), ecfg, include, dtype, reads)
     cached = Path(cache_dir) / key / "scores.json"
     scores = read_optional(cached)
     if scores is not None:
@@ -206,6 +224,9 @@ def run_benchmarks(
 
     from llmft.benchmarks.worker import launch, process_count
 
+    for folder in sorted({path.parent for path in reads.code}):
+        files = ", ".join(p.name for p in reads.code if p.parent == folder)
+        log.info("task folder %s: its Python code runs in this job (%s, named by !function)", folder, files)
     t0 = time.perf_counter()
     n = process_count(processes, device)
     if n > 1:

@@ -5,7 +5,9 @@ because benchmark jobs run offline (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE)."""
 from __future__ import annotations
 
 import difflib
+import hashlib
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmft.core.config import ConfigError
@@ -39,28 +41,86 @@ def task_manager(ecfg: dict, base_dir: Path):
     return TaskManager(include_path=include_paths(ecfg, base_dir) or None)
 
 
-def leaf_configs(tm, name: str, seen: frozenset = frozenset()) -> list[tuple[str, dict]]:
-    """(task name, its YAML config) of every task a task, group or tag name runs."""
+def leaf_configs(index: dict, name: str, seen: frozenset = frozenset()) -> list[tuple[str, dict]]:
+    """(task name, its YAML config) of every task a task, group or tag name of a task index runs."""
     from lm_eval.tasks._index import Kind
 
-    entry = tm.task_index.get(name)
+    entry = index.get(name)
     if entry is None or name in seen:
         return []
     seen = seen | {name}
     if entry.kind == Kind.TAG:
-        return [
-            leaf for e in tm.task_index.values() if name in e.tags for leaf in leaf_configs(tm, e.name, seen)
-        ]
+        return [leaf for e in index.values() if name in e.tags for leaf in leaf_configs(index, e.name, seen)]
     if entry.kind == Kind.GROUP:
         out = []
         for sub in (entry.cfg or {}).get("task", []):
             if isinstance(sub, str):
-                out += leaf_configs(tm, sub, seen)
+                out += leaf_configs(index, sub, seen)
             elif isinstance(sub, dict):  # an inline task: its own keys over the task it names
-                base = dict(tm.task_index[sub["task"]].cfg or {}) if sub.get("task") in tm.task_index else {}
+                base = dict(index[sub["task"]].cfg or {}) if sub.get("task") in index else {}
                 out.append((str(sub.get("task")), {**base, **sub}))
         return out
     return [(name, entry.cfg or {})]
+
+
+def _data_files(cfg: dict) -> list[str]:
+    files = (cfg.get("dataset_kwargs") or {}).get("data_files") or []
+    if isinstance(files, dict):
+        files = [f for v in files.values() for f in ([v] if isinstance(v, str) else v)]
+    elif isinstance(files, str):
+        files = [files]
+    return [str(f) for f in files]
+
+
+def _function_file(value: str) -> Path | None:
+    """The Python file of a YAML `!function module.name`: lm-eval's index keeps the tag as the YAML's
+    folder joined with module.name, and imports the module from beside the YAML."""
+    path = Path(value)
+    if not path.is_absolute() or "." not in path.name:
+        return None
+    module = path.parent / (path.name.rpartition(".")[0].replace(".", "/") + ".py")
+    return module if module.is_file() else None
+
+
+@dataclass
+class TaskReads:
+    """What the configured tasks of the include folders read, wherever it is: their configs as lm-eval
+    reads them (YAML includes merged), each `!function` as its file and name; the local files and
+    folders their datasets load; and the Python files their `!function`s import."""
+
+    configs: list = field(default_factory=list)
+    data: list[Path] = field(default_factory=list)
+    code: list[Path] = field(default_factory=list)
+
+
+def task_reads(ecfg: dict, include: list[str]) -> TaskReads:
+    """lm-eval's own tasks are not here: its version stands for them."""
+    from lm_eval.tasks._index import TaskIndex
+
+    index = TaskIndex.build([Path(p) for p in include])
+    reads = TaskReads()
+
+    def canonical(value):
+        if isinstance(value, dict):
+            return {k: canonical(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [canonical(v) for v in value]
+        module = _function_file(value) if isinstance(value, str) else None
+        if module is None:
+            return value
+        reads.code.append(module)
+        return {"function": Path(value).name, "file": hashlib.sha256(module.read_bytes()).hexdigest()}
+
+    for bench in ecfg["benchmarks"]:
+        for task, cfg in leaf_configs(index, bench["task"]):
+            reads.configs.append([task, canonical(cfg)])
+            named = [*_data_files(cfg), (cfg.get("dataset_kwargs") or {}).get("data_dir")]
+            if cfg.get("dataset_path") not in LOCAL_BUILDERS:  # else a builder's name, not a path
+                named.append(cfg.get("dataset_path"))
+            reads.data += [Path(p) for p in named if isinstance(p, str) and p and Path(p).exists()]
+    reads.data = sorted(set(reads.data))
+    reads.code = sorted(set(reads.code))
+    return reads
 
 
 def missing_data(task: str, cfg: dict, cache: Path) -> str | None:
@@ -70,12 +130,7 @@ def missing_data(task: str, cfg: dict, cache: Path) -> str | None:
         return None
     path = str(cfg["dataset_path"])
     if path in LOCAL_BUILDERS:
-        files = (cfg.get("dataset_kwargs") or {}).get("data_files") or []
-        if isinstance(files, dict):
-            files = [f for v in files.values() for f in ([v] if isinstance(v, str) else v)]
-        elif isinstance(files, str):
-            files = [files]
-        gone = [f for f in files if not Path(f).exists()]
+        gone = [f for f in _data_files(cfg) if not Path(f).exists()]
         return f"its data file(s) {gone} do not exist" if gone else None
     if Path(path).is_dir():
         return None
@@ -105,7 +160,7 @@ def check(ecfg: dict, base_dir: Path) -> None:
             close = difflib.get_close_matches(name, tm.all_tasks, n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise ConfigError(f"{where}: lm-eval has no task {name!r}{hint}")
-        for task, cfg in leaf_configs(tm, name):
+        for task, cfg in leaf_configs(tm.task_index, name):
             why = missing_data(task, cfg, cache)
             if why:
                 raise ConfigError(f"{where}: task {task!r} cannot run offline: {why}")

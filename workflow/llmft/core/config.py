@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +107,7 @@ def validate(raw: dict | None, base_dir: str | Path = ".") -> dict:
     if not isinstance(raw or {}, dict):
         raise ConfigError("config must be a mapping of keys to values")
     check_size(raw or {})
+    check_finite(raw or {})
     cfg = copy.deepcopy(raw or {})
     validator = jsonschema.Draft7Validator(schema)
     errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
@@ -172,6 +174,20 @@ def check_size(raw: dict) -> None:
             f"config key {biggest}: the config is {size} characters as JSON, at most {MAX_JSON} (every job "
             "gets it on its command line); shorten the largest values"
         )
+
+
+def check_finite(raw: dict) -> None:
+    """Refuse NaN and infinity anywhere (YAML's .nan and .inf, --config's nan): every comparison with
+    NaN is false, so no schema minimum or maximum would stop it."""
+    stack = [((), raw)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(((*path, str(k)), v) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend(((*path, i), v) for i, v in enumerate(node))
+        elif isinstance(node, float) and not math.isfinite(node):
+            raise ConfigError(f"config key {_key(path)}: {node} is not a finite number; give a number")
 
 
 def _describe(err: jsonschema.ValidationError) -> str:

@@ -11,7 +11,8 @@ converters read them:
   objects whose role is an assistant (or function_call) role;
 - KTO, alpaca: instruction, input, output and a boolean tag; KTO, sharegpt: conversations ending with
   the answer and a boolean tag. The tag column is `kto_tag` (or `label`, as LLaMA-Factory's
-  kto_en_demo spells it); a dataset_info entry names it in columns.kto_tag.
+  kto_en_demo spells it; a row whose boolean `label` contradicts its `kto_tag` is refused); a
+  dataset_info entry names it in columns.kto_tag.
 
 The prompt and each answer go through the SFT row checks (sources.check_alpaca / check_sharegpt), so
 a bad field is named as for SFT rows. Every row-level fault is a RowError: under invalid_rows: drop the
@@ -314,6 +315,11 @@ def _kto(source, number, raw, view, fmt, attr, clean):
         # LLaMA-Factory reads a tag that is not a JSON boolean as no tag and drops the row unnamed.
         got = "missing" if tag is None else f"{tag!r} ({type(tag).__name__})"
         raise _Invalid(BAD_TAG, f"must be true (desirable) or false (undesirable), got {got}", col)
+    other = raw.get("label") if attr is None and col == "kto_tag" else None
+    if isinstance(other, bool) and other != tag:
+        raise _Invalid(
+            BAD_TAG, f"is {str(other).lower()} but kto_tag is {str(tag).lower()}: one row, one tag", "label"
+        )
     done = _sft_check(_strip(view), None, fmt, source, number, clean)
     if isinstance(done, RowError):
         field = lfdataset.field_name(done.field, attr) if attr is not None else done.field

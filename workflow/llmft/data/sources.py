@@ -39,6 +39,7 @@ BAD_FUNCTION_CALL = "bad_function_call"
 NUL_CHARACTER = "nul_character"
 UNUSED_COLUMN = "unused_column"
 ROW_TOO_LARGE = "row_too_large"
+TOO_DEEP = "too_deep"
 
 FORMATS = ("alpaca", "sharegpt")
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
@@ -48,6 +49,12 @@ TOOL_ROLES = {"function_call": "function", "observation": "observation"}
 OTHER_TOOL_ROLES = {"function", "tool"}
 
 _BLOCK = 1 << 20
+
+# Lists and objects one inside another in a row or in a field's JSON text (tools, a call): deeper
+# JSON would overflow the recursion of Python's reader (about 1 000 levels) here or in
+# LLaMA-Factory's formatters; real rows nest a few levels.
+MAX_DEPTH = 100
+DEEP = f"nests lists and objects ([ and {{) more than {MAX_DEPTH} levels deep, the most a row may"
 
 # Columns LLaMA-Factory reads for other stages or for media, which llmft's SFT stage would drop
 # without a word (the rows would train as plain text): refused by name, with the stage that uses them.
@@ -218,6 +225,41 @@ def _spelling(raw: dict) -> tuple[str, str, str]:
     raise _Invalid(MISSING, "is missing (or 'messages')", "conversations")
 
 
+class TooDeep(ValueError):
+    """JSON nested deeper than MAX_DEPTH."""
+
+
+def _too_deep(value: object) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth >= MAX_DEPTH:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def _deeper(value: object, text: str, start: int = 0, end: int | None = None) -> bool:
+    """Whether a decoded value nests deeper than MAX_DEPTH; its JSON text[start:end] rules most
+    values out by its count of brackets, without a walk."""
+    end = len(text) if end is None else end
+    return text.count("[", start, end) + text.count("{", start, end) > MAX_DEPTH and _too_deep(value)
+
+
+def loads(text: str) -> object:
+    """json.loads, with JSON nested deeper than MAX_DEPTH a TooDeep."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise TooDeep(DEEP) from None
+    if _deeper(value, text):
+        raise TooDeep(DEEP)
+    return value
+
+
 def _tools(value) -> str:
     """The `tools` value as the JSON string LLaMA-Factory's tool formatter reads ("" = no tools).
 
@@ -239,9 +281,11 @@ def _tools(value) -> str:
     else:
         raise _Invalid(WRONG_TYPE, f"must be a JSON string (or a list), got {type(value).__name__}", "tools")
     try:
-        decoded = json.loads(text)
+        decoded = loads(text)
     except json.JSONDecodeError as exc:
         raise _Invalid(BAD_TOOLS, f"is not valid JSON ({_where(exc, exc.pos + 1)})", "tools") from None
+    except TooDeep as exc:
+        raise _Invalid(TOO_DEEP, str(exc), "tools") from None
     if isinstance(decoded, dict) and not decoded:
         return text  # empty, as "[]": LLaMA-Factory writes an empty tool text (and a system block)
     if not isinstance(decoded, list):
@@ -259,9 +303,11 @@ def _check_call(text: str, field: str) -> None:
     the call inside the template's tool-call words or after a thought; the template's own formatter
     decides that (check_with_template)."""
     try:
-        value = json.loads(text)
+        value = loads(text)
     except json.JSONDecodeError:
         return
+    except TooDeep as exc:
+        raise _Invalid(TOO_DEEP, str(exc), field) from None
     calls = value if isinstance(value, list) else [value]
     if not calls:
         raise _Invalid(BAD_FUNCTION_CALL, "is an empty list of calls", field)
@@ -487,7 +533,6 @@ def _where(exc: json.JSONDecodeError, at: int) -> str:
 
 
 def _iter_jsonl(path: Path, max_row_bytes: int) -> Iterator[tuple[int, object]]:
-    loads = json.loads
     number = 0
     with open(path, "rb") as fh:
         while raw := fh.readline(max_row_bytes + 1):
@@ -512,6 +557,8 @@ def _iter_jsonl(path: Path, max_row_bytes: int) -> Iterator[tuple[int, object]]:
                 yield number, loads(line)
             except json.JSONDecodeError as exc:
                 yield number, RowError(str(path), number, BAD_JSON, _json_error(exc, line))
+            except TooDeep as exc:
+                yield number, RowError(str(path), number, TOO_DEEP, str(exc))
 
 
 def _iter_json(path: Path, max_row_bytes: int) -> Iterator[tuple[int, object]]:
@@ -559,6 +606,10 @@ def _iter_json(path: Path, max_row_bytes: int) -> Iterator[tuple[int, object]]:
                 raise FileError(f"{path}: ends inside the array after row {number}")
             try:
                 value, end = decoder.raw_decode(buf, pos)
+            except RecursionError:  # where this row ends is not known
+                raise FileError(
+                    f"{path} row {number + 1}: {DEEP}; the rest of the file is unreadable"
+                ) from None
             except json.JSONDecodeError as exc:
                 # Read on while the row may just be cut by the block edge, up to the row cap.
                 if len(buf) - pos <= max_row_bytes and more():
@@ -575,6 +626,8 @@ def _iter_json(path: Path, max_row_bytes: int) -> Iterator[tuple[int, object]]:
             if isinstance(value, (int, float)) and len(buf) - end < 64 and more():
                 continue  # a number near the block edge may be cut ("1.5e" parses as 1.5): read on
             number += 1
+            if _deeper(value, buf, pos, end):
+                value = RowError(str(path), number, TOO_DEEP, DEEP)
             pos = end
             yield number, value
             char = next_char()
