@@ -11,6 +11,7 @@ for one CPU process; the checks read what LLaMA-Factory logged.
 """
 
 import json
+import re
 import subprocess
 import sys
 
@@ -96,15 +97,28 @@ def test_dpo_after_sft_raises_held_out_preference_accuracy_above_sfts(dpo):
     summary = json.loads((run / "report/summary.json").read_text())
     block = summary["preference"]
     assert block["reference"] == "sft" and block["method"] == "dpo"
-    sft, tuned = block["models"]["sft"], block["models"]["preference"]
-    # the sft model is the reference: it ranks no pair by implicit reward
-    assert sft["preference_accuracy"] == 0.0 and sft["reward_margin"] == 0.0
-    assert tuned["preference_accuracy"] >= 0.8 and tuned["reward_margin"] > 0
+    base, sft, tuned = (block["models"][n] for n in ("base", "sft", "preference"))
+    # the sft model is the reference: against itself it would rank no pair, so it has no reward score
+    assert sft["preference_accuracy"] is None and sft["reward_margin"] is None
+    assert tuned["preference_accuracy"] >= 0.8 and tuned["reward_margin"] > base["reward_margin"]
     # without a reference: the tuned model prefers the chosen answer far more often than sft does
     assert tuned["likelihood_accuracy"] >= sft["likelihood_accuracy"] + 0.25
     assert summary["tuned"]["preference_accuracy"] == tuned["preference_accuracy"]
     page = (run / "report/index.html").read_text()
     assert "Preference stage: dpo" in page
+    # the page's comparisons can fail, and here each shows the stage learned; no warning
+    rows = preference_rows(page)
+    assert block["warnings"] == [] and "preference_hardly_moved" not in page
+    assert rows["likelihood_accuracy"][1:3] == [
+        cell(sft["likelihood_accuracy"]),
+        cell(tuned["likelihood_accuracy"]),
+    ]
+    assert float(rows["likelihood_accuracy"][3]) >= 0.25 and float(rows["likelihood_margin"][3]) > 0
+    assert rows["reward_margin"][:3] == [
+        cell(base["reward_margin"]),
+        "reference",
+        cell(tuned["reward_margin"]),
+    ]
     assert (run / "preference/model/config.json").is_file()
     train = json.loads((run / "preference/train_summary.json").read_text())
     assert train["steps"] and train["final_loss"] < train["first_loss"]
@@ -115,6 +129,73 @@ def test_dpo_after_sft_raises_held_out_preference_accuracy_above_sfts(dpo):
     assert json.loads((run / "preference/data/stats.json").read_text())["heldout_rows"] % 16 == 0
     assert tuned["preference_accuracy"] == pytest.approx(lf["eval_rewards/accuracies"], abs=1e-3)
     assert tuned["reward_margin"] == pytest.approx(lf["eval_rewards/margins"], rel=1e-3)
+
+
+def preference_rows(page: str) -> dict[str, list[str]]:
+    """The page's preference comparisons: metric -> its cells (base, sft, preference, change). The
+    reference's structural accuracy is no row, and no number in the section has more than 4
+    significant digits."""
+    section = page.split('<h2 id="preference">', 1)[1].split("<h2", 1)[0]
+    digits = [n.replace(".", "").lstrip("0") for n in re.findall(r"\d+\.\d+", section)]
+    assert digits and max(map(len, digits)) <= 4, section
+    table = section.split("<table", 1)[1].split("</table>", 1)[0]
+    header = re.findall(r"<th>(.*?)</th>", table)
+    assert header == ["held-out metric", "base", "sft", "preference", "change"], header
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", table)]
+    out = {r[0]: r[1:] for r in rows if r}
+    assert "preference_accuracy" not in out
+    return out
+
+
+def cell(value: float) -> str:
+    """A number as the page prints it: 4 significant digits."""
+    return f"{value:.4g}"
+
+
+# The DPO run again in a copy at the recipe rate (5e-7) for 8 steps: only the preference stage, its
+# model's evaluation and the report run again.
+STILL = {**DPO, "learning_rate": 5.0e-7, "max_steps": 8}
+
+
+@pytest.fixture(scope="module")
+def dpo_still(dpo, tmp_path_factory):
+    work = tmp_path_factory.mktemp("dpo_still")
+    copy_results(dpo[0], work)
+    proc = snakemake(make_workdir(work, **SHORT_SFT, preference=STILL))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ran = set(rules_run(proc.stdout + proc.stderr))
+    assert not ran & {"sft", "evaluate", "prepare_preference"}, ran
+    return work
+
+
+def test_a_preference_run_that_hardly_moved_is_named_and_shows_no_structural_baseline(dpo_still):
+    run = dpo_still / "results/demo"
+    summary = json.loads((run / "report/summary.json").read_text())
+    block = summary["preference"]
+    sft, tuned = block["models"]["sft"], block["models"]["preference"]
+    train = json.loads((run / "preference/train_summary.json").read_text())
+    loss_pct = 100 * (train["final_loss"] - train["first_loss"]) / train["first_loss"]
+    points = 100 * (tuned["likelihood_accuracy"] - sft["likelihood_accuracy"])
+    assert train["steps"] == 8 and abs(loss_pct) < 1 and abs(points) < 2
+    [warning] = block["warnings"]
+    assert warning["name"] == "preference_hardly_moved"
+    assert warning["loss_change_percent"] == pytest.approx(loss_pct, abs=1e-3)
+    assert warning["likelihood_accuracy_change_points"] == pytest.approx(points, abs=1e-2)
+    page = (run / "report/index.html").read_text()
+    section = page.split('<h2 id="preference">', 1)[1].split("<h2", 1)[0]
+    # the warning leads the section, before the table, with its numbers and thresholds
+    head = section.split("<table", 1)[0]
+    assert "preference_hardly_moved" in head and "under 1 %" in head and "under 2)" in head
+    assert f"{cell(train['first_loss'])} -&gt; {cell(train['final_loss'])}" in head
+    assert "over 8 steps at learning rate 5e-07" in head
+    assert "preference_hardly_moved" in (run / "logs/report.log").read_text()
+    # no 0 -> x row: the reference's reward scores are not shown, the tuned model's accuracy stands alone
+    rows = preference_rows(page)
+    assert rows["reward_margin"][1] == "reference" and rows["reward_margin"][3] == ""
+    assert rows["likelihood_accuracy"][1:3] == [
+        cell(sft["likelihood_accuracy"]),
+        cell(tuned["likelihood_accuracy"]),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -135,10 +216,21 @@ def test_kto_from_base_raises_held_out_preference_accuracy(kto):
     block = json.loads((run / "report/summary.json").read_text())["preference"]
     assert block["reference"] == "base" and block["method"] == "kto"
     base, sft, tuned = (block["models"][n] for n in ("base", "sft", "preference"))
-    assert base["preference_accuracy"] == 0.0  # the reference itself: no reward has a sign
+    assert base["preference_accuracy"] is None  # the reference itself: no reward of its own
     # well above sft's (0.50 on this task: a coin toss), by reward and by likelihood alone
     assert tuned["preference_accuracy"] >= sft["preference_accuracy"] + 0.2 and tuned["reward_margin"] > 0
     assert tuned["likelihood_accuracy"] >= max(base["likelihood_accuracy"], sft["likelihood_accuracy"]) + 0.2
+    # the page compares with base, the model it started from, and warns of nothing
+    page = (run / "report/index.html").read_text()
+    rows = preference_rows(page)
+    assert block["warnings"] == [] and "preference_hardly_moved" not in page
+    assert rows["reward_margin"][:3] == [
+        "reference",
+        cell(sft["reward_margin"]),
+        cell(tuned["reward_margin"]),
+    ]
+    change = tuned["likelihood_accuracy"] - base["likelihood_accuracy"]
+    assert float(rows["likelihood_accuracy"][3]) == pytest.approx(change, abs=1e-3) and change >= 0.2
 
 
 # -- ORPO, SimPO and a base reference: LLaMA-Factory's own training, a few steps each

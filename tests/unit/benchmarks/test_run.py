@@ -113,7 +113,7 @@ metadata:
 """
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a benchmark task whose YAML reads `data_files` outside its include folder, edited after its "
     "scores were cached",
     seen="the next job scores the task again (the cache key covers every file a task config names); "

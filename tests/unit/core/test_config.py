@@ -332,7 +332,7 @@ OUT_OF_RANGE = [
 
 
 @pytest.mark.parametrize("name,text,needle", OUT_OF_RANGE, ids=[b[0] for b in OUT_OF_RANGE])
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "`.inf` epochs, a NaN learning rate or tolerance (anywhere a number goes, `sft.extra` too), "
         "seed -5, `max_new_tokens` or `synthetic_rows` 10^12"

@@ -302,7 +302,7 @@ def test_a_row_nested_200_000_deep_is_named_not_a_recursion_error(tmp_path, toke
     assert not (tmp_path / "out").exists()
 
 
-@reliability(
+@pytest.mark.reliability(
     fault="a KTO row with both `kto_tag` and a boolean `label`, disagreeing",
     seen="the row named with file, row number and field `label` (bad_tag), not `label` silently ignored",
     steps_lost="none",

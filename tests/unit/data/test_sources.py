@@ -511,7 +511,7 @@ def nested(levels: int) -> str:
     return "[" * levels + "]" * levels
 
 
-@reliability(
+@pytest.mark.reliability(
     fault=(
         "a row of 200 000 nested `[` (400 KB, under `data.max_row_bytes`) in a `.jsonl` or `.json` "
         "dataset; a row, `tools` or call text nested past 100 levels"

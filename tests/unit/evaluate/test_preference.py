@@ -1,7 +1,8 @@
 """Preference scores from log-probabilities (evaluate/preference.py), counted by hand."""
 
 import pytest
-from llmft.evaluate.preference import answer_rows, score
+from llmft.core.io import write_jsonl
+from llmft.evaluate.preference import answer_rows, score, scores
 
 
 def pair(chosen, rejected, ct=2, rt=2):
@@ -16,6 +17,10 @@ def test_dpo_accuracy_and_margin_against_the_reference():
     assert s["preference_accuracy"] == pytest.approx(2 / 3, abs=1e-4)
     assert s["reward_margin"] == pytest.approx((1.0 - 0.5 + 0.25) / 3, abs=1e-4)
     assert s["likelihood_accuracy"] == pytest.approx(2 / 3, abs=1e-4)
+    # chosen - rejected log-likelihoods 2, -1, 0.5; the reward margin is beta x (this - the reference's)
+    assert s["likelihood_margin"] == pytest.approx(1.5 / 3, abs=1e-4)
+    ref_margin = score(ref, None, beta=0.5)["likelihood_margin"]
+    assert s["reward_margin"] == pytest.approx(0.5 * (s["likelihood_margin"] - ref_margin), abs=1e-4)
     # the reference against itself ranks nothing
     same = score(ref, ref, beta=0.5)
     assert (same["preference_accuracy"], same["reward_margin"]) == (0.0, 0.0)
@@ -39,6 +44,28 @@ def test_kto_rewards_by_tag_and_pairs_by_prompt():
     assert s["preference_accuracy"] == 0.5
     assert s["reward_margin"] == pytest.approx((1 + 0) / 2 - (-1 + 1) / 2)
     assert (s["likelihood_accuracy"], s["likelihood_pairs"]) == (0.5, 2)
+    # same-prompt pairs (a+, a-) and (b+, b-): log-likelihood gaps 2 and -1
+    assert s["likelihood_margin"] == pytest.approx(0.5)
+
+
+def test_the_reference_model_gets_no_reward_scores_of_its_own(tmp_path):
+    files = {
+        "sft": [pair(-2.0, -2.5), pair(-3.0, -1.0)],
+        "preference": [pair(-1.0, -3.0), pair(-3.0, -2.0)],
+        "base": [pair(-4.0, -4.0), pair(-1.0, -3.0)],
+    }
+    for name, rows in files.items():
+        write_jsonl(tmp_path / f"{name}.jsonl", rows)
+    pref = {"method": "dpo", "loss": "sigmoid", "beta": 1.0}
+    block = scores(pref, "sft", {n: str(tmp_path / f"{n}.jsonl") for n in files})
+    sft, tuned, base = (block["models"][n] for n in ("sft", "preference", "base"))
+    # against itself its accuracy and margin would be 0 by construction: no measurement, no value
+    assert (sft["preference_accuracy"], sft["reward_margin"]) == (None, None)
+    # what needs no reference stays: sft prefers the chosen answer of the first pair only
+    assert (sft["likelihood_accuracy"], sft["likelihood_margin"]) == (0.5, pytest.approx(-0.75))
+    # the others against sft: rewards (1, -0.5) and (0, -1); base (-2, -1.5) and (2, -2)
+    assert (tuned["preference_accuracy"], tuned["reward_margin"]) == (1.0, pytest.approx(1.25))
+    assert (base["preference_accuracy"], base["reward_margin"]) == (0.5, pytest.approx(1.75))
 
 
 def test_pairs_become_one_row_per_answer_in_evaluates_form():

@@ -177,7 +177,7 @@ def test_rendered_arguments_of_each_method_and_loss(tmp_path):
     dpo = _rendered(tmp_path)
     assert (dpo["stage"], dpo["pref_loss"], dpo["pref_beta"], dpo["pref_ftx"]) == ("dpo", "sigmoid", 0.1, 0.0)
     assert (dpo["dataset"], dpo["eval_dataset"]) == ("llmft_pref_train", "llmft_pref_heldout")
-    assert dpo["learning_rate"] == 5e-7 and dpo["num_train_epochs"] == 1.0
+    assert dpo["learning_rate"] == 1e-3 and dpo["num_train_epochs"] == 1.0  # builtin:tiny's auto rate
     assert dpo["model_name_or_path"] == "results/r/sft/model" and "ref_model" not in dpo
     assert dpo["output_dir"].startswith("results/r/work/preference-")
     assert "packing" not in dpo and "neat_packing" not in dpo
@@ -188,7 +188,20 @@ def test_rendered_arguments_of_each_method_and_loss(tmp_path):
     base_ref = _rendered(tmp_path, reference="base")
     assert base_ref["ref_model"] == "results/r/base_model"
     lora = _rendered(tmp_path, finetuning_type="lora")
-    assert lora["finetuning_type"] == "lora" and lora["learning_rate"] == 5e-6 and lora["lora_rank"] == 8
+    assert lora["finetuning_type"] == "lora" and lora["lora_rank"] == 8
+
+
+def test_the_auto_learning_rate_is_the_recipes_and_the_demo_rate_for_builtin_tiny():
+    cfg = validate({"preference": {}})
+    assert preference.learning_rate(cfg) == 1e-3  # builtin:tiny, whatever trains
+    cfg["preference"]["finetuning_type"] = "lora"
+    assert preference.learning_rate(cfg) == 1e-3
+    cfg["model"]["name_or_path"] = "models/llama-3.2-1b"
+    assert preference.learning_rate(cfg) == 5e-6
+    cfg["preference"]["finetuning_type"] = "full"
+    assert preference.learning_rate(cfg) == 5e-7
+    cfg["preference"]["learning_rate"] = 2e-6
+    assert preference.learning_rate(cfg) == 2e-6
 
 
 def _tokenized_pairs(data_dir, lengths: bool):

@@ -14,7 +14,11 @@ need two models' files, the model and the stage's reference:
 - KTO: preference_accuracy = share of rows whose reward has the tag's sign (desirable > 0,
   undesirable < 0), reward_margin = mean r over desirable rows - mean r over undesirable rows;
 - likelihood_accuracy (any model, no reference): share of pairs whose chosen answer is more likely
-  than the rejected one (KTO: a desirable and an undesirable answer to the same prompt).
+  than the rejected one (KTO: a desirable and an undesirable answer to the same prompt);
+  likelihood_margin: the mean of log pi(chosen) - log pi(rejected) over those pairs, in nats. Both
+  compare any two models as they are, where a reward against the reference scores the reference
+  itself 0 by construction (DPO's reward_margin is beta x the policy's likelihood_margin minus the
+  reference's).
 """
 
 from __future__ import annotations
@@ -133,7 +137,7 @@ def score(policy: list[dict], reference: list[dict] | None, beta: float) -> dict
 
 
 def _score_pairs(policy: list[dict], reference: list[dict] | None, beta: float) -> dict:
-    wins, margins, likely = 0, [], 0
+    wins, margins, likely, gaps = 0, [], 0, []
     for i, p in enumerate(policy):
         ref = reference[i] if reference else None
         rc = _reward(p["chosen"], ref["chosen"] if ref else None, p["chosen_tokens"], beta)
@@ -141,12 +145,14 @@ def _score_pairs(policy: list[dict], reference: list[dict] | None, beta: float) 
         wins += rc > rr
         margins.append(rc - rr)
         likely += p["chosen"] > p["rejected"]
+        gaps.append(p["chosen"] - p["rejected"])
     n = len(policy)
     return {
         "rows": n,
         "preference_accuracy": round(wins / n, 4),
         "reward_margin": round(sum(margins) / n, 4),
         "likelihood_accuracy": round(likely / n, 4),
+        "likelihood_margin": round(sum(gaps) / n, 4),
     }
 
 
@@ -165,21 +171,27 @@ def _score_kto(policy: list[dict], reference: list[dict] | None, beta: float) ->
         "preference_accuracy": round(right / len(policy), 4),
         "reward_margin": round(mean[True] - mean[False], 4),
         "likelihood_accuracy": round(sum(d > u for d, u in pairs) / len(pairs), 4) if pairs else None,
+        "likelihood_margin": round(sum(d - u for d, u in pairs) / len(pairs), 4) if pairs else None,
         "likelihood_pairs": len(pairs),
     }
 
 
 def scores(pref: dict, reference_of: str, files: dict[str, str]) -> dict:
     """summary.json's preference block: every model's scores against the stage's reference model
-    (`reference_of`: base | sft | none); `files`: logps.jsonl per model (base, sft, preference)."""
+    (`reference_of`: base | sft | none; the reference's own reward scores are None); `files`:
+    logps.jsonl per model (base, sft, preference)."""
     loaded = {name: read_jsonl(path) for name, path in files.items() if Path(path).is_file()}
     ref = loaded.get(reference_of) if reference_of != "none" else None
+    models = {name: score(rows, ref, pref["beta"]) for name, rows in loaded.items()}
+    if reference_of in models:
+        # against itself every reward is 0: a value of the construction, not a measurement
+        models[reference_of].update(preference_accuracy=None, reward_margin=None)
     return {
         "method": pref["method"],
         "loss": pref["loss"] if pref["method"] == "dpo" else None,
         "beta": pref["beta"],
         "reference": reference_of,
-        "models": {name: score(rows, ref, pref["beta"]) for name, rows in loaded.items()},
+        "models": models,
     }
 
 

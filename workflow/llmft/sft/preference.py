@@ -16,7 +16,7 @@ import copy
 import json
 from pathlib import Path
 
-from llmft.core.config import ConfigError, uses_reference
+from llmft.core.config import BUILTIN_MODEL, ConfigError, uses_reference
 
 # The column prepare_preference adds to the tokenized pairs: each pair's longer side (prompt + answer)
 # in tokens, the width a micro-batch holding it is padded to; transformers' length-grouped sampler
@@ -29,6 +29,10 @@ HELDOUT_DATASET = "llmft_pref_heldout"
 # Peak learning rates of `learning_rate: auto`: full/freeze DPO recipes (Zephyr, Tulu 2) train at
 # 5e-7; LoRA moves only its adapters and trains 10x higher.
 AUTO_LR = {"full": 5e-7, "freeze": 5e-7, "lora": 5e-6}
+# builtin:tiny, the demo's random-init model, does not move at those rates: at 5e-7 the demo's DPO
+# loss moved 0.09 % and its held-out likelihood accuracy not at all; at 1e-3 (sft's demo rate), in
+# the same 11 steps, likelihood accuracy went 0.24 -> 0.83.
+TINY_LR = 1e-3
 # The sft keys the preference stage sets itself.
 OWN_KEYS = (
     "num_train_epochs",
@@ -47,7 +51,9 @@ def finetuning_type(cfg: dict) -> str:
 
 def learning_rate(cfg: dict) -> float:
     lr = cfg["preference"]["learning_rate"]
-    return AUTO_LR[finetuning_type(cfg)] if lr == "auto" else lr
+    if lr != "auto":
+        return lr
+    return TINY_LR if cfg["model"]["name_or_path"] == BUILTIN_MODEL else AUTO_LR[finetuning_type(cfg)]
 
 
 def reference(cfg: dict) -> str:
