@@ -20,6 +20,9 @@ from llmft.core.config import ConfigError, validate
 from llmft.core.io import read_json, write_json
 from llmft.core.lineage import run_problems
 
+# How a promotion by the nightly gate is recorded in the history (run._judge).
+GATE_WHY = "nightly gate: "
+
 
 class PromotionError(ConfigError):
     """A run cannot be promoted, continued from or rolled back to; the message names run and key."""
@@ -177,13 +180,25 @@ def promote_command(results: Path, run: str, why: str) -> str:
     with Lock(results / "nightly" / "lock"):
         check_run(results, run, f"llmft promote {run}")
         old = _linked(results)
-        if old == run and (results / "current.json").exists():
-            raise PromotionError(f"llmft promote {run}: run {run} is already the promoted model")
         path, state = _state(results)
+        if old == run and (results / "current.json").exists():
+            by = _by(state, run)
+            raise PromotionError(f"llmft promote {run}: run {run} is already the promoted model{by}")
         set_current(results, run, f"promoted by hand ({who()}): {why}")
         entry = record(state, "promote", old, run, why)
         write_json(path, state)
     return f"results/current: {old or 'none'} -> {run} ({entry['who']}, {entry['at']}): {why}"
+
+
+def _by(state: dict, run: str) -> str:
+    """Who made `run` the promoted model, from the history's last move to it."""
+    entry = next((e for e in reversed(history(state)) if e.get("to") == run), None)
+    if entry is None:
+        return ""
+    why = str(entry.get("why") or "")
+    if why.startswith(GATE_WHY):
+        return f": the nightly gate promoted it ({why[len(GATE_WHY) :]}); nothing to do"
+    return f": {entry.get('who') or 'someone'} promoted it at {entry.get('at')} ({why}); nothing to do"
 
 
 def rollback_command(results: Path, why: str) -> str:
