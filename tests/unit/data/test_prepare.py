@@ -345,3 +345,15 @@ def test_a_huge_row_is_refused_in_bounded_time_and_memory(tmp_path, tokenizer_di
     assert f"{src} row 1: is 40000034 bytes, over data.max_row_bytes (4194304)" in proc.stderr
     assert int(proc.stdout.strip()) < 1 << 20, proc.stdout  # KiB: under 1 GiB
     assert not (tmp_path / "out").exists()
+
+
+def test_tasks_heldout_counts_only_rows_that_name_a_task(tmp_path, tokenizer_dir):
+    named = synthetic_rows(300)  # the demo's rows carry a `task`
+    bare = [{"instruction": f"say {i} twice", "output": f"{i} {i}"} for i in range(300)]
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    stats = run(tmp_path / "a", tokenizer_dir, bare)
+    assert stats["heldout_rows"] > 0 and stats["tasks_heldout"] == {}
+    stats = run(tmp_path / "b", tokenizer_dir, named + bare)
+    assert "" not in stats["tasks_heldout"]
+    heldout = read_jsonl(tmp_path / "b/out/heldout.jsonl")
+    assert sum(stats["tasks_heldout"].values()) == sum(1 for r in heldout if r.get("task"))
