@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from llmft.core.config import ConfigError, validate
-from llmft.core.io import read_json, write_json
+from llmft.core.io import read_json, read_optional, write_json
 from llmft.core.lineage import run_problems
 
 # How a promotion by the nightly gate is recorded in the history (run._judge).
@@ -187,7 +187,10 @@ def promote_command(results: Path, run: str, why: str) -> str:
         set_current(results, run, f"promoted by hand ({who()}): {why}")
         entry = record(state, "promote", old, run, why)
         write_json(path, state)
-    return f"results/current: {old or 'none'} -> {run} ({entry['who']}, {entry['at']}): {why}"
+        notes = _show(results, entry, {run: "promoted", old: "replaced"})
+    return "\n".join(
+        [f"results/current: {old or 'none'} -> {run} ({entry['who']}, {entry['at']}): {why}", *notes]
+    )
 
 
 def _by(state: dict, run: str) -> str:
@@ -224,4 +227,38 @@ def rollback_command(results: Path, why: str) -> str:
         set_current(results, target, f"rolled back by hand ({who()}) from {old}: {why}")
         entry = record(state, "rollback", old, target, why)
         write_json(path, state)
-    return f"results/current: {old} -> {target} ({entry['who']}, {entry['at']}, rollback): {why}"
+        notes = _show(results, entry, {target: "promoted", old: "rolled back"})
+    return "\n".join(
+        [f"results/current: {old} -> {target} ({entry['who']}, {entry['at']}, rollback): {why}", *notes]
+    )
+
+
+def _show(results: Path, entry: dict, statuses: dict) -> list[str]:
+    """After a move by hand: each run's promotion.json, summary.json and page say what happened to
+    it, and results/trend.html is drawn again. Returns a note for each page it could not rewrite."""
+    from llmft.report.page import set_promotion
+    from llmft.report.trend import build_trend
+
+    verb = "rolled back" if entry["action"] == "rollback" else "moved"
+    how = f"by hand ({entry['who']}, {entry['at']}): {entry['why']}"
+    notes = []
+    for run, status in statuses.items():
+        if not run or not (results / run).is_dir():
+            continue
+        if status == "promoted":
+            reason = f"results/current {verb} here from {entry['from'] or 'none'} {how}"
+        else:
+            reason = f"results/current {verb} from here to {entry['to']} {how}"
+        path = results / run / "promotion.json"
+        earlier = read_optional(path, {}) or {}
+        earlier = earlier if isinstance(earlier, dict) else {}
+        moved = {**earlier, "status": status, "reason": reason}
+        moved.setdefault("gate", {k: earlier.get(k) for k in ("status", "reason")} if earlier else None)
+        write_json(path, moved)
+        if not set_promotion(results / run / "report", moved):
+            notes.append(
+                f"run {run}: its page has no promotion line to rewrite (made before it had one); "
+                f"`snakemake --forcerun report --config run={run}` draws it again"
+            )
+    build_trend(results, results / "trend.html")
+    return notes
