@@ -211,3 +211,27 @@ def test_finalize_publishes_a_sealed_model(tmp_path):
     assert published_problems(run) == [
         f"{model / 'model.safetensors'} no longer has the content sealed when published (changed in place)"
     ]
+
+
+def test_snakemake_refuses_to_build_on_a_published_model_changed_in_place(tmp_path):
+    """At DAG time, before any job: the run's own published model (its scores and page would describe
+    other weights) and a parent named by model.continue_from, each naming the file."""
+    from tests.conftest import BIN, REPO, make_workdir, snakemake_env
+
+    work = make_workdir(tmp_path / "w")
+    run = finished_run(work / "results", "c")
+    for name in ("sft/llamafactory.yaml", "data/train.jsonl", "data/stats.json"):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text("{}\n")
+    weights = run / "sft" / "model" / "model.safetensors"
+    flip_one_byte(weights)
+    needle = "results/c/sft/model/model.safetensors no longer has the content sealed when published"
+    for config in (["run=c"], ["run=d"]):
+        if config == ["run=d"]:
+            make_workdir(work, model__continue_from="results/c")
+        proc = subprocess.run(
+            [str(BIN / "snakemake"), "-n", "-s", str(REPO / "Snakefile"), "--config", *config],
+            cwd=work, env=snakemake_env("local"), capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert proc.returncode != 0 and needle in proc.stderr, proc.stderr[-3000:]
+        assert "llmft config error" in proc.stderr and "Traceback" not in proc.stderr
