@@ -110,6 +110,10 @@ def test_promote_and_rollback_move_current_and_record_why(runs):
     assert proc.returncode == 0, proc.stderr
     assert os.readlink(results / "current") == "b"
     assert json.loads((results / "current.json").read_text())["run"] == "b"
+    # c's real page and the trend say what happened to it
+    page = (results / "c/report/index.html").read_text()
+    assert "Nightly promotion: <b>rolled back</b> (results/current rolled back from here to b by hand" in page
+    assert "rolled back: results/current rolled back from here to b" in (results / "trend.html").read_text()
     proc = llmft(work, "rollback", "--why", "b too")
     assert proc.returncode == 0 and os.readlink(results / "current") == "a", proc.stderr
     history = state(results)["promotions"]
