@@ -187,6 +187,7 @@ def test_a_published_model_changed_in_place_is_trusted_nowhere(runs):
     proc = llmft(work, "promote", "c")
     assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
     assert not (results / "current").exists()
+    write_rows(work / "data/rows.jsonl", ROWS[:500])
     for run, over in (("c", {}), ("d", {"model__continue_from": "results/c"})):
         make_workdir(work, **NIGHT, **over)
         proc = subprocess.run(
