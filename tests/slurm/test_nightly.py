@@ -190,6 +190,7 @@ def test_three_nights_and_a_concurrent_start(tmp_path):
     assert new_loss > old + NIGHT["nightly__tolerance"], (new_loss, old)
     assert decision["status"] == "rejected", decision
     assert f"{new_loss:.4f}" in decision["reason"] and f"{old:.4f}" in decision["reason"]
+    assert f"worse by {round(new_loss, 4) - round(old, 4):.4f}" in decision["reason"], decision
     assert os.readlink(work / "results/current") == "night2"
     assert json.loads((work / "results/current.json").read_text())["run"] == "night2"
     page = (work / "results/night3/report/index.html").read_text()
@@ -203,6 +204,13 @@ def test_three_nights_and_a_concurrent_start(tmp_path):
     # By hand: roll back to night1, then promote night2 again; each move recorded with why.
     back = llmft(work, "rollback", "--why", "night2 drifted on the support rows")
     assert back.returncode == 0 and os.readlink(work / "results/current") == "night1", back.stderr
+    # night2's page and the trend say so
+    page = (work / "results/night2/report/index.html").read_text()
+    assert "Nightly promotion: <b>rolled back</b> (results/current rolled back from here to night1" in page
+    assert (
+        "rolled back: results/current rolled back from here to night1"
+        in (work / "results/trend.html").read_text()
+    )
     again = llmft(work, "promote", "night2", "--why", "false alarm")
     assert again.returncode == 0 and os.readlink(work / "results/current") == "night2", again.stderr
     moves = [(e["action"], e["from"], e["to"]) for e in state(work)["promotions"]]

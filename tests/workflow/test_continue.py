@@ -14,6 +14,7 @@ import shutil
 
 import pytest
 import yaml
+from llmft.core.modelfiles import seal_folder
 from safetensors.torch import load_file
 
 from tests.conftest import make_workdir, place_verify, reuse_verify, snakemake
@@ -289,6 +290,7 @@ def break_tokenizer(run):
     tok = json.loads((run / "sft/model/tokenizer.json").read_text())
     tok["model"]["vocab"]["zzzextra"] = len(tok["model"]["vocab"])
     (run / "sft/model/tokenizer.json").write_text(json.dumps(tok))
+    seal_folder(run / "sft/model")  # published so: a parent trained with another tokenizer, not a changed one
 
 
 def truncate_weights(run):

@@ -109,6 +109,10 @@ def test_promote_and_rollback_move_current_and_record_why(runs):
     assert proc.returncode == 0, proc.stderr
     assert os.readlink(results / "current") == "b"
     assert json.loads((results / "current.json").read_text())["run"] == "b"
+    # c's real page and the trend say what happened to it
+    page = (results / "c/report/index.html").read_text()
+    assert "Nightly promotion: <b>rolled back</b> (results/current rolled back from here to b by hand" in page
+    assert "rolled back: results/current rolled back from here to b" in (results / "trend.html").read_text()
     proc = llmft(work, "rollback", "--why", "b too")
     assert proc.returncode == 0 and os.readlink(results / "current") == "a", proc.stderr
     history = state(results)["promotions"]
@@ -163,6 +167,36 @@ def test_unfinished_or_gone_runs_are_refused_by_name(runs):
     proc = llmft(work, "rollback")
     assert proc.returncode == 2 and "previously promoted run a's folder" in proc.stderr, proc.stderr
     assert os.readlink(results / "current") == "d"
+
+
+def test_a_published_model_changed_in_place_is_trusted_nowhere(runs):
+    """One byte of c's published weights flipped at the same size, its time set back: `llmft promote`
+    refuses it, Snakemake refuses to build on it (its own run's page and scores, and a run continuing
+    from it), each naming the file."""
+    work, results = runs
+    weights = next((results / "c/sft/model").glob("*.safetensors"))
+    st = weights.stat()
+    with open(weights, "r+b") as fh:
+        fh.seek(st.st_size - 3)
+        byte = fh.read(1)
+        fh.seek(st.st_size - 3)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    needle = f"{weights.relative_to(work)} no longer has the content sealed when published"
+    proc = llmft(work, "promote", "c")
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+    assert not (results / "current").exists()
+    write_rows(work / "data/rows.jsonl", ROWS[:500])
+    for run, over in (("c", {}), ("d", {"model__continue_from": "results/c"})):
+        make_workdir(work, **NIGHT, **over)
+        proc = subprocess.run(
+            [str(BIN / "snakemake"), "-n", "-s", str(REPO / "Snakefile"), "--config", f"run={run}"],
+            cwd=work, env=snakemake_env("local"), capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert proc.returncode != 0 and needle in proc.stderr, proc.stderr[-3000:]
+        assert "llmft config error" in proc.stderr and "Traceback" not in proc.stderr
+    # the untouched copies still pass: b can be promoted
+    assert llmft(work, "promote", "b").returncode == 0
 
 
 def with_lineage(results: Path, run: str, parent: str | None, chain: list[str]) -> None:

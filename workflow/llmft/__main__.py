@@ -409,8 +409,8 @@ def _move_current(move) -> int:
 
     try:
         print(move())
-    except PromotionError as exc:
-        print(f"llmft: {exc}", file=sys.stderr)
+    except PromotionError as exc:  # its message starts with the command (`llmft promote RUN: ...`)
+        print(exc, file=sys.stderr)
         return 2
     except NightlyLocked as exc:
         print(f"llmft: {exc}", file=sys.stderr)

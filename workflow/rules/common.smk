@@ -55,6 +55,18 @@ try:
 except ConfigError as exc:
     sys.exit(f"llmft config error: {exc}")
 
+# The run's published folders against the seals their stage wrote: weights changed in place at the
+# same size keep their times as Snakemake sees them (a folder's), so its scores and page would
+# silently describe other weights. Only files changed since they were last verified are read.
+from llmft.core.lineage import published_problems
+
+_changed = published_problems(Path("results") / CFG["run"])
+if _changed:
+    sys.exit(
+        f"llmft config error: run {CFG['run']}: {_changed[0]}; its scores and page describe the "
+        "weights published then: restore the folder, or delete it to train it again"
+    )
+
 
 # A Slurm profile that asks for GPUs for a CPU config (or another count than the config's) is
 # refused here, before any job; the local executor requests none.

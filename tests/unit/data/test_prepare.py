@@ -357,3 +357,15 @@ def test_a_row_nested_200_000_deep_is_named_not_a_recursion_error(tmp_path, toke
         prepare([{"path": str(src)}], tmp_path / "out", tokenizer_dir, "default", 64, 0.2, "s", "fail")
     assert f"{src} row 3: nests lists and objects ([ and {{) more than 100 levels deep" in str(err.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_tasks_heldout_counts_only_rows_that_name_a_task(tmp_path, tokenizer_dir):
+    named = synthetic_rows(300)  # the demo's rows carry a `task`
+    bare = [{"instruction": f"say {i} twice", "output": f"{i} {i}"} for i in range(300)]
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    stats = run(tmp_path / "a", tokenizer_dir, bare)
+    assert stats["heldout_rows"] > 0 and stats["tasks_heldout"] == {}
+    stats = run(tmp_path / "b", tokenizer_dir, named + bare)
+    assert "" not in stats["tasks_heldout"]
+    heldout = read_jsonl(tmp_path / "b/out/heldout.jsonl")
+    assert sum(stats["tasks_heldout"].values()) == sum(1 for r in heldout if r.get("task"))

@@ -18,6 +18,7 @@ from llmft.nightly.run import (
     data_fingerprint,
     gate,
     gate_view,
+    nightly,
     retain,
     run_name,
     same_rows_reference,
@@ -42,6 +43,18 @@ def test_gate_rejects_worse_and_says_why():
     ok, why = gate(summary("b", 0.40), summary("a", 0.5), "exact_match", 0.01)
     assert not ok
     assert "rejected" in why and "0.4000" in why and "0.5000" in why and "run a" in why
+
+
+def test_the_gate_says_better_or_worse_with_the_sign_and_rounding_of_the_scores_it_prints():
+    ok, why = gate(summary("b", 0.62944), summary("a", 0.61186), "exact_match", 0.01)
+    assert ok and "0.6294 vs current 0.6119" in why and "better by 0.0175, tolerance 0.01" in why
+    ok, why = gate(summary("b", 0.605), summary("a", 0.6119), "exact_match", 0.01)
+    assert ok and "worse by 0.0069" in why
+    ok, why = gate(summary("b", 0, loss=0.42), summary("a", 0, loss=0.5), "eval_loss", 0.01)
+    assert ok and "better by 0.0800" in why
+    ok, why = gate(summary("b", 0, loss=0.6), summary("a", 0, loss=0.5), "eval_loss", 0.01)
+    assert not ok and "rejected" in why and "worse by 0.1000" in why
+    assert "the same to 4 decimals" in gate(summary("b", 0.5), summary("a", 0.50001), "exact_match", 0)[1]
 
 
 def test_gate_lower_is_better_for_loss():
@@ -72,6 +85,54 @@ def test_retention_keeps_last_n_and_the_promoted(tmp_path):
     deleted = retain(tmp_path, state, keep=2)
     assert deleted == ["r1", "r2"]
     assert (tmp_path / "r0").is_dir() and (tmp_path / "r3").is_dir() and not (tmp_path / "r1").exists()
+
+
+@pytest.mark.parametrize("name", ["../../victim", ".", "nightly", "current"])
+def test_a_run_name_that_is_a_path_or_reserved_is_refused_before_anything_is_recorded(tmp_path, capsys, name):
+    results = tmp_path / "results"
+    assert nightly(validate({}), "profiles/local", name, results) == 2
+    err = capsys.readouterr().err
+    assert f"[nightly] --run {name!r} refused, nothing recorded: config key run" in err
+    assert not results.exists()  # no state.json, no lock, no log
+
+
+def test_retention_deletes_only_run_folders_the_nightly_made_directly_under_results(tmp_path):
+    """A state.json holding the names an unchecked --run once let in (a path out of results/, `.`,
+    the nightly's own folder, the promoted link) deletes none of them and does not crash; the real
+    old run goes, and so does nothing a night found already there."""
+    results = tmp_path / "x" / "results"
+    victim = tmp_path / "victim"
+    for folder in (victim, results / "nightly", results / "old", results / "mine", results / "r0" / "report"):
+        folder.mkdir(parents=True)
+    (results / "r0" / "report" / "summary.json").write_text('{"run": "r0"}')
+    (results / "nightly" / "state.json").write_text("{}")
+    (results / "current").symlink_to("r0", target_is_directory=True)
+    (results / "elsewhere").symlink_to(victim, target_is_directory=True)
+    names = ["../../victim", ".", "nightly", "current", "elsewhere", ".."]
+    nights = [{"run": n, "status": "failed"} for n in names]
+    nights += [
+        {"run": "old", "status": "rejected", "created": True},
+        {"run": "mine", "status": "failed", "created": False},  # a folder the night found there
+        {"run": "r0", "status": "promoted", "created": True},
+    ]
+    state = {"nights": nights, "promoted": "r0"}
+    assert retain(results, state, keep=1) == ["old"]
+    assert victim.is_dir() and (results / "nightly" / "state.json").is_file()
+    assert (results / "current").is_symlink() and (results / "r0").is_dir() and (results / "mine").is_dir()
+    assert [n["run"] for n in state["nights"] if n.get("deleted")] == ["old"]
+
+
+def test_a_failed_attempt_and_its_rerun_under_the_same_name_are_one_night(tmp_path, monkeypatch, capsys):
+    """Two attempts of run n1 whose snakemake fails at once (a profile that does not exist): the state
+    holds one night n1, the first attempt under its `attempts`."""
+    monkeypatch.chdir(tmp_path)
+    results = tmp_path / "results"
+    for _ in range(2):
+        assert nightly(validate({}), "no such profile", "n1", results) == 1
+    nights = json.loads((results / "nightly" / "state.json").read_text())["nights"]
+    assert [(n["run"], n["status"]) for n in nights] == [("n1", "failed")]
+    [attempt] = nights[0]["attempts"]
+    assert attempt["status"] == "failed" and "snakemake exited" in attempt["reason"]
 
 
 def test_lock_refuses_a_second_process(tmp_path):

@@ -50,3 +50,26 @@ def test_the_trend_page_lists_each_runs_benchmarks(tmp_path):
     page = (tmp_path / "trend.html").read_text()
     assert "Standard benchmarks across runs" in page and "0.3000" in page
     assert "regressed beyond noise: arc: acc 0.8000 -&gt; 0.3000" in page
+
+
+def test_the_table_shows_every_metric_a_task_reports():
+    """arc_easy-style scores (acc and acc_norm): both rows, the headline (first) one marked; the
+    verdict stays on the headline metric."""
+
+    def two(acc, acc_norm):
+        return {
+            "tasks": {
+                "arc": {
+                    "metrics": {"acc": acc, "acc_norm": acc_norm},
+                    "stderr": {"acc": 0.01, "acc_norm": 0.01},
+                    "higher_is_better": {"acc": True, "acc_norm": True},
+                }
+            }
+        }
+
+    cmp = compare(two(0.60, 0.55), two(0.61, 0.40))
+    assert [r["metric"] for r in cmp["tasks"]["arc"]["all"]] == ["acc", "acc_norm"]
+    assert cmp["tasks"]["arc"]["metric"] == "acc" and cmp["regressed"] == []
+    html = section(cmp)
+    assert "<td>acc (headline)</td>" in html and "<td>acc_norm</td>" in html
+    assert "0.5500 ± 0.0100" in html and "0.4000 ± 0.0100" in html and "-0.1500" in html

@@ -106,9 +106,32 @@ def _check_finished(parent: Path, kind: str) -> None:
         raise ConfigError(f"{KEY}: run {name!r} has a broken published model: " + "; ".join(problems))
 
 
+def published_problems(run_dir: Path, stages: tuple[str, ...] = ("sft", "preference")) -> list[str]:
+    """Whether the run's published folders (each stage's model and LoRA adapter) still hold what
+    their stage published: each against its seal (modelfiles.seal_problems; a folder unchanged
+    since it was last verified is not read again). A stage whose train_summary.json says it sealed
+    its folders and a folder without the seal is a problem too; runs published before seals are
+    checked by their headers only."""
+    from llmft.core.modelfiles import SEAL, seal_problems
+
+    problems = []
+    for stage in stages:
+        summary = read_optional(run_dir / stage / "train_summary.json", {})
+        sealed = isinstance(summary, dict) and summary.get("seal") == SEAL
+        for name in ("model", "adapter"):
+            folder = run_dir / stage / name
+            if not folder.is_dir():
+                continue
+            if sealed and not (folder / SEAL).is_file() and (name == "model" or summary.get("adapter")):
+                problems.append(f"{folder / SEAL} is missing: the folder was changed since it was published")
+            problems += seal_problems(folder)
+    return problems
+
+
 def run_problems(run_dir: Path) -> list[str]:
     """Why a run folder is not a finished run a model can be taken from: no summary.json, no whole
-    published model (sft/model), LoRA's adapter missing. Headers only, no weight is read."""
+    published model (sft/model), LoRA's adapter missing, a published file changed since it was
+    published (published_problems: content hashes, read again only for files that changed)."""
     from llmft.core.modelfiles import folder_problems, safetensors_problem
 
     if not run_dir.is_dir():
@@ -134,7 +157,7 @@ def run_problems(run_dir: Path) -> list[str]:
             problems.append(f"{adapter} has no adapter_config.json and adapter_model.safetensors")
         elif problem := safetensors_problem(weights):
             problems.append(f"{weights} is not a whole safetensors file: {problem}")
-    return problems
+    return problems + published_problems(run_dir, ("sft",))
 
 
 def _run_config(run_dir: Path) -> dict:

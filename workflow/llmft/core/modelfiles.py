@@ -251,3 +251,81 @@ def keep_base_structure(model_dir: str | Path, base_dir: str | Path) -> dict:
         )
     stats = safetensors_stats(model_dir)
     return {"checked": True, **changed, **stats}
+
+
+# ------------------------------------------------------------------ the seal of a published folder
+
+# Written into a published folder (sft/model, LoRA's sft/adapter, preference/model) as its last
+# file: each file's size and content hash. Headers show truncation; only the content hash shows
+# bytes changed in place at the same size.
+SEAL = "llmft_seal.json"
+# Beside a sealed folder (sft/model.verified.json): the size, times and inode of each file last
+# found to match its seal, so an unchanged folder is not read again (an edit in place changes the
+# file's ctime, which no tool can set back).
+VERIFIED_SUFFIX = ".verified.json"
+
+
+def seal_folder(folder: str | Path) -> dict:
+    """Seal a folder that is about to be published: {file: {size, xxh3_128}} into SEAL."""
+    from llmft.core.io import write_json
+    from llmft.sft.faults import content_hash
+
+    folder = Path(folder)
+    files = {
+        str(p.relative_to(folder)): {"size": p.stat().st_size, "xxh3_128": content_hash(p)}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != SEAL
+    }
+    write_json(folder / SEAL, {"files": files})
+    return files
+
+
+def _stamp(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def seal_problems(folder: str | Path) -> list[str]:
+    """Why a sealed folder no longer holds what was published: a sealed file missing, resized or
+    changed in place. Files whose size, times and inode match the cache beside the folder
+    (VERIFIED_SUFFIX) are not read again. A folder without SEAL: []."""
+    import hashlib
+
+    from llmft.core.io import write_json
+    from llmft.sft.faults import content_hash
+
+    folder = Path(folder)
+    try:
+        raw = (folder / SEAL).read_bytes()
+    except FileNotFoundError:
+        return []
+    try:
+        files = json.loads(raw)["files"]
+    except (ValueError, KeyError, TypeError):
+        files = None
+    if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
+        return [f"{folder / SEAL} is not a seal (a JSON object of files, sizes and hashes)"]
+    cache_path = folder.with_name(folder.name + VERIFIED_SUFFIX)
+    seal_id = hashlib.sha256(raw).hexdigest()
+    cache = read_optional(cache_path, {}) or {}
+    known = cache.get("files", {}) if isinstance(cache, dict) and cache.get("seal") == seal_id else {}
+    verified, problems = {}, []
+    for name, sealed in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{path} is missing (sealed when the folder was published)")
+            continue
+        stamp = _stamp(path)
+        if stamp[0] != sealed.get("size"):
+            size = sealed.get("size")
+            problems.append(f"{path} has {stamp[0]} bytes, not the {size} sealed when published")
+        elif known.get(name) == stamp or content_hash(path) == sealed.get("xxh3_128"):
+            verified[name] = stamp
+        else:
+            problems.append(f"{path} no longer has the content sealed when published (changed in place)")
+    if verified != known:
+        try:
+            write_json(cache_path, {"seal": seal_id, "files": verified})
+        except OSError:
+            pass  # a read-only results folder: verified again next time
+    return problems

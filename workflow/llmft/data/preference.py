@@ -785,7 +785,8 @@ def _write(run: _Run, tok: Tokenizer, sides: dict, encoded: dict, tmp: Path, opt
         else None,
         "cutoff_len": opts["cutoff_len"],
         "heldout_fraction": opts["heldout_fraction"],
-        "tasks_heldout": dict(Counter(r.get("task", "") for r in sides[True])),
+        # rows that name no task are not a task
+        "tasks_heldout": dict(Counter(str(r["task"]) for r in sides[True] if r.get("task"))),
         "tokenized": {
             "path": "tokenized",
             "splits": {"train": len(sides[False]), "validation": len(sides[True])},

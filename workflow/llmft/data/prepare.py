@@ -563,7 +563,8 @@ def _conclude(run: _Preparer, out_dir: Path, cutoff_len: int, heldout_fraction: 
     tasks = Counter()
     with open(run.tmp / "final" / "heldout.jsonl", encoding="utf-8") as fh:
         for line in fh:
-            tasks[json.loads(line).get("task", "")] += 1
+            if task := json.loads(line).get("task"):  # rows that name no task are not a task
+                tasks[str(task)] += 1
     elapsed = time.perf_counter() - run.started
     stats = _stats(run, kept, cutoff_len, heldout_fraction, tasks, fingerprint, elapsed)
     info = dataset_info(run.sides[False].columns, run.sides[True].columns)

@@ -17,8 +17,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from llmft.core.config import ConfigError, validate
-from llmft.core.io import read_json, write_json
+from llmft.core.io import read_json, read_optional, write_json
 from llmft.core.lineage import run_problems
+
+# How a promotion by the nightly gate is recorded in the history (run._judge).
+GATE_WHY = "nightly gate: "
 
 
 class PromotionError(ConfigError):
@@ -177,13 +180,28 @@ def promote_command(results: Path, run: str, why: str) -> str:
     with Lock(results / "nightly" / "lock"):
         check_run(results, run, f"llmft promote {run}")
         old = _linked(results)
-        if old == run and (results / "current.json").exists():
-            raise PromotionError(f"llmft promote {run}: run {run} is already the promoted model")
         path, state = _state(results)
+        if old == run and (results / "current.json").exists():
+            by = _by(state, run)
+            raise PromotionError(f"llmft promote {run}: run {run} is already the promoted model{by}")
         set_current(results, run, f"promoted by hand ({who()}): {why}")
         entry = record(state, "promote", old, run, why)
         write_json(path, state)
-    return f"results/current: {old or 'none'} -> {run} ({entry['who']}, {entry['at']}): {why}"
+        notes = _show(results, entry, {run: "promoted", old: "replaced"})
+    return "\n".join(
+        [f"results/current: {old or 'none'} -> {run} ({entry['who']}, {entry['at']}): {why}", *notes]
+    )
+
+
+def _by(state: dict, run: str) -> str:
+    """Who made `run` the promoted model, from the history's last move to it."""
+    entry = next((e for e in reversed(history(state)) if e.get("to") == run), None)
+    if entry is None:
+        return ""
+    why = str(entry.get("why") or "")
+    if why.startswith(GATE_WHY):
+        return f": the nightly gate promoted it ({why[len(GATE_WHY) :]}); nothing to do"
+    return f": {entry.get('who') or 'someone'} promoted it at {entry.get('at')} ({why}); nothing to do"
 
 
 def rollback_command(results: Path, why: str) -> str:
@@ -209,4 +227,38 @@ def rollback_command(results: Path, why: str) -> str:
         set_current(results, target, f"rolled back by hand ({who()}) from {old}: {why}")
         entry = record(state, "rollback", old, target, why)
         write_json(path, state)
-    return f"results/current: {old} -> {target} ({entry['who']}, {entry['at']}, rollback): {why}"
+        notes = _show(results, entry, {target: "promoted", old: "rolled back"})
+    return "\n".join(
+        [f"results/current: {old} -> {target} ({entry['who']}, {entry['at']}, rollback): {why}", *notes]
+    )
+
+
+def _show(results: Path, entry: dict, statuses: dict) -> list[str]:
+    """After a move by hand: each run's promotion.json, summary.json and page say what happened to
+    it, and results/trend.html is drawn again. Returns a note for each page it could not rewrite."""
+    from llmft.report.page import set_promotion
+    from llmft.report.trend import build_trend
+
+    verb = "rolled back" if entry["action"] == "rollback" else "moved"
+    how = f"by hand ({entry['who']}, {entry['at']}): {entry['why']}"
+    notes = []
+    for run, status in statuses.items():
+        if not run or not (results / run).is_dir():
+            continue
+        if status == "promoted":
+            reason = f"results/current {verb} here from {entry['from'] or 'none'} {how}"
+        else:
+            reason = f"results/current {verb} from here to {entry['to']} {how}"
+        path = results / run / "promotion.json"
+        earlier = read_optional(path, {}) or {}
+        earlier = earlier if isinstance(earlier, dict) else {}
+        moved = {**earlier, "status": status, "reason": reason}
+        moved.setdefault("gate", {k: earlier.get(k) for k in ("status", "reason")} if earlier else None)
+        write_json(path, moved)
+        if not set_promotion(results / run / "report", moved):
+            notes.append(
+                f"run {run}: its page has no promotion line to rewrite (made before it had one); "
+                f"`snakemake --forcerun report --config run={run}` draws it again"
+            )
+    build_trend(results, results / "trend.html")
+    return notes

@@ -20,9 +20,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from llmft.core.config import BUILTIN_DATA, PREFERENCE_METRICS
+from llmft.core.config import BUILTIN_DATA, PREFERENCE_METRICS, ConfigError, is_run_name, validate
 from llmft.core.io import read_json, write_json, write_text
-from llmft.nightly.promote import PromotionError, current_run, protected, record, set_current
+from llmft.nightly.promote import GATE_WHY, PromotionError, current_run, protected, record, set_current
 
 LOWER_IS_BETTER = {"eval_loss"}
 
@@ -111,15 +111,22 @@ def gate(new: dict, current: dict | None, metric: str, tolerance: float) -> tupl
         )
     unit = new.get("rows_unit") or "rows"
     rows = f" on {new['heldout_rows']} held-out {unit}" if new.get("heldout_rows") else ""
-    if metric in LOWER_IS_BETTER:
-        ok, worse = value <= ref + tolerance, value - ref
-    else:
-        ok, worse = value >= ref - tolerance, ref - value
+    ok = value <= ref + tolerance if metric in LOWER_IS_BETTER else value >= ref - tolerance
     verdict = "promoted" if ok else "rejected"
     return ok, (
         f"{verdict}: {metric} {value:.4f} vs current {ref:.4f} (run {current['run']}){rows}; "
-        f"worse by {max(worse, 0):.4f}, tolerance {tolerance}"
+        f"{_change(metric, value, ref)}, tolerance {tolerance}"
     )
+
+
+def _change(metric: str, value: float, ref: float) -> str:
+    """ "better by 0.0175" / "worse by 0.0040": the difference of the two scores as printed, so the
+    words agree with the numbers beside them."""
+    gain = round(value, 4) - round(ref, 4)
+    gain = -gain if metric in LOWER_IS_BETTER else gain
+    if abs(gain) < 0.00005:
+        return "the same to 4 decimals"
+    return f"{'better' if gain > 0 else 'worse'} by {abs(gain):.4f}"
 
 
 def benchmark_gate(new: dict, current: dict | None, budget: dict) -> tuple[bool, str]:
@@ -175,25 +182,38 @@ def _pages(cmd: list[str], results: Path, run: str, log_path: Path) -> int:
     return 0
 
 
+def own_run_folder(results: Path, night: dict) -> Path | None:
+    """The run folder a recorded night made, when retention may delete it: a run name (no path, not
+    current or nightly), a real folder directly under results/ (not a symlink), and made by the
+    nightly itself (`created`; a state written before that was recorded: any such folder)."""
+    run = night.get("run")
+    if not isinstance(run, str) or not is_run_name(run) or night.get("created") is False:
+        return None
+    target = results / run
+    if target.is_symlink() or not target.is_dir():
+        return None
+    return target if target.resolve().parent == results.resolve() else None
+
+
 def retain(results: Path, state: dict, keep: int, keep_promoted: int = 1) -> list[str]:
     """Delete nightly runs beyond the newest `keep`; never a protected one (promote.protected: the
-    promoted run, the runs rollback returns to, and every run those descend from)."""
+    promoted run, the runs rollback returns to, and every run those descend from), and never a
+    folder own_run_folder does not vouch for (a state.json holding `.`, `../x` or `current`)."""
     keep_runs = protected(results, state, keep_promoted)
-    runs = [
-        n["run"]
-        for n in state["nights"]
-        if n.get("status") in ("promoted", "rejected", "failed") and not n.get("deleted")
-    ]
+    folders: dict[str, Path] = {}
+    for night in state["nights"]:
+        if night.get("status") in ("promoted", "rejected", "failed") and not night.get("deleted"):
+            target = own_run_folder(results, night)
+            if target is not None:
+                folders.setdefault(night["run"], target)
+    runs = list(folders)
     deleted = []
     for run in runs[:-keep] if len(runs) > keep else []:
-        if run in keep_runs:
-            continue
-        target = results / run
-        if target.is_dir():
-            shutil.rmtree(target)
-        deleted.append(run)
+        if run not in keep_runs:
+            shutil.rmtree(folders[run])
+            deleted.append(run)
     for night in state["nights"]:
-        if night["run"] in deleted:
+        if night.get("run") in deleted:
             night["deleted"] = True
     return deleted
 
@@ -230,6 +250,11 @@ def nightly(
 ) -> int:
     """One scheduled night. Exit codes: 0 done or skipped, 1 failed, 2 refused before any job (the
     promoted model is missing or broken), 3 locked. `configfile`: the config file snakemake runs."""
+    try:  # config key run's rule, as Snakemake's run wildcard: no path, not current or nightly
+        validate({"run": run})
+    except ConfigError as exc:
+        print(f"[nightly] --run {run!r} refused, nothing recorded: {exc}", file=sys.stderr)
+        return 2
     state_path = results / "nightly" / "state.json"
     try:
         with Lock(results / "nightly" / "lock"):
@@ -238,11 +263,15 @@ def nightly(
             if _skipped(state, state_path, run, fp):
                 return 0
             t0, night = time.time(), {"run": run, "fingerprint": fp, "mode": cfg["nightly"]["mode"]}
+            # retention deletes only folders a night made: this one, or an earlier attempt of it
+            night["created"] = not (results / run).exists() or any(
+                n.get("run") == run and n.get("created") for n in state["nights"]
+            )
             try:
                 start = starting_point(cfg, results)
             except PromotionError as exc:
                 night.update(status="refused", reason=str(exc), at=_now())
-                state["nights"].append(night)
+                _record(state, night)
                 write_json(state_path, state)
                 print(f"[nightly] run {run} refused before any job: {exc}", file=sys.stderr)
                 return 2
@@ -256,18 +285,31 @@ def nightly(
                 error = _config_error(log_path)
                 why = f"snakemake exited {rc}" + (f": {error}" if error else "")
                 night.update(status="failed", reason=f"{why}; see results/nightly/{run}.log")
-                state["nights"].append(night)
+                _record(state, night)
                 write_json(state_path, state)
                 print(f"[nightly] run {run} FAILED: {night['reason']}", file=sys.stderr)
                 return 1
             _judge(cfg, results, run, night, state)
-            state["nights"].append(night)
+            _record(state, night)
+            write_json(state_path, state)  # the verdict is kept whatever retention meets
             _retain_logged(results, state, cfg["nightly"])
             write_json(state_path, state)
             return _pages(cmd, results, run, log_path)
     except NightlyLocked as exc:
         print(f"[nightly] {exc}", file=sys.stderr)
         return 3
+
+
+def _record(state: dict, night: dict) -> None:
+    """Append the night; earlier attempts under the same run name that did not finish (failed,
+    refused) become its `attempts`, so each run is one night in the history."""
+    unfinished = ("failed", "refused")
+    earlier = [n for n in state["nights"] if n.get("run") == night["run"] and n.get("status") in unfinished]
+    if earlier:
+        state["nights"] = [n for n in state["nights"] if not any(n is e for e in earlier)]
+        attempts = [a for e in earlier for a in [*e.pop("attempts", []), e]]
+        night["attempts"] = [{k: a.get(k) for k in ("status", "reason", "at")} for a in attempts]
+    state["nights"].append(night)
 
 
 FALLBACK_NOTE = "no promoted model: retrained from base, as nightly.fallback allows"
@@ -417,7 +459,7 @@ def _judge(cfg: dict, results: Path, run: str, night: dict, state: dict) -> None
     write_json(results / run / "promotion.json", night)
     if ok:
         set_current(results, run, reason)
-        record(state, "promote", current["run"] if current else None, run, f"nightly gate: {reason}")
+        record(state, "promote", current["run"] if current else None, run, GATE_WHY + reason)
     print(f"[nightly] run {run} {reason}")
 
 

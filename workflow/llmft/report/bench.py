@@ -18,30 +18,37 @@ def _primary(task: dict) -> str | None:
     return next(iter(task.get("metrics", {})), None)
 
 
+def _side_by_side(b: dict, t: dict, metric: str) -> dict:
+    """One metric base vs tuned: values, standard errors, change, noise, whether it regressed."""
+    bv, tv = b["metrics"][metric], t["metrics"][metric]
+    bs, ts = b.get("stderr", {}).get(metric) or 0.0, t.get("stderr", {}).get(metric) or 0.0
+    higher = t.get("higher_is_better", {}).get(metric, True)
+    noise = NOISE_SE * math.hypot(bs, ts)
+    worse = (bv - tv) if higher else (tv - bv)
+    return {
+        "metric": metric,
+        "higher_is_better": higher,
+        "base": bv,
+        "base_stderr": bs,
+        "tuned": tv,
+        "tuned_stderr": ts,
+        "change": round(tv - bv, 6),
+        "noise": round(noise, 6),
+        "regressed": worse > noise,
+    }
+
+
 def compare(base: dict, tuned: dict) -> dict:
-    """summary.json's "benchmarks": per task base vs tuned, and the verdict."""
+    """summary.json's "benchmarks": per task base vs tuned on its headline metric (the verdict's and
+    the nightly gate's), with every metric both models reported under `all`."""
     rows = {}
     for name, t in tuned.get("tasks", {}).items():
         metric = _primary(t)
         b = base.get("tasks", {}).get(name, {})
         if metric is None or metric not in b.get("metrics", {}):
             continue
-        bv, tv = b["metrics"][metric], t["metrics"][metric]
-        bs, ts = b.get("stderr", {}).get(metric) or 0.0, t.get("stderr", {}).get(metric) or 0.0
-        higher = t.get("higher_is_better", {}).get(metric, True)
-        noise = NOISE_SE * math.hypot(bs, ts)
-        worse = (bv - tv) if higher else (tv - bv)
-        rows[name] = {
-            "metric": metric,
-            "higher_is_better": higher,
-            "base": bv,
-            "base_stderr": bs,
-            "tuned": tv,
-            "tuned_stderr": ts,
-            "change": round(tv - bv, 6),
-            "noise": round(noise, 6),
-            "regressed": worse > noise,
-        }
+        every = [m for m in t["metrics"] if m in b["metrics"]]
+        rows[name] = _side_by_side(b, t, metric) | {"all": [_side_by_side(b, t, m) for m in every]}
     regressed = [n for n, r in rows.items() if r["regressed"]]
     return {"tasks": rows, "regressed": regressed, "verdict": verdict(rows, regressed)}
 
@@ -69,24 +76,29 @@ def load(run_dir: Path) -> dict | None:
 
 
 def section(cmp: dict | None) -> str:
+    """The page's table: every metric each task reported, its headline metric (the verdict's and
+    the nightly gate's) first and marked."""
     if not cmp:
         return ""
-    rows = [
-        [
-            n,
-            r["metric"],
-            f"{r['base']:.4f} ± {r['base_stderr']:.4f}",
-            f"{r['tuned']:.4f} ± {r['tuned_stderr']:.4f}",
-            f"{r['change']:+.4f}",
-            "regressed" if r["regressed"] else "",
-        ]
-        for n, r in cmp["tasks"].items()
-    ]
+    rows = []
+    for n, head in cmp["tasks"].items():
+        for r in head.get("all") or [head]:
+            rows.append(
+                [
+                    n,
+                    r["metric"] + (" (headline)" if r["metric"] == head["metric"] else ""),
+                    f"{r['base']:.4f} ± {r['base_stderr']:.4f}",
+                    f"{r['tuned']:.4f} ± {r['tuned_stderr']:.4f}",
+                    f"{r['change']:+.4f}",
+                    "regressed" if r["regressed"] else "",
+                ]
+            )
     return f"""<h2 id="benchmarks">Standard benchmarks: base vs tuned</h2>
 <p><strong>{esc(cmp["verdict"])}</strong></p>
 {table(["task", "metric", "base ± stderr", "tuned ± stderr", "change", ""], rows)}
-<p class="muted">lm-eval {esc(cmp.get("lm_eval"))}; a task regressed when its drop exceeds
-{NOISE_SE:g} standard errors of the difference.</p>
+<p class="muted">lm-eval {esc(cmp.get("lm_eval"))}; every metric a task reports; a metric regressed
+when its drop exceeds {NOISE_SE:g} standard errors of the difference. The verdict and the nightly
+gate read each task's headline metric (the first its metric_list names).</p>
 """
 
 

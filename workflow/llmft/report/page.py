@@ -456,12 +456,6 @@ def overview_section(r: LoadedRun, results_dir: str | None) -> str:
         f"on {tuned.get('rows')} held-out rows. " + data_loss_line(r.stats)
     )
     caution = verdict_caution(r.stats, tuned.get("rows"))
-    promotion_html = ""
-    if isinstance(r.promotion, dict):
-        promotion_html = (
-            f"<p class='verdict'>Nightly promotion: <b>{esc(r.promotion.get('status', ''))}</b> "
-            f"({esc(r.promotion.get('reason', ''))})</p>"
-        )
     trend_link = "<a href='trend.html'>trend across runs</a>" if results_dir else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -474,7 +468,7 @@ def overview_section(r: LoadedRun, results_dir: str | None) -> str:
 <a href="#samples">samples</a><a href="#data">data</a><a href="#environment">environment</a>
 <a href="#provenance">provenance</a>{trend_link}</nav>
 <p class="verdict{" warn" if caution else ""}">{esc(verdict)}{esc(caution)}</p>
-{promotion_html}
+{promotion_html(r.promotion)}
 {lineage_html(run_lineage(r.cfg, r.sft_args, r.stats))}
 """
 
@@ -703,6 +697,43 @@ def report_summary(r: LoadedRun, generated: str, git: dict) -> dict:
     if isinstance(r.promotion, dict):
         summary["promotion"] = {k: r.promotion.get(k) for k in ("status", "reason")}
     return summary
+
+
+# Around the page's promotion line, so that `llmft promote` / `llmft rollback` can rewrite it.
+PROMOTION_MARKS = ("<!-- promotion -->", "<!-- /promotion -->")
+
+
+def promotion_html(promotion) -> str:
+    """The page's promotion line (promotion.json: the gate's verdict, or a later move by hand)."""
+    line = ""
+    if isinstance(promotion, dict):
+        line = (
+            f"<p class='verdict'>Nightly promotion: <b>{esc(promotion.get('status', ''))}</b> "
+            f"({esc(promotion.get('reason', ''))})</p>"
+        )
+    return PROMOTION_MARKS[0] + line + PROMOTION_MARKS[1]
+
+
+def set_promotion(report_dir: Path, promotion: dict) -> bool:
+    """After results/current moved: the run's summary.json `promotion` and its page's promotion line
+    say so. False when the page has no marked line (made before it had one); summary.json is
+    rewritten either way."""
+    summary = read_optional(report_dir / "summary.json")
+    if isinstance(summary, dict):
+        summary["promotion"] = {k: promotion.get(k) for k in ("status", "reason")}
+        write_json(report_dir / "summary.json", summary)
+    try:
+        page = (report_dir / "index.html").read_text(encoding="utf-8")
+    except OSError:
+        return False
+    start, end = page.find(PROMOTION_MARKS[0]), page.find(PROMOTION_MARKS[1])
+    if start < 0 or end < start:
+        return False
+    write_text(
+        report_dir / "index.html",
+        page[:start] + promotion_html(promotion) + page[end + len(PROMOTION_MARKS[1]) :],
+    )
+    return True
 
 
 def compared_with(run_dir: Path, other: str) -> dict:

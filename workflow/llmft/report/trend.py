@@ -16,11 +16,12 @@ log = logging.getLogger("llmft.trend")
 
 
 def _promotion(results: Path, run: str, summary: dict) -> str:
-    """The nightly promotion decision, if any: summary.json's optional `promotion` key (a string or
-    a dict with status/reason), else results/{run}/promotion.json. Older runs have neither."""
-    promo = summary.get("promotion")
+    """The nightly promotion decision, if any: results/{run}/promotion.json (the gate's verdict, or
+    a later promote or rollback), else summary.json's optional `promotion` key (a string or a dict
+    with status/reason). Older runs have neither."""
+    promo = read_optional(results / run / "promotion.json")
     if promo is None:
-        promo = read_optional(results / run / "promotion.json")
+        promo = summary.get("promotion")
     if isinstance(promo, dict):
         status = promo.get("status") or promo.get("decision") or ""
         reason = promo.get("reason") or ""

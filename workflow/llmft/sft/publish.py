@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 from llmft.core.io import atomic_path, read_json, read_jsonl, read_optional, write_json
-from llmft.core.modelfiles import keep_base_structure
+from llmft.core.modelfiles import SEAL, keep_base_structure, seal_folder
 from llmft.core.platform import Platform
 from llmft.core.throughput import measured_throughput
 from llmft.sft.markers import PARAMS_FILE, START_WEIGHTS_FILE, STEPS_FILE
@@ -151,17 +151,21 @@ def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
     if kind != "lora" and not (work / "config.json").is_file():
         raise RuntimeError(f"training left no model in {work}: see the sft log")
     entries = read_jsonl(work / "trainer_log.jsonl") if (work / "trainer_log.jsonl").exists() else []
+    # each folder sealed by content (modelfiles.SEAL) before it is renamed into place
     if kind == "lora":
         with atomic_path(adapter_path, directory=True) as tmp:
             _copy_files(work, tmp)
+            seal_folder(tmp)
         with atomic_path(model_path, directory=True) as tmp:
             merge_adapter(args, adapter_path, tmp)
             structure = keep_base_structure(tmp, args["model_name_or_path"])
+            seal_folder(tmp)
     else:
         with atomic_path(model_path, directory=True) as tmp:
             _copy_files(work, tmp)
             # the base's structure: a tied head saved once, the base's dtype; refused if it still differs
             structure = keep_base_structure(tmp, args["model_name_or_path"])
+            seal_folder(tmp)
         if (adapter_path / "adapter_config.json").is_file():
             # an earlier LoRA config's adapter: not this model's
             shutil.rmtree(adapter_path)
@@ -191,6 +195,7 @@ def finalize(yaml_path: str, model_out: str, summary_out: str) -> dict:
         "predicted_peak_gib": (args.get("llmft") or {}).get("plan", {}).get("memory", {}).get("peak"),
         "eval_loss": results.get("eval_loss"),
         "model_files": structure,
+        "seal": SEAL,  # the published folders carry one: a folder without it was changed since
         # the first trainable tensor as training started (a continued run: its parent's)
         "start_weights": read_optional(work / START_WEIGHTS_FILE),
         **finetuning_summary(args, work, model_path, adapter_path),
