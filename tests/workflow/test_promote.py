@@ -169,6 +169,15 @@ def test_unfinished_or_gone_runs_are_refused_by_name(runs):
     assert os.readlink(results / "current") == "d"
 
 
+@pytest.mark.reliability(
+    fault="a published model changed in place at the same size (one byte flipped, its mtime set back)",
+    seen=(
+        "`llmft promote` refuses it and `snakemake -n` refuses to build on it (the run itself and a run "
+        "continuing from it), each naming the file; an intact copy still promotes"
+    ),
+    steps_lost="none",
+    data_lost="none: the changed model is never trusted",
+)
 def test_a_published_model_changed_in_place_is_trusted_nowhere(runs):
     """One byte of c's published weights flipped at the same size, its time set back: `llmft promote`
     refuses it, Snakemake refuses to build on it (its own run's page and scores, and a run continuing

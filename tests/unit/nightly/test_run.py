@@ -87,6 +87,12 @@ def test_retention_keeps_last_n_and_the_promoted(tmp_path):
     assert (tmp_path / "r0").is_dir() and (tmp_path / "r3").is_dir() and not (tmp_path / "r1").exists()
 
 
+@pytest.mark.reliability(
+    fault="`llmft nightly --run` given `../../victim`, `.`, `nightly` or `current`",
+    seen="refused with exit 2 naming config key run; nothing is created under results/ (state, lock, log)",
+    steps_lost="none",
+    data_lost="none",
+)
 @pytest.mark.parametrize("name", ["../../victim", ".", "nightly", "current"])
 def test_a_run_name_that_is_a_path_or_reserved_is_refused_before_anything_is_recorded(tmp_path, capsys, name):
     results = tmp_path / "results"
@@ -96,6 +102,15 @@ def test_a_run_name_that_is_a_path_or_reserved_is_refused_before_anything_is_rec
     assert not results.exists()  # no state.json, no lock, no log
 
 
+@pytest.mark.reliability(
+    fault=(
+        "a state.json already holding such names (a path out of results/, `.`, `..`, `nightly`, `current`, "
+        "a symlink), then a night's retention"
+    ),
+    seen="retention skips them: it deletes only real run folders directly under results/ that a night made",
+    steps_lost="none",
+    data_lost="none: the folders outside, `current`, the state and the symlink's target all stay",
+)
 def test_retention_deletes_only_run_folders_the_nightly_made_directly_under_results(tmp_path):
     """A state.json holding the names an unchecked --run once let in (a path out of results/, `.`,
     the nightly's own folder, the promoted link) deletes none of them and does not crash; the real
