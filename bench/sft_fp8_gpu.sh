@@ -59,7 +59,7 @@ case $which in
   cdt1b) specs="fp8_full_static_cdt_1b:130 fp8_full_bf16_1b:70" ;;
   log8b) specs="fp8_lora_hand_8b_log10:120 fp8_lora_auto_8b_log10:150" ;;
   lora2) specs="fp8_lora_hand_8b:110 fp8_lora_auto_8b:140 fp8_lora_hand_1b:60 fp8_lora_auto_1b:80" ;;
-  full1b_auto) specs="full_auto_1b:200 full_bf16_1b:60 fp8_full_hand_1b:70 full_handliger_1b:70" ;;
+  full1b_auto) specs="full_auto_1b:200 fp8_full_hand_1b:70 full_bf16_1b:60 full_handliger_1b:70" ;;
   acc_auto) specs="acc_full_auto_1b:200 acc_full_bf16_1b:140 acc_lora_auto_1b:150 acc_lora_bf16_1b:120" ;;
   lora_static) specs="lora_static_1b:130 fp8_lora_auto_1b:80 lora_static_8b:200 fp8_lora_auto_8b:140" ;;
   *) echo "unknown comparison $which" >&2; exit 2 ;;
