@@ -33,11 +33,17 @@ lint: $(STAMP)
 # linted as deployed on a cluster, with an image for every stage (config key container.image)
 	SLURM_CONF=/dev/null PATH=$(CURDIR)/$(BIN):$$PATH snakemake --lint --config 'container={image: llmft-rocm.sif}'
 
+# The whole command's time is counted from here (the venv's set-up included), the suite's around pytest.
+test: TEST_START := $(shell date +%s)
 test: $(STAMP)
 	$(MAKE) lint
 	bash tests/setup-chromium.sh
 	bash tests/setup-tokenizers.sh
 # tests/slurm run on a real two-node Slurm cluster on this machine, stopped by PID even on failure.
 # LLMFT_NO_SKIPS=1: a skip not on tests/allowed_skips.yaml fails the run (tests/skipgate.py).
-	trap 'bash tests/slurm/cluster-down.sh' EXIT; bash tests/slurm/cluster-up.sh && \
-	LLMFT_NO_SKIPS=1 PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -ra --durations=30 -n 2 --no-loadscope-reorder tests
+	trap 'bash tests/slurm/cluster-down.sh' EXIT; bash tests/slurm/cluster-up.sh && { \
+	suite=$$(date +%s); \
+	LLMFT_NO_SKIPS=1 PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -ra --durations=30 -n 2 --no-loadscope-reorder tests; \
+	rc=$$?; now=$$(date +%s); \
+	echo "make test: the suite $$((now - suite)) s, the whole command $$((now - $(TEST_START))) s (pytest exit $$rc)"; \
+	exit $$rc; }

@@ -35,6 +35,9 @@ def test_signalled_preference_job_saves_requeues_and_resumes(tmp_path, slurm_ups
     run = {
         "preference": {
             "method": "dpo",
+            # from the base model: the stage needs no sft job before it (what it trains from is not
+            # what is tested here)
+            "start_from": "base",
             "learning_rate": 1.0e-4,
             "max_steps": STEPS,
             "per_device_train_batch_size": 2,
@@ -45,7 +48,7 @@ def test_signalled_preference_job_saves_requeues_and_resumes(tmp_path, slurm_ups
         "sft__logging_steps": 1,
     }
     # the shared verify_env, base model and data (no key they read changes); from there what the
-    # preference stage needs (sft, whose model it starts from; its pairs), not the evaluations after it
+    # preference stage needs (its pairs), not the evaluations after it
     work = slurm_upstream.copy_to(tmp_path, **run)
     target = f"results/{RUN}/preference/train_summary.json"
     proc = cluster_start(work, tmp_path / "snakemake.log", "--verbose", target)

@@ -1,6 +1,8 @@
 """LoRA and freeze through the whole DAG on the local executor: the embedded default (builtin:tiny,
 ZeRO-3 on 2 CPU processes) with sft.finetuning_type lora, then freeze in the same working directory
 (only render, pack, sft, the tuned evaluation and the report rerun). Real LLaMA-Factory training.
+Both start from a copy of the session's demo run: its environment check, model, data and base
+evaluation are the same jobs as theirs.
 
 LoRA on the random-init tiny model learns far less than full training (its frozen random embeddings
 and final norm bound the logits), so the run uses a high rank and rate for a few epochs; the test
@@ -13,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import make_workdir, reuse_verify, rules_run, snakemake
+from tests.conftest import DEMO, make_workdir, rules_run, shared_run, snakemake
 
 pytestmark = pytest.mark.workflow
 
@@ -30,8 +32,7 @@ LOGIT_TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def lora(tmp_path_factory):
-    work = make_workdir(tmp_path_factory.mktemp("lora"), **LORA)
-    reuse_verify(work)  # this machine's verify_env report: nothing here asserts on it
+    work = shared_run("demo", **DEMO).copy_to(tmp_path_factory.mktemp("lora"), **LORA)
     proc = snakemake(work)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return work
@@ -40,7 +41,7 @@ def lora(tmp_path_factory):
 @pytest.fixture(scope="module")
 def freeze(lora):
     """The same working directory switched to freeze; the LoRA results are read first (test order)."""
-    make_workdir(lora, **FREEZE)
+    make_workdir(lora, **DEMO, **FREEZE)
     proc = snakemake(lora)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return lora, proc

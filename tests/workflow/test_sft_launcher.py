@@ -13,6 +13,7 @@
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import DEMO, REPO, shared_run
 
 pytestmark = pytest.mark.workflow
 
@@ -35,17 +36,14 @@ def llmft(*args, cwd, **kw) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def stage(tmp_path_factory):
-    """The demo's tiny model and prepared data, made by the pipeline's own stage commands."""
+    """The demo's tiny model and prepared data, copied from the session's demo run (the pipeline's own
+    base_model and prepare_data jobs)."""
     root = tmp_path_factory.mktemp("sft")
     (root / "config").mkdir()
     (root / "config/config.yaml").write_text((REPO / "config/config.yaml").read_text())
-    for cmd in (
-        ["base-model", "--out", "base_model"],
-        ["synthetic", "--out", "synthetic.jsonl"],
-        ["prepare-data", "--tokenizer", "base_model", "--out-dir", "data", "--synthetic", "synthetic.jsonl"],
-    ):
-        proc = llmft(*cmd, cwd=root)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+    demo = shared_run("demo", **DEMO).work / "results/demo"
+    for part in ("base_model", "data"):
+        shutil.copytree(demo / part, root / part)
     # this machine's facts, as verify_env's probe records them: what render-sft plans from
     probe = [sys.executable, "-m", "llmft.env.nodefacts", "--out", "facts.json", "--imports", "torch"]
     proc = subprocess.run(probe, cwd=root, capture_output=True, text=True)
