@@ -16,7 +16,7 @@ from llmft.core.config import validate
 from llmft.core.slurm import Allocation
 from llmft.env.collectives import bus_bandwidth, parse_nccl_log, summarize_transport
 from llmft.env.rules import judge_collectives, judge_run
-from llmft.env.verify import _timeout_failure
+from llmft.env.verify import _meet_failure, _timeout_failure
 
 from tests.conftest import REPO
 
@@ -163,10 +163,17 @@ def test_multi_node_over_tcp_sockets():
 
 def test_timeout_names_where_it_hung():
     alloc = Allocation("7", ["n1", "n2"], 0, "10.0.0.1", 29507)
-    never_met = _timeout_failure(30, {"rank 0": "rendezvous"}, alloc, 27507)
-    assert never_met["check"] == "collectives:timeout" and "(30 s)" in never_met["message"]
+    never_met = _meet_failure(600, 30, {"rank 0": "rendezvous"}, alloc, 27507)
+    assert never_met["check"] == "collectives:rendezvous"
+    assert "within 630 s of the start" in never_met["message"]
+    assert "verify.probe_timeout_seconds, 600 s" in never_met["message"]
     assert "srun --nodes=N --ntasks-per-node=1" in never_met["fix"] and "10.0.0.1:27507" in never_met["fix"]
-    hung = _timeout_failure(30, {"rank 0": "all_reduce 1024 MiB", "rank 1": "all_reduce 1024 MiB"}, alloc, 1)
+    one = Allocation("", ["n1"], 0, "10.0.0.1", 29507)
+    facts_late = _meet_failure(600, 30, {"rank 0": "waiting for node facts"}, one, 1)
+    assert "within verify.timeout_seconds (30 s) of the node probe's end" in facts_late["message"]
+    assert "never delivered its probe's facts" in facts_late["fix"]
+    hung = _timeout_failure(30, {"rank 0": "all_reduce 1024 MiB", "rank 1": "all_reduce 1024 MiB"})
+    assert "verify.timeout_seconds (30 s)" in hung["message"]
     assert "rank 0: all_reduce 1024 MiB" in hung["message"] and "NCCL_DEBUG=INFO" in hung["fix"]
     f = failed(rules({"failure": hung}))["collectives:timeout"]
     assert "killed" in f.message

@@ -221,7 +221,9 @@ def test_probe_that_died_before_torch_loaded_still_judges():
         "probe_error": {"timed_out": True, "timeout_s": 300, "last_step": "import torch"},
     }
     bad = failed(judge(facts, ROCM_CFG, "rocm"))
-    assert "hung in 'import torch'" in bad["probe"].message and "package:torch" in bad
+    f = bad["probe:timeout"]
+    assert "node facts part was still in 'import torch'" in f.message and "budget of 300 s" in f.message
+    assert "raise verify.probe_timeout_seconds" in f.fix and "package:torch" in bad
 
 
 def test_cuda_sm90_node_passes_with_ptx_forward_compat():

@@ -6,8 +6,11 @@ the verify stage and the training stage start their torchrun the same way on the
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from llmft.core import slurm
@@ -19,6 +22,10 @@ OFFLINE_ENV = {
     "TRANSFORMERS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
+# Linux's prctl(PR_SET_PDEATHSIG): the kernel signals a child when the thread that started it dies,
+# however it dies (SIGKILL included). Loaded here, not in the forked child.
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 # The folder that holds the llmft package: children import it from here however it was installed.
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -80,3 +87,26 @@ def torchrun_command(alloc: slurm.Allocation, nproc: int, module: str, *args: st
         module,
         *args,
     ]
+
+
+def dies_with_this_process(sig: int = signal.SIGTERM, then: Callable[[], None] | None = None):
+    """A Popen preexec_fn: the child (torchrun) gets `sig` when this process dies, so a launcher killed
+    outright (SIGKILL to Snakemake's process group) takes its torchrun with it, and torchrun on
+    SIGTERM ends the workers it keeps in sessions of their own. `then` runs after, in the child."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if _LIBC is not None:
+            _LIBC.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before the prctl took hold
+            os._exit(128 + int(sig))
+        if then is not None:
+            then()
+
+    return preexec
+
+
+def owns_its_children() -> bool:
+    """Whether dies_with_this_process works here (Linux): only then may a launcher start torchrun in
+    a session of its own, out of reach of a signal to its own process group."""
+    return _LIBC is not None

@@ -379,7 +379,9 @@ def frozen_verdict(ok: bool, message: str, frozen: dict) -> tuple[bool, str]:
     return False, wrong if ok else f"{message}; {wrong}"
 
 
-def _with_fp8(out: dict, facts: dict, cfg: dict, path: CanaryPath, device: str, perturb: str) -> dict:
+def _with_fp8(
+    out: dict, facts: dict, cfg: dict, path: CanaryPath, device: str, perturb: str, step=lambda name: None
+) -> dict:
     """Add the FP8 leg where sft would train in FP8 on this node; sft.fp8: true fails on it."""
     from llmft.core import fp8
 
@@ -387,6 +389,7 @@ def _with_fp8(out: dict, facts: dict, cfg: dict, path: CanaryPath, device: str, 
     vendor = facts.get("build", "cpu") if facts.get("devices") else "cpu"
     if not fp8.canary_wants_fp8(cfg["sft"], vendor, devices[0].get("arch", "")):
         return out
+    step("FP8 leg")
     leg = fp8_leg(path, device, out["run"], perturb)
     out["fp8"] = leg
     if not leg["ok"] and cfg["sft"]["fp8"] is True:
@@ -395,28 +398,31 @@ def _with_fp8(out: dict, facts: dict, cfg: dict, path: CanaryPath, device: str, 
     return out
 
 
-def run_canary(facts: dict, cfg: dict, device: str | None = None) -> dict:
-    """The canary for one node, with the diagnosis when it fails."""
+def run_canary(facts: dict, cfg: dict, device: str | None = None, step=lambda name: None) -> dict:
+    """The canary for one node, with the diagnosis when it fails. `step(name)` before each part, so
+    a launcher that kills a slow canary can say which part it was in."""
     perturb = os.environ.get(PERTURB_ENV, "")
     path = planned_path(facts, cfg)
     device = device or ("cuda" if facts.get("devices") else "cpu")
     gold = golden(path.precision)
+    step(f"{path.precision} training on {device}")
     result = train(path, device, perturb)
     out = {"path": asdict(path), "run": result, "perturbed": perturb or None}
     if gold is None:
         out.update(ok=None, message=f"no golden curve for {path.precision}: recorded, not judged")
-        return _with_fp8(out, facts, cfg, path, device, perturb)
+        return _with_fp8(out, facts, cfg, path, device, perturb, step)
     out["golden"] = {k: gold[k] for k in ("losses", "grad_norm", "tolerance", "recorded_on")}
     ok, message = compare(result, gold)
     out.update(ok=ok, message=message)
     if ok:
-        return _with_fp8(out, facts, cfg, path, device, perturb)
+        return _with_fp8(out, facts, cfg, path, device, perturb, step)
     fixed = []
     for suspect in SUSPECTS:
         ref = path.reference(suspect)
         if ref == path:
             continue
         # a perturbed kernel stays wrong unless this rerun swaps it for its reference (build_model)
+        step(f"rerun with {suspect} at its reference")
         again = train(ref, device, perturb)
         ref_ok, _ = compare(again, golden(ref.precision) or gold)
         out.setdefault("reruns", {})[suspect] = {"ok": ref_ok, "losses": again["losses"]}
@@ -511,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--facts")
     ap.add_argument("--config-json")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--progress", help="append each part's name here before it runs")
     ap.add_argument("--record", action="store_true", help="write a golden curve for --precision")
     ap.add_argument(
         "--precision",
@@ -528,8 +535,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from llmft.core.config import validate
 
+    def step(name: str) -> None:
+        if args.progress:
+            with open(args.progress, "a", encoding="utf-8") as fh:
+                fh.write(name + "\n")
+
     facts = json.loads(Path(args.facts).read_text())
-    result = run_canary(facts, validate(json.loads(args.config_json)))
+    result = run_canary(facts, validate(json.loads(args.config_json)), step=step)
     Path(args.out).write_text(json.dumps(result))
     return 0
 

@@ -166,12 +166,15 @@ class Progress:
             fh.write(f"{time.monotonic() - self.t0:7.2f}s {step}\n")
 
 
-def _wait_for_facts(path: Path, timeout_s: float) -> dict | None:
-    """The launcher's node facts; on CPU its probe runs alongside this check and may finish later."""
-    deadline = time.monotonic() + timeout_s
-    while not path.exists() and time.monotonic() < deadline:
+def _wait_for_facts(path: Path, wait_s: float) -> dict:
+    """The launcher's node facts. On CPU its probe runs while torchrun starts: every worker waits
+    here, with no process group yet, so no collective's timeout runs while the probe does."""
+    deadline = time.monotonic() + wait_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"this node's launcher wrote no node facts ({path.name}) within {wait_s:g} s")
         time.sleep(0.1)
-    return json.loads(path.read_text()) if path.exists() else None
+    return json.loads(path.read_text())
 
 
 def _iters(nbytes: int, gpu: bool) -> int:
@@ -296,7 +299,9 @@ def _write_result(
     write_json(scratch / RESULT_FILE, result)
 
 
-def run(scratch: Path, backend: str, timeout_s: float) -> None:
+def run(scratch: Path, backend: str, timeout_s: float, wait_s: float) -> None:
+    """This process's part. The launcher times the check from the moment every process has met and
+    kills it after `timeout_s`; `wait_s` bounds the waits before (this node's probe, the others')."""
     import torch
     import torch.distributed as dist
 
@@ -306,12 +311,18 @@ def run(scratch: Path, backend: str, timeout_s: float) -> None:
     gpu = backend == "nccl"
     device, sync = _pick_device(torch, gpu, local_rank)
 
+    step("waiting for node facts")
+    t_start = time.monotonic()
+    node_facts = _wait_for_facts(scratch / FACTS_FILE, wait_s)
+    phases = {"facts_wait_s": round(time.monotonic() - t_start, 2)}
     step("rendezvous")
     t_start = time.monotonic()
-    # device_id makes NCCL connect now, so a broken transport fails here, not mid-benchmark.
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), device_id=device if gpu else None)
+    # device_id makes NCCL connect now, so a broken transport fails here, not mid-benchmark. The
+    # timeout covers waiting for the slowest node's probe; the launcher enforces timeout_s.
+    timeout = timedelta(seconds=wait_s + timeout_s)
+    dist.init_process_group(backend, timeout=timeout, device_id=device if gpu else None)
     step("connected")
-    phases = {"rendezvous_s": round(time.monotonic() - t_start, 2)}
+    phases["rendezvous_s"] = round(time.monotonic() - t_start, 2)
 
     # Correctness first: a transport that moves bytes wrongly must not pass on speed.
     probe = torch.full((4,), float(rank), device=device, dtype=torch.float32)
@@ -342,14 +353,10 @@ def run(scratch: Path, backend: str, timeout_s: float) -> None:
         "sum_ok": sum_ok,
         "nccl_log": _rank_nccl_log(scratch, gpu),
     }
-    node_facts = None
-    if local_rank == 0:
-        step("waiting for node facts")
-        node_facts = _wait_for_facts(scratch / FACTS_FILE, timeout_s) or {"host": me["host"]}
     ranks: list = [None] * world
     nodes: list = [None] * world
     dist.all_gather_object(ranks, me)
-    dist.all_gather_object(nodes, node_facts)
+    dist.all_gather_object(nodes, node_facts if local_rank == 0 else None)
     if rank == 0:
         _write_result(torch, scratch, backend, gpu, world, dtype, ranks, nodes, bandwidth, phases)
     step("done")
@@ -361,11 +368,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmft.env.collectives", description=__doc__)
     parser.add_argument("--scratch", required=True, help="node-local folder shared with the launcher")
     parser.add_argument("--backend", required=True, choices=["nccl", "gloo"])
-    parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--timeout", type=float, default=120.0, help="verify.timeout_seconds")
+    parser.add_argument(
+        "--wait", type=float, default=600.0, help="seconds to wait for the node facts and the other nodes"
+    )
     args = parser.parse_args(argv)
     scratch = Path(args.scratch)
     try:
-        run(scratch, args.backend, args.timeout)
+        run(scratch, args.backend, args.timeout, args.wait)
     except BaseException as exc:
         rank = os.environ.get("RANK", "x")
         (scratch / f"error.{rank}").write_text(f"{type(exc).__name__}: {exc}"[:2000])

@@ -518,14 +518,8 @@ def _probe_finding(err: dict, vendor: str) -> Finding:
     where = err.get("last_step", "?")
     sig = err.get("signal")
     if err.get("timed_out"):
-        msg = f"the node probe hung in '{where}' and was killed after {err.get('timeout_s')} s"
-        fix = "run `python -m llmft.env.nodefacts --out /tmp/f.json` on the node to see where it hangs"
-        if "deepspeed" in where:
-            fix = (
-                "a stale DeepSpeed/torch extension build lock (~/.cache/torch_extensions): "
-                "remove it and retry"
-            )
-    elif sig:
+        return _slow_probe_finding(err, where)
+    if sig:
         msg = f"the node probe was killed by {sig} in '{where}'"
         if sig == "SIGILL":
             arch = "gfx942 (PYTORCH_ROCM_ARCH=gfx942)" if vendor == "rocm" else "this GPU and CPU"
@@ -538,6 +532,29 @@ def _probe_finding(err: dict, vendor: str) -> Finding:
         )
         fix = "see the verify_env log for the traceback"
     return Finding("probe", False, msg, fix)
+
+
+def _slow_probe_finding(err: dict, where: str) -> Finding:
+    """A probe part killed when the probe's own budget ran out: slow (or hung), not a broken collective."""
+    part = err.get("part", "node facts")
+    key = err.get("key", "verify.probe_timeout_seconds")
+    took = f"after {err['seconds']:g} s" if "seconds" in err else "when it ran out"
+    msg = (
+        f"the node probe was too slow: its {part} part was still in '{where}' {took}, over the "
+        f"probe's budget of {err.get('timeout_s'):g} s ({key}), and was killed; the collective check "
+        "has a clock of its own"
+    )
+    fix = (
+        "if the node is merely slow (a loaded machine, a cold compile cache, a first DeepSpeed op "
+        f"build, the canary's FP8 leg), raise {key}"
+    )
+    if part == "numerics canary":
+        fix += "; verify.canary: false skips the canary"
+    else:
+        fix += "; if it hangs, run `python -m llmft.env.nodefacts --out /tmp/f.json` on the node to see where"
+    if "deepspeed" in where:
+        fix += "; a stale DeepSpeed/torch extension build lock (~/.cache/torch_extensions) hangs it"
+    return Finding("probe:timeout", False, msg, fix)
 
 
 def _largest(rows: list[dict]) -> dict | None:

@@ -6,10 +6,14 @@ plainly on one), through the same launch path as sft (`launch.launch_env`, `slur
 1. `probe_node`: a child process (`python -m llmft.env.nodefacts`) records what this node is: torch build,
    devices and archs, rocminfo / nvidia-smi, package imports, DeepSpeed ops, a flash-attn kernel
    call (or the SDPA fallback). A child, because the typical ROCm failures crash processes (illegal
-   instruction, hipErrorNoBinaryForGpu): a crash becomes a named finding, not a lost report.
+   instruction, hipErrorNoBinaryForGpu): a crash becomes a named finding, not a lost report. Then
+   the numerics canary, in a child too. Both within `verify.probe_timeout_seconds`; a probe over it
+   is reported as slow, naming the part and the step it was in.
 2. `start_collectives`: `torchrun -m llmft.env.collectives` over nodes x processes_per_node (NCCL/RCCL on
    GPUs, gloo on CPU): bus bandwidth, GEMM TFLOP/s, the transport in use, every node's facts.
-   Killed after `verify.timeout_seconds`; a hang is reported with the step it hung in.
+   The two never share a clock: the workers wait for their node's facts before they rendezvous, and
+   the processes may take the slowest node's probe budget to meet; from the moment they have met,
+   `verify.timeout_seconds` bounds the check, and a hang is reported with the step it hung in.
 3. Node rank 0 judges (env.rules: pure functions of recorded facts, so every rule is tested
    without the hardware) and writes the report atomically, also on failure. Other
    nodes write nothing and exit 0: node 0's exit code carries the verdict, and a non-zero exit on
@@ -32,7 +36,7 @@ from pathlib import Path
 from llmft.core import slurm
 from llmft.core.config import layout
 from llmft.core.io import read_json, write_json
-from llmft.core.launch import launch_env
+from llmft.core.launch import dies_with_this_process, launch_env
 from llmft.core.platform import Platform
 from llmft.env import collectives
 from llmft.env.rules import judge_run
@@ -40,11 +44,9 @@ from llmft.env.rules import judge_run
 # verify_env's torchrun listens this far below sft's port (slurm.rendezvous_port: 29500 + job id
 # mod 2000), so the two ranges never overlap and both stay below Linux's ephemeral ports (32768+).
 VERIFY_PORT_OFFSET = -2000
-# The probe imports the training stack (~10 s) and, with offload, JIT-builds DeepSpeed's CPU Adam
-# (a minute on first use): verify.timeout_seconds bounds the collectives, this bounds the probe.
-PROBE_TIMEOUT_S = 300.0
-# The canary trains for seconds; its diagnosis reruns it up to four times more.
-CANARY_TIMEOUT_S = 240.0
+# What the workers may take to exit once they have logged "done" (their result is written); a
+# loaded machine takes seconds to tear down the process group and end the processes.
+TEARDOWN_S = 60.0
 NCCL_DEBUG_ENV = {
     "NCCL_DEBUG": "INFO",
     # GRAPH: the path type between GPUs (NVL/XGMI vs PCIe); P2P/SHM/NET: the connections.
@@ -81,8 +83,10 @@ def local_vendor(cfg: dict) -> str:
     return "rocm" if getattr(torch.version, "hip", None) else "cuda"
 
 
-def probe_node(env: dict, scratch: Path, timeout_s: float, cfg: dict) -> dict:
-    """Run the probe child; its facts, plus `probe_error` when it crashed, hung or failed."""
+def probe_node(env: dict, scratch: Path, budget_s: float, cfg: dict) -> dict:
+    """Run the probe child, then the canary; its facts, plus `probe_error` when it crashed, failed
+    or outlasted `budget_s` (verify.probe_timeout_seconds, for both parts together)."""
+    t0 = time.monotonic()
     out = scratch / "probe.json"
     # Import what the config needs: the required packages, DeepSpeed unless ZeRO is off ("auto"
     # may pick it); with offload, DeepSpeed's CPU Adam must build ("auto": decided later, not built).
@@ -98,36 +102,61 @@ def probe_node(env: dict, scratch: Path, timeout_s: float, cfg: dict) -> dict:
         cmd += ["--bnb", str(bits)]
     err = None
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=budget_s)
         if proc.returncode != 0:
             rc = proc.returncode
             err = {"returncode": rc, "signal": _signal_name(rc), "stderr_tail": proc.stderr.strip()[-600:]}
     except subprocess.TimeoutExpired:
-        err = {"timed_out": True, "timeout_s": timeout_s}
+        err = _slow("node facts", budget_s, t0)
     facts = (
         read_json(out)
         if out.exists()
         else {"host": os.environ.get("SLURMD_NODENAME") or socket.gethostname()}
     )
+    facts_s = round(time.monotonic() - t0, 1)
+    facts["probe_seconds"] = {"node facts": facts_s}
+    print(f"[verify_env] node facts probe in {facts_s} s", flush=True)
     if err is not None:
         err["last_step"] = facts.get("probe_step", "start")
         facts["probe_error"] = err
     elif cfg["verify"]["canary"]:
-        facts["canary"] = canary_node(env, scratch, facts, cfg)
+        canary = canary_node(env, scratch, facts, cfg, budget_s, t0)
+        facts["probe_seconds"]["canary"] = round(time.monotonic() - t0 - facts_s, 1)
+        if "probe_error" in canary:
+            facts["probe_error"] = canary["probe_error"]
+        else:
+            facts["canary"] = canary
     return facts
 
 
-def canary_node(env: dict, scratch: Path, facts: dict, cfg: dict) -> dict:
-    """The numerics canary (llmft.env.canary) in its own child, through this node's planned kernels."""
+def _slow(part: str, budget_s: float, t0: float) -> dict:
+    """probe_error for a part killed when the probe's budget ran out (rules name it a slow probe)."""
+    return {
+        "timed_out": True,
+        "part": part,
+        "seconds": round(time.monotonic() - t0, 1),
+        "timeout_s": budget_s,
+        "key": "verify.probe_timeout_seconds",
+    }
+
+
+def canary_node(env: dict, scratch: Path, facts: dict, cfg: dict, budget_s: float, t0: float) -> dict:
+    """The numerics canary (llmft.env.canary) in its own child, through this node's planned kernels,
+    in what the probe's budget (`budget_s` from `t0`) leaves; `probe_error` when that ran out."""
     t = time.monotonic()
+    left_s = max(budget_s - (t - t0), 0.1)
     facts_path, out = scratch / "canary_facts.json", scratch / "canary.json"
+    progress = scratch / "canary.steps"
     write_json(facts_path, facts)
     cmd = [sys.executable, "-m", "llmft.env.canary", "--facts", str(facts_path), "--out", str(out)]
-    cmd += ["--config-json", json.dumps(cfg)]
+    cmd += ["--progress", str(progress), "--config-json", json.dumps(cfg)]
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CANARY_TIMEOUT_S)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=left_s)
     except subprocess.TimeoutExpired:
-        return {"ok": False, "message": f"the canary did not finish within {CANARY_TIMEOUT_S:g} s"}
+        err = _slow("numerics canary", budget_s, t0)
+        steps = progress.read_text().split("\n") if progress.exists() else []
+        err["last_step"] = next((x for x in reversed(steps) if x), "start")
+        return {"probe_error": err}
     if proc.returncode != 0 or not out.exists():
         why = _signal_name(proc.returncode) or f"exit {proc.returncode}"
         return {"ok": False, "message": f"the canary crashed ({why}): {proc.stderr.strip()[-500:]}"}
@@ -165,28 +194,59 @@ def _progress(scratch: Path) -> dict[str, str]:
     for p in sorted(scratch.glob("progress.*")):
         lines = p.read_text().strip().splitlines()
         if lines:
-            last[f"rank {p.suffix[1:]}"] = lines[-1].split(" ", 1)[-1].strip()
+            last[f"rank {p.suffix[1:]}"] = lines[-1].strip().split(" ", 1)[-1]
     return last
 
 
-def _timeout_failure(timeout_s: float, progress: dict[str, str], alloc: slurm.Allocation, port: int) -> dict:
-    steps = {s for s in progress.values()}
+def _all_reached(scratch: Path, nprocs: int, step: str) -> bool:
+    """Every local worker has logged `step` ("connected": the timed part began; "done": it ended)."""
+    files = list(scratch.glob("progress.*"))
+    return len(files) == nprocs and all(f" {step}\n" in p.read_text() for p in files)
+
+
+def _meet_failure(
+    probe_s: float, timeout_s: float, progress: dict[str, str], alloc: slurm.Allocation, port: int
+) -> dict:
+    """Killed before every process had met: on one node within `timeout_s` of its probe's end; on
+    several, once every node's probe could have ended too (`probe_s` from the start)."""
     where = "; ".join(f"{k}: {v}" for k, v in progress.items()) or "no worker started on this node"
-    if not progress or steps <= {"rendezvous"}:
+    if any(s.startswith("waiting for node facts") for s in progress.values()):
+        fix = (
+            "this node's launcher never delivered its probe's facts to its workers: read the "
+            "verify_env log above for the probe's own error"
+        )
+    else:
         fix = (
             f"the processes never all met: every one of the {alloc.nnodes} node(s) must run "
             "`python -m llmft verify-env` (srun --nodes=N --ntasks-per-node=1), and "
             f"{alloc.master_addr}:{port} must be reachable from all of them (firewall; "
             "hardware.socket_ifname for the right interface)"
         )
-    elif any(s.startswith(("all_reduce", "all_gather", "connected")) for s in steps):
+    if alloc.nnodes > 1:
+        within = (
+            f"within {probe_s + timeout_s:g} s of the start (every node's probe may take "
+            f"verify.probe_timeout_seconds, {probe_s:g} s, plus verify.timeout_seconds, {timeout_s:g} s)"
+        )
+    else:
+        within = f"within verify.timeout_seconds ({timeout_s:g} s) of the node probe's end"
+    return {
+        "check": "collectives:rendezvous",
+        "message": f"the collective check's processes did not all meet {within} and were killed ({where})",
+        "fix": fix,
+    }
+
+
+def _timeout_failure(timeout_s: float, progress: dict[str, str]) -> dict:
+    steps = {s for s in progress.values()}
+    where = "; ".join(f"{k}: {v}" for k, v in progress.items())
+    if any(s.startswith(("all_reduce", "all_gather", "connected")) for s in steps):
         fix = (
             "a collective hung: GPU traffic on a path that stalls (PCIe P2P across root complexes, "
             "the wrong NCCL_SOCKET_IFNAME, a dead IB port); rerun with NCCL_DEBUG=INFO and check "
             "rocm-smi --showtopotype / nvidia-smi topo -m. Raise verify.timeout_seconds only if "
             "the node is merely slow"
         )
-    elif any(s.startswith(("gather", "waiting")) for s in steps):
+    elif any(s.startswith("gather") for s in steps):
         fix = "another node did not deliver its results: read that node's verify_env log"
     else:
         fix = "a GPU stopped responding (GEMM): check dmesg and rocm-smi / nvidia-smi for GPU resets"
@@ -194,16 +254,19 @@ def _timeout_failure(timeout_s: float, progress: dict[str, str], alloc: slurm.Al
         "check": "collectives:timeout",
         "message": (
             f"the collective check did not finish within verify.timeout_seconds ({timeout_s:g} s) "
-            f"and was killed ({where})"
+            f"of its processes meeting and was killed ({where})"
         ),
         "fix": fix,
     }
 
 
 def start_collectives(
-    platform: Platform, alloc: slurm.Allocation, env: dict, scratch: Path, timeout_s: float
+    platform: Platform, alloc: slurm.Allocation, env: dict, scratch: Path, timeout_s: float, wait_s: float
 ) -> tuple[subprocess.Popen, int]:
-    """Start `torchrun -m llmft.env.collectives` for this node; (process, rendezvous port)."""
+    """Start `torchrun -m llmft.env.collectives` for this node; (process, rendezvous port).
+
+    Its workers wait up to `wait_s` for this node's facts and for the other nodes, then have
+    `timeout_s` for the check."""
     vendor = platform.vendor
     port = alloc.master_port + VERIFY_PORT_OFFSET
     env = dict(env)
@@ -220,6 +283,8 @@ def start_collectives(
             f"--node_rank={alloc.node_rank}",
             f"--master_addr={alloc.master_addr}",
             f"--master_port={port}",
+            # torchrun's own rendezvous waits for the slowest node's probe too (its default: 600 s)
+            f"--rdzv_conf=timeout={int(wait_s + timeout_s) + 1}",
         ]
     cmd = [
         sys.executable,
@@ -233,21 +298,49 @@ def start_collectives(
         f"--scratch={scratch}",
         f"--backend={'gloo' if vendor == 'cpu' else 'nccl'}",
         f"--timeout={timeout_s}",
+        f"--wait={wait_s}",
     ]
     print(f"[verify_env] {' '.join(cmd)}", flush=True)
-    # Its own process group: on a timeout the launcher ends torchrun and every worker together.
-    return subprocess.Popen(cmd, env=env, start_new_session=True), port
+    # Its own process group: on a timeout the launcher ends torchrun and every worker together; and
+    # torchrun ends them itself if this launcher is killed.
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=dies_with_this_process())
+    return proc, port
 
 
 def finish_collectives(
-    proc: subprocess.Popen, alloc: slurm.Allocation, port: int, scratch: Path, timeout_s: float, wait_s: float
+    proc: subprocess.Popen,
+    alloc: slurm.Allocation,
+    port: int,
+    scratch: Path,
+    nprocs: int,
+    meet_by: float,
+    probe_s: float,
+    timeout_s: float,
 ) -> dict:
-    """Wait up to `wait_s` for the collective check; its result, or a `failure` saying what went wrong."""
-    try:
-        rc = proc.wait(timeout=wait_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        return {"failure": _timeout_failure(timeout_s, _progress(scratch), alloc, port)}
+    """Wait for the collective check; its result, or a `failure` saying what went wrong.
+
+    Every node's probe runs first, on its own budget: the processes must all have met by `meet_by`
+    (monotonic). From the moment they have met, `timeout_s` bounds the check.
+    """
+    met_at = done_at = None
+    while (rc := proc.poll()) is None:
+        now = time.monotonic()
+        if met_at is None and _all_reached(scratch, nprocs, "connected"):
+            met_at = now
+        if met_at is not None and done_at is None and _all_reached(scratch, nprocs, "done"):
+            done_at = now
+        if met_at is None and now > meet_by:
+            _kill_group(proc)
+            return {"failure": _meet_failure(probe_s, timeout_s, _progress(scratch), alloc, port)}
+        if done_at is None and met_at is not None and now > met_at + timeout_s:
+            _kill_group(proc)
+            return {"failure": _timeout_failure(timeout_s, _progress(scratch))}
+        if done_at is not None and now > done_at + TEARDOWN_S:
+            # Measured and written: a process group that hangs in its teardown is not a failed check.
+            _kill_group(proc)
+            break
+        time.sleep(0.1)
+    rc = proc.returncode
     result = scratch / collectives.RESULT_FILE
     if result.exists():
         return read_json(result)
@@ -303,22 +396,26 @@ def run_verify(cfg: dict, out_path: str) -> int:
     with tempfile.TemporaryDirectory(prefix="llmft-verify-") as tmp:
         scratch = Path(tempfile.mkdtemp(prefix="verify-", dir=keep)) if keep else Path(tmp)
         print(f"[verify_env] scratch {scratch}", flush=True)
-        probe_s = max(timeout_s, PROBE_TIMEOUT_S)
+        probe_s = float(cfg["verify"]["probe_timeout_seconds"])
+        # The workers wait for this node's facts, then for every other node (whose probe may
+        # take its whole budget), before anything is timed.
+        wait_s = probe_s + timeout_s
         if vendor == "cpu":
-            # CPU: the probe (~10 s of imports) overlaps the collective check, whose numbers are
-            # recorded, not judged; the workers wait for the facts at the end.
-            proc, port = start_collectives(platform, alloc, env, scratch, timeout_s)
+            # CPU: torchrun and its workers' imports overlap the probe (~10 s of imports).
+            proc, port = start_collectives(platform, alloc, env, scratch, timeout_s, wait_s)
             facts = probe_node(env, scratch, probe_s, cfg)
-            write_json(scratch / collectives.FACTS_FILE, facts)
-            budget = timeout_s + (time.monotonic() - t0)
         else:
             # GPUs: one after the other, so the probe's kernels never share a GPU with the timings.
             facts = probe_node(env, scratch, probe_s, cfg)
-            write_json(scratch / collectives.FACTS_FILE, facts)
-            proc, port = start_collectives(platform, alloc, env, scratch, timeout_s)
-            budget = timeout_s
-        print(f"[verify_env] node facts in {time.monotonic() - t0:.1f} s", flush=True)
-        coll = finish_collectives(proc, alloc, port, scratch, timeout_s, budget)
+        write_json(scratch / collectives.FACTS_FILE, facts)
+        facts_at = time.monotonic()
+        print(f"[verify_env] node facts in {facts_at - t0:.1f} s", flush=True)
+        if vendor != "cpu":
+            proc, port = start_collectives(platform, alloc, env, scratch, timeout_s, wait_s)
+        # Nodes start together (srun); another node's probe may run to its budget's end.
+        meet_by = (max(facts_at, t0 + probe_s) if alloc.nnodes > 1 else facts_at) + timeout_s
+        nprocs = platform.processes_per_node
+        coll = finish_collectives(proc, alloc, port, scratch, nprocs, meet_by, probe_s, timeout_s)
     if alloc.node_rank != 0:
         print(f"[verify_env] node rank {alloc.node_rank} done; node rank 0 writes the report", flush=True)
         return 0

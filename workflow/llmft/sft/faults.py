@@ -8,7 +8,9 @@
   from a thread that keeps beating while the rank waits in a collective. When the job fails, the
   launcher names the rank whose heartbeat stopped first: the one that hung or died.
 - A lock per node on the work folder: a second launcher on the same training (a second run, or a
-  rerun while a killed Snakemake's job is still training) is refused, naming the holder.
+  rerun while a killed Snakemake's job is still training) is refused, naming the holder. The
+  launcher's torchrun inherits the lock, so it is held until the ranks are gone, even when the
+  launcher was killed first.
 """
 
 from __future__ import annotations
@@ -253,6 +255,7 @@ class WorkLock:
     def __init__(self, work: Path, node_rank: int):
         self.path = work / f".llmft-node{node_rank}.lock"
         self._fh = None
+        self._holder: dict = {}
 
     def __enter__(self) -> WorkLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -280,24 +283,36 @@ class WorkLock:
         return self._claim(fh)
 
     def _claim(self, fh) -> WorkLock:
-        fh.seek(0)
-        fh.truncate()
-        fh.write(
-            json.dumps(
-                {
-                    "pid": os.getpid(),
-                    "host": _host(),
-                    "slurm_job": os.environ.get("SLURM_JOB_ID", ""),
-                    "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-                }
-            )
-        )
-        fh.flush()
         self._fh = fh
+        self._holder = {
+            "pid": os.getpid(),
+            "host": _host(),
+            "slurm_job": os.environ.get("SLURM_JOB_ID", ""),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
+        self._write()
         return self
+
+    def _write(self) -> None:
+        self._fh.seek(0)
+        self._fh.truncate()
+        self._fh.write(json.dumps(self._holder))
+        self._fh.flush()
+
+    def fds(self) -> tuple[int, ...]:
+        """The lock's descriptor, for a child that must hold the lock as long as it lives."""
+        return (self._fh.fileno(),) if self._fh else ()
+
+    def note(self, **facts) -> None:
+        """Add to what a refused launcher is told about the holder (its torchrun's pid)."""
+        if self._fh:
+            self._holder.update(facts)
+            self._write()
 
     def _busy_message(self, holder: dict) -> str:
         who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} since {holder.get('since', '?')}"
+        if holder.get("torchrun_pid"):
+            who += f"; its torchrun, pid {holder['torchrun_pid']}, holds it until the ranks are gone"
         job = holder.get("slurm_job")
         how = (
             f"wait for Slurm job {job} (squeue -j {job}) or cancel it (scancel {job})"
@@ -311,7 +326,7 @@ class WorkLock:
         )
 
     def __exit__(self, *exc) -> None:
+        # Closed, not unlocked: an unlock would free the lock for the torchrun that inherited it too.
         if self._fh:
-            fcntl.flock(self._fh, fcntl.LOCK_UN)
             self._fh.close()
             self._fh = None

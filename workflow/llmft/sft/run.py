@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 from llmft.core import slurm
-from llmft.core.launch import launch_env, torchrun_command
+from llmft.core.launch import dies_with_this_process, launch_env, owns_its_children, torchrun_command
 from llmft.core.platform import Platform
 from llmft.sft import faults
 from llmft.sft.markers import (
@@ -68,7 +68,8 @@ def _ignore_usr1() -> None:
 def launch(cfg: dict, yaml_path: str) -> int:
     """Run this node's torchrun over llmft.sft.train; forward stop signals; requeue after preemption.
 
-    One launcher per node and work folder at a time (faults.WorkLock); a second is refused.
+    One launcher per node and work folder at a time (faults.WorkLock); a second is refused. The
+    launcher owns its ranks: however it dies, torchrun ends them, and the lock is held until it has.
     """
     alloc = slurm.current_allocation()
     if alloc.nnodes != cfg["hardware"]["nodes"]:
@@ -85,14 +86,16 @@ def launch(cfg: dict, yaml_path: str) -> int:
     work = Path(args["output_dir"])
     work.mkdir(parents=True, exist_ok=True)
     try:
-        with faults.WorkLock(work, alloc.node_rank):
-            return _launch_locked(cfg, yaml_path, args, work, alloc)
+        with faults.WorkLock(work, alloc.node_rank) as lock:
+            return _launch_locked(cfg, yaml_path, args, work, alloc, lock)
     except faults.WorkBusy as exc:
         print(f"[llmft] {exc}", flush=True)
         return faults.EXIT_BUSY
 
 
-def _launch_locked(cfg: dict, yaml_path: str, args: dict, work: Path, alloc: slurm.Allocation) -> int:
+def _launch_locked(
+    cfg: dict, yaml_path: str, args: dict, work: Path, alloc: slurm.Allocation, lock: faults.WorkLock
+) -> int:
     ours = args.get("llmft") or {}
     platform = Platform.from_json(ours["platform"])
     if finished(work):
@@ -113,13 +116,40 @@ def _launch_locked(cfg: dict, yaml_path: str, args: dict, work: Path, alloc: slu
         f"{alloc.master_port} (node {host}, rank {alloc.node_rank}/{alloc.nnodes}, work {work})",
         flush=True,
     )
+    # torchrun keeps each worker in a session of its own; a launcher SIGKILLed with its process group
+    # (Snakemake's) would leave them training. So torchrun runs in a session of its own, out of that
+    # signal's reach, gets SIGTERM when this launcher dies (it then ends its workers), and holds the
+    # work folder's lock (an inherited descriptor) until it exits: no rerun starts beside them.
     proc = subprocess.Popen(
         torchrun_command(alloc, platform.processes_per_node, "llmft.sft.train", yaml_path),
         env=env,
-        preexec_fn=_ignore_usr1,
+        preexec_fn=dies_with_this_process(signal.SIGTERM, then=_ignore_usr1),
+        start_new_session=owns_its_children(),
+        pass_fds=lock.fds(),
     )
-    rc = _wait_forwarding_stops(proc, work, host)
+    lock.note(torchrun_pid=proc.pid)
+    try:
+        rc = _wait_forwarding_stops(proc, work, host)
+    finally:
+        _end(proc)
     return _exit_code(cfg, ours, work, alloc, rc)
+
+
+def _end(proc: subprocess.Popen, grace_s: float = 60) -> None:
+    """A launcher leaving early (an exception, Ctrl-C) ends its torchrun first: torchrun asks its
+    workers to stop (SIGTERM: they save and exit) and, after its own grace, kills them."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        for pid in [proc.pid, *worker_pids(proc.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proc.wait()
 
 
 def _clear_previous_attempt(work: Path) -> None:
