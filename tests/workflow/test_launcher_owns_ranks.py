@@ -47,6 +47,16 @@ def lock_free(path: Path) -> bool:
         return True
 
 
+@pytest.mark.reliability(
+    fault="SIGKILL to the process group of the sft launcher's parent (Snakemake) during training",
+    seen=(
+        "torchrun (its own session, a parent-death signal) ends both ranks within 40 s; the work folder "
+        "stays locked until they are gone, and a second launcher meanwhile is refused (exit 16) naming the "
+        "launcher's and torchrun's PIDs"
+    ),
+    steps_lost="the steps since the last save",
+    data_lost="none",
+)
 def test_a_killed_launcher_takes_its_ranks_and_holds_the_folder_until_they_are_gone(stage):
     name = "owned"
     # Far more steps than the test waits for: ranks left behind would still be training at the end.

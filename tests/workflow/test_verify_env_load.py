@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from llmft.core.config import validate
 from llmft.core.launch import launch_env
 from llmft.core.platform import Platform
@@ -36,6 +37,16 @@ def stop(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
+@pytest.mark.reliability(
+    fault=(
+        "verify_env's node probe slower than `verify.timeout_seconds` (every core busy here; on a GPU node "
+        "a cold compile cache, the canary's FP8 leg)"
+    ),
+    seen="verify_env passes: the probe has its own budget and the collective check is timed from the "
+    "moment its processes meet",
+    steps_lost="none",
+    data_lost="none",
+)
 def test_verify_env_passes_while_the_cpu_is_saturated(tmp_path):
     timeout = 20
     hogs = start_hogs(os.cpu_count() or 2)
@@ -60,6 +71,16 @@ def test_verify_env_passes_while_the_cpu_is_saturated(tmp_path):
     print(f"verify_env under load: {wall:.0f} s, probe {probe_s:.0f} s, phases {phases}")
 
 
+@pytest.mark.reliability(
+    fault="a node probe over `verify.probe_timeout_seconds`",
+    seen=(
+        "`probe:timeout` naming the part (node facts or numerics canary), how long it ran, the budget "
+        "and the key that raises it; no collective error and no NCCL hint, and the collective check "
+        "still passes"
+    ),
+    steps_lost="none",
+    data_lost="none",
+)
 def test_a_probe_over_its_budget_is_reported_as_slow_not_as_a_broken_collective(tmp_path):
     proc, out = verify(tmp_path, verify={"probe_timeout_seconds": 1})
     log, _ = proc.communicate(timeout=600)
