@@ -25,8 +25,8 @@ import threading
 import time
 from pathlib import Path
 
-import xxhash
 from llmft.core.io import write_json
+from llmft.core.modelfiles import content_hash
 
 SEAL_FILE = "llmft_complete.json"
 HEARTBEAT_DIR = "llmft_heartbeat"
@@ -43,17 +43,6 @@ def _host() -> str:
 
 
 # ------------------------------------------------------------------ sealed checkpoints
-
-
-def content_hash(path: Path) -> str:
-    """xxh3-128 of a file's bytes: 6.2 GB/s on one core here (sha256 1.45, blake2b 0.88; see
-    bench/README.md), so a checkpoint is read at the filesystem's speed. It detects corruption, not
-    tampering. xxhash comes with `datasets`, which LLaMA-Factory needs."""
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as fh:
-        while block := fh.read(8 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def seal(checkpoint: Path) -> None:
