@@ -38,7 +38,8 @@ MARK = re.compile(r"<!-- table:([a-z0-9-]+) -->\n(.*?)<!-- /table -->", re.S)
 SFT_2X_1B = "sft_h200x2_1b_20261201T0218.json"
 SFT_2X_8B = "sft_h200x2_8b_20261201T0218.json"
 MFU_RECOUNT = "mfu_recount_cpu2_20261201.json"
-FP8_FULL_1B = "sft_fp8_h200x1_cdt1b.json"
+FP8_FULL_AUTO = "sft_fp8_h200x1_full1b_auto_20261207.json"
+FP8_ACC_AUTO = "sft_fp8_h200x1_acc_auto_20261207.json"
 FP8_LORA = "sft_fp8_h200x1_lora8b.json"
 FP8_ACC_FULL = "sft_fp8_h200x1_acc_full.json"
 FP8_ACC_LORA = "sft_fp8_h200x1_acc_lora.json"
@@ -112,17 +113,22 @@ def performance() -> str:
                 src(name, MFU_RECOUNT),
             )
         )
-    runs = load(FP8_FULL_1B)["runs"]
-    fp8, bf16 = runs["fp8_full_static_cdt_1b"], runs["fp8_full_bf16_1b"]
-    lines.append(
-        row(
-            "full SFT 1.24 B, 1 × H200, FP8",
-            sft_cell(fp8),
-            f"llmft's bf16 plan (the call before, same machine): {sft_cell(bf16)}",
-            ratio(fp8["tokens_per_s_per_gpu"], bf16["tokens_per_s_per_gpu"]),
-            src(FP8_FULL_1B),
+    runs = load(FP8_FULL_AUTO)["runs"]
+    auto = runs["full_auto_1b"]
+    for key, label in (
+        ("full_handliger_1b", "best hand-tuned LLaMA-Factory (Liger's kernels)"),
+        ("full_bf16_1b", "llmft's bf16 plan"),
+    ):
+        base = runs[key]
+        lines.append(
+            row(
+                "full SFT 1.24 B, 1 × H200, every key `auto` (FP8)",
+                sft_cell(auto),
+                f"{label}: {sft_cell(base)}",
+                ratio(auto["tokens_per_s_per_gpu"], base["tokens_per_s_per_gpu"]),
+                src(FP8_FULL_AUTO),
+            )
         )
-    )
     runs = load(FP8_LORA)["runs"]
     for size, label in (("1b", "1.24 B"), ("8b", "8 B")):
         ours, hand = runs[f"fp8_lora_auto_{size}"], runs[f"fp8_lora_hand_{size}"]
@@ -152,7 +158,7 @@ def performance() -> str:
 
 def fp8_speed() -> str:
     """docs/fp8.md: FP8 against bf16, full and LoRA, one H200."""
-    full = load(FP8_FULL_1B)["runs"]
+    full = load(FP8_FULL_AUTO)["runs"]
     lora = load(FP8_LORA)["runs"]
     lines = [
         row("run (one H200)", "tokens/s per GPU", "MFU (bf16 peak)", "float8 layers", "file"),
@@ -161,12 +167,13 @@ def fp8_speed() -> str:
     named = (
         (
             full,
-            "fp8_full_static_cdt_1b",
-            "full 1.24 B, FP8 (`auto`: compiled, one shape, tuned kernels)",
-            FP8_FULL_1B,
+            "full_auto_1b",
+            "full 1.24 B, every key `auto` (FP8: compiled, one shape, tuned kernels)",
+            FP8_FULL_AUTO,
         ),
-        (full, "full_bf16c_static_1b", "full 1.24 B, bf16 compiled to one shape", FP8_FULL_1B),
-        (full, "fp8_full_bf16_1b", "full 1.24 B, llmft's bf16 plan", FP8_FULL_1B),
+        (full, "full_bf16_1b", "full 1.24 B, llmft's bf16 plan", FP8_FULL_AUTO),
+        (full, "full_handliger_1b", "full 1.24 B, hand-tuned bf16 with Liger's kernels", FP8_FULL_AUTO),
+        (full, "fp8_full_hand_1b", "full 1.24 B, hand-tuned bf16 without Liger", FP8_FULL_AUTO),
         (lora, "fp8_lora_auto_1b", "LoRA 1.24 B, every key `auto` (FP8)", FP8_LORA),
         (lora, "fp8_lora_lf_1b", "LoRA 1.24 B, LLaMA-Factory's `fp8: true` (runs bf16)", FP8_LORA),
         (lora, "fp8_lora_hand_1b", "LoRA 1.24 B, hand-tuned bf16", FP8_LORA),
@@ -192,11 +199,12 @@ def fp8_accuracy() -> str:
         ),
         "|---|---|---|---|---|",
     ]
-    for name, kind in ((FP8_ACC_FULL, "full"), (FP8_ACC_LORA, "LoRA")):
+    accuracy = ((FP8_ACC_FULL, "full"), (FP8_ACC_LORA, "LoRA"), (FP8_ACC_AUTO, "full, every key auto"))
+    for name, kind in accuracy:
         acc = next(a for a in load(name)["accuracy"] if a["kind"] == kind)
         lines.append(
             row(
-                kind,
+                kind.replace("every key auto", "every key `auto`"),
                 " / ".join(f"{x:.4f}" for x in acc["train_loss"]),
                 " / ".join(f"{x:.4f}" for x in acc["heldout_loss"]),
                 f"{100 * acc['train_rel']:.3f} %; {100 * acc['heldout_rel']:.3f} %",
