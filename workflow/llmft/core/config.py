@@ -97,8 +97,17 @@ def _fill_defaults(schema: dict, instance: Any) -> Any:
 
 
 def load_schema() -> dict:
+    """The config schema, a copy of its one parse per process (callers may change what they get)."""
+    return copy.deepcopy(_parsed_schema())
+
+
+@functools.cache
+def _parsed_schema() -> dict:
+    # libyaml's loader where PyYAML has it: the same document, ~10x less CPU than the pure-Python
+    # one (~0.15 s for this file), paid by every snakemake and llmft process that checks a config
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with open(SCHEMA_PATH, encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+        return yaml.load(fh, Loader=loader)
 
 
 def validate(raw: dict | None, base_dir: str | Path = ".") -> dict:
