@@ -4,10 +4,11 @@ The ROCm outputs below are HAND-WRITTEN, not captured: nothing here ran on an MI
 formats AMD documents for `amd-smi static` (per-GPU `GPU: N` blocks with indented `VBIOS:` /
 `DRIVER:` sections of `KEY: value` lines), `rocm-smi --showdriverversion --showvbios` and the ROCm
 install's `.info/version` file, with values an MI300X node of the ROCm 7.0 wheel in
-tests/fixtures/facts_mi300x.json (itself hand-written) would print. The nvidia-smi line is written
-in the CSV format nvidia-smi documents for `--query-gpu=... --format=csv,noheader`, the driver as
-KINDS-noted H200 machines show it; the facts it joins (facts_h200x2.json) were captured on an H200
-machine. The CPU case reads this machine's own torch and packages.
+tests/fixtures/facts_mi300x.json (itself hand-written) would print. The nvidia-smi lines are
+hand-written too, in the CSV format nvidia-smi documents for `--query-gpu=... --format=csv,noheader`
+(the driver and VBIOS values are examples, not read from a GPU); the facts they join
+(facts_h200x2.json) were captured on an H200 machine. The CPU case reads this machine's own torch
+and packages.
 """
 
 from __future__ import annotations
