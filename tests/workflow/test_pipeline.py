@@ -36,6 +36,20 @@ def test_all_five_stages_ran_for_real(demo):
     assert canary["ok"] and canary["path"]["precision"] == "fp32" and len(canary["run"]["losses"]) == 40
     assert "canary" in {f["check"] for f in verify["findings"] if f["ok"]}
     assert "Numerics canary" in (run / "report/index.html").read_text()
+    # the stack fingerprint, measured on the node that trained: in verify.json, summary.json (its
+    # lineage too) and the page's environment section
+    stack, node = verify["stack"], verify["nodes"][0]
+    assert stack["fingerprint"] == node["stack_fingerprint"] and stack["differs"] == []
+    fp = stack["fingerprint"]
+    assert (fp["build"], fp["torch"], fp["deepspeed"]) == (
+        "cpu",
+        node["torch_version"],
+        node["packages"]["deepspeed"],
+    )
+    assert fp["torch_git"] and fp["gpu_model"] is None and fp["nccl"] is None
+    report = json.loads((run / "report/summary.json").read_text())
+    assert report["stack"]["hash"] == report["lineage"]["stack"] == stack["hash"]
+    assert f"Software stack <code>{stack['hash']}</code>" in (run / "report/index.html").read_text()
     sft_log = (run / "logs/sft.log").read_text()
     # LLaMA-Factory under torchrun with 2 processes and DeepSpeed ZeRO-3
     assert "Initializing 2 distributed tasks" in sft_log

@@ -308,3 +308,58 @@ def test_summary_and_page_carry_one_throughput_figure_with_its_formula(tmp_path)
     assert page.count("T_b - T_a") == 1  # the formula, stated once, with the steps it measured
     label = esc(THROUGHPUT_FORMULA.replace("per GPU", "per process"))  # a CPU run
     assert f"<td>{label}; here steps 16-60</td><td class='num'>{fmt(1234.5)}</td>" in page
+
+
+def _node(host: str, torch: str, driver: str) -> dict:
+    """Node facts as verify.json holds them, cut to what the stack fingerprint reads."""
+    return {
+        "host": host,
+        "python": "3.12.3",
+        "torch_version": torch,
+        "build": "rocm",
+        "hip_version": "7.0.51831",
+        "packages": {"transformers": "5.6.0", "flash_attn": "2.8.3"},
+        "smi": {"tool": "rocminfo", "gpus": [{"name": "gfx942", "marketing_name": "AMD Instinct MI300X"}]},
+        "stack": {"rocm": "7.0.2-56", "driver": driver},
+    }
+
+
+def test_the_stack_is_on_the_page_in_summary_json_and_in_the_lineage(tmp_path):
+    from llmft.core import stack
+    from llmft.report.page import build_report
+
+    run = _minimal_run(tmp_path, {})
+    nodes = [_node("n1", "2.9.1+rocm7.0", "6.10.5"), _node("n2", "2.9.1+rocm7.0", "6.8.5")]
+    (run / "env").mkdir()
+    (run / "env/verify.json").write_text(
+        json.dumps({"ok": True, "nodes": nodes, "stack": stack.of_nodes(nodes)})
+    )
+    summary = build_report(validate({"run": "r"}), str(run), str(run / "report"))
+    st = summary["stack"]
+    assert st["differs"] == ["driver"] and st["fingerprint"]["rocm"] == "7.0.2-56"
+    assert st["fingerprint"]["driver"] == {"n1": "6.10.5", "n2": "6.8.5"}
+    assert summary["lineage"]["stack"] == st["hash"]
+    page = (run / "report/index.html").read_text()
+    assert f"Software stack <code>{st['hash']}</code>" in page
+    assert "The nodes' stacks differ in: driver." in page
+    assert "<tr class='bad'><td>driver</td><td>n1: 6.10.5; n2: 6.8.5</td></tr>" in page
+    assert "<tr><td>gpu_model</td><td>AMD Instinct MI300X</td></tr>" in page
+
+
+def test_a_verify_json_without_a_stack_gets_one_from_its_nodes(tmp_path):
+    """verify.json written before the fingerprint was recorded: the report computes it from the nodes."""
+    from llmft.core import stack
+    from llmft.report.page import build_report
+
+    run = _minimal_run(tmp_path, {})
+    nodes = [_node("n1", "2.9.1+rocm7.0", "6.10.5")]
+    (run / "env").mkdir()
+    (run / "env/verify.json").write_text(json.dumps({"ok": True, "nodes": nodes}))
+    summary = build_report(validate({"run": "r"}), str(run), str(run / "report"))
+    assert summary["stack"]["hash"] == stack.stack_hash(stack.fingerprint(nodes[0]))
+    assert summary["stack"]["differs"] == []
+    (tmp_path / "other").mkdir()
+    no_verify = _minimal_run(tmp_path / "other", {})
+    summary = build_report(validate({"run": "r"}), str(no_verify), str(no_verify / "report"))
+    assert summary["stack"] is None and summary["lineage"]["stack"] is None
+    assert "Software stack: not recorded" in (no_verify / "report/index.html").read_text()

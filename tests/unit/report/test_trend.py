@@ -48,3 +48,28 @@ def test_an_older_summary_renders_its_throughput(tmp_path):
     page = (tmp_path / "trend.html").read_text()
     assert "<td class='num'>6.494e+04</td><td>49.39%</td>" in page  # 64 944.2, MFU 0.4939
     assert "<td class='num'>2.5</td><td>50.00%</td>" in page
+
+
+def test_the_trend_page_marks_a_night_whose_stack_changed(tmp_path):
+    from llmft.core import stack
+
+    old = {k: None for k in stack.FIELDS} | {"torch": "2.9.1+rocm7.0", "rocm": "7.0.2-56", "build": "rocm"}
+    new = old | {"torch": "2.10.0+rocm7.1", "rocm": "7.1.0-38"}
+
+    def st(fp):
+        return {"hash": stack.stack_hash(fp), "fingerprint": fp, "differs": []}
+
+    results = tmp_path / "results"
+    _run(results, "n1", generated="2026-12-01", stack=st(old))
+    _run(results, "n2", generated="2026-12-02", stack=st(old))
+    _run(results, "n3", generated="2026-12-03")  # no stack recorded: compared past, not marked
+    _run(results, "n4", generated="2026-12-04", stack=st(new))
+    build_trend(results, results / "trend.html")
+    page = (results / "trend.html").read_text()
+    rows = re.findall(r"<tr( class='warn')?><td>(n\d)</td>.*?</tr>", page)
+    assert rows == [("", "n1"), ("", "n2"), ("", "n3"), (" class='warn'", "n4")]
+    assert (
+        f"changed (torch 2.9.1+rocm7.0 -&gt; 2.10.0+rocm7.1; rocm 7.0.2-56 -&gt; 7.1.0-38): "
+        f"{stack.stack_hash(new)}"
+    ) in page
+    assert page.count(stack.stack_hash(old)) == 2

@@ -23,6 +23,7 @@ import time
 from llmft.core import hardware
 from llmft.core.io import write_json
 from llmft.core.platform import host_memory_gib
+from llmft.env import stack
 
 PACKAGES = [
     "torch",
@@ -100,8 +101,12 @@ def parse_rocminfo(text: str) -> list[dict]:
     return gpus
 
 
+NVIDIA_QUERY = "index,name,compute_cap,memory.total,driver_version,vbios_version"
+
+
 def parse_nvidia_smi(text: str) -> list[dict]:
-    """GPUs from `nvidia-smi --query-gpu=index,name,compute_cap,memory.total --format=csv,noheader`."""
+    """GPUs from `nvidia-smi --query-gpu=NVIDIA_QUERY --format=csv,noheader` (its first four
+    columns alone too): name, arch, memory, driver and VBIOS (the fingerprint's firmware)."""
     gpus = []
     for line in text.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
@@ -113,6 +118,8 @@ def parse_nvidia_smi(text: str) -> list[dict]:
                 "name": parts[1],
                 "arch": hardware.cuda_arch_name(int(major), int(minor or 0)) if major.isdigit() else "",
                 "memory": parts[3] if len(parts) > 3 else "",
+                "driver": parts[4] if len(parts) > 4 else None,
+                "firmware": parts[5] if len(parts) > 5 else None,
             }
         )
     return gpus
@@ -123,9 +130,7 @@ def _smi_facts() -> dict:
         text, err = _run_tool(["rocminfo"])
         return {"tool": "rocminfo", "gpus": parse_rocminfo(text), "error": err}
     if shutil.which("nvidia-smi"):
-        text, err = _run_tool(
-            ["nvidia-smi", "--query-gpu=index,name,compute_cap,memory.total", "--format=csv,noheader"]
-        )
+        text, err = _run_tool(["nvidia-smi", f"--query-gpu={NVIDIA_QUERY}", "--format=csv,noheader"])
         return {"tool": "nvidia-smi", "gpus": parse_nvidia_smi(text), "error": err}
     return {"tool": None, "gpus": [], "error": "neither rocminfo nor nvidia-smi on PATH"}
 
@@ -349,6 +354,8 @@ def gather_facts(
     facts["imports"]["torch"] = {"ok": True, "error": ""}
     step("rocminfo / nvidia-smi")
     facts["smi"] = _smi_facts()
+    step("stack versions")  # llmft.env.stack: cheap reads, each bounded; what fails is None
+    facts["stack"] = stack.gather(torch, facts["build"], facts["smi"], _run_tool)
     step("torch devices")
     if torch.cuda.is_available():
         facts["arch_list"] = list(torch.cuda.get_arch_list())

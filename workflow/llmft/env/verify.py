@@ -34,6 +34,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from llmft.core import slurm
+from llmft.core import stack as stack_fp
 from llmft.core.config import layout
 from llmft.core.io import read_json, write_json
 from llmft.core.launch import dies_with_this_process, launch_env
@@ -428,6 +429,8 @@ def _report(cfg, out_path, alloc, vendor, nodes, coll, t0, timeout_s) -> int:
         return 0
     findings, thresholds = judge_run(nodes, coll, cfg, vendor, alloc.nnodes)
     ok = all(f.ok for f in findings)
+    for facts in nodes:  # each node's stack fingerprint, then the run's (llmft.core.stack)
+        facts["stack_fingerprint"] = stack_fp.fingerprint(facts)
     report = {
         "ok": ok,
         "vendor": vendor,
@@ -437,12 +440,16 @@ def _report(cfg, out_path, alloc, vendor, nodes, coll, t0, timeout_s) -> int:
         "timeout_s": timeout_s,
         "thresholds": asdict(thresholds),
         "nodes": nodes,
+        "stack": stack_fp.of_nodes(nodes),
         "collectives": {k: v for k, v in coll.items() if k != "nodes"},
         "findings": [asdict(f) for f in findings],
     }
     for f in findings:
         mark = "ok  " if f.ok else "FAIL"
         print(f"[verify_env] {mark} {f.check}: {f.message}" + (f"\n    fix: {f.fix}" if f.fix else ""))
+    st = report["stack"]
+    differs = f", nodes differ in {', '.join(st['differs'])}" if st["differs"] else ""
+    print(f"[verify_env] stack {st['hash']}{differs}")
     print(f"[verify_env] {'passed' if ok else 'FAILED'} in {report['elapsed_s']} s", flush=True)
     write_json(out_path, report)
     if not ok and cfg["verify"]["on_failure"] == "fail":

@@ -26,7 +26,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 .t{font-weight:600;font-size:13px} .a{font-size:11px;fill:#555} .g{stroke:#eee}
 .verdict{font-size:1.1em;padding:.6em;background:#eef6ee;border-left:4px solid #2ca02c}
 .verdict.warn{background:#fff6e0;border-left-color:#d68910}
-.bad{background:#fdecec} .good{background:#ecf8ec} .muted{color:#777}
+.bad{background:#fdecec} tr.warn{background:#fff6e0} .good{background:#ecf8ec} .muted{color:#777}
 pre{background:#f7f7f7;padding:8px;overflow:auto;white-space:pre-wrap}
 nav a{margin-right:1em}
 details summary{cursor:pointer} details .full{max-height:24em;overflow:auto;margin-top:.3em}

@@ -7,9 +7,10 @@ from llmft.core.lineage import chain_text, cost_line, lineage_head
 from llmft.report.draw import esc
 
 
-def run_lineage(cfg: dict, sft_args: dict, stats: dict) -> dict:
+def run_lineage(cfg: dict, sft_args: dict, stats: dict, stack: dict | None = None) -> dict:
     """summary.json's `lineage`: the head render-sft recorded in the YAML's llmft block (a run
-    rendered before lineage existed: from its base model), and prepare_data's counts."""
+    rendered before lineage existed: from its base model), prepare_data's counts, and the hash of
+    the software stack it trained on (`stack`: llmft.core.stack.run_fingerprint's; None unrecorded)."""
     head = (sft_args.get("llmft") or {}).get("lineage") or lineage_head(None, cfg["model"]["name_or_path"])
     delta = stats.get("continue") or {}
     data = {k: delta.get(k) for k in ("new", "replayed", "removed", "train_rows")}
@@ -18,7 +19,8 @@ def run_lineage(cfg: dict, sft_args: dict, stats: dict) -> dict:
     # the tokens the trainer feeds, as render-sft planned them (a run rendered before: one pass)
     cost = (sft_args.get("llmft") or {}).get("cost")
     tokens = cost or delta.get("tokens") or {"trained": None, "full_retrain": None}
-    return {**head, "data": data, "tokens": dict(tokens)}
+    stack_hash = stack.get("hash") if isinstance(stack, dict) else None
+    return {**head, "data": data, "tokens": dict(tokens), "stack": stack_hash}
 
 
 def lineage_html(lineage: dict) -> str:

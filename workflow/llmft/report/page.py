@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 from llmft.core import flops
+from llmft.core import stack as stack_fp
 from llmft.core.config import PREFERENCE_METRICS
 from llmft.core.io import read_json, read_jsonl, read_optional, write_json, write_text
 from llmft.core.platform import Platform
@@ -469,7 +470,7 @@ def overview_section(r: LoadedRun, results_dir: str | None) -> str:
 <a href="#provenance">provenance</a>{trend_link}</nav>
 <p class="verdict{" warn" if caution else ""}">{esc(verdict)}{esc(caution)}</p>
 {promotion_html(r.promotion)}
-{lineage_html(run_lineage(r.cfg, r.sft_args, r.stats))}
+{lineage_html(run_lineage(r.cfg, r.sft_args, r.stats, stack_fp.of_report(r.verify)))}
 """
 
 
@@ -626,9 +627,28 @@ def environment_section(r: LoadedRun) -> str:
     verdict = "passed" if verify.get("ok") else "FAILED or missing"
     return f"""<h2 id="environment">Environment (verify_env: {verdict})</h2>
 {table(["what", "value"], env_rows)}
+{stack_html(stack_fp.of_report(verify))}
 {table(["", "check", "finding", "fix"], findings, finding_classes)}
 {canary_figure(verify.get("nodes") or [])}
 """
+
+
+def stack_html(stack: dict | None) -> str:
+    """The software stack the run trained on (llmft.core.stack): its hash, one row per component,
+    and the components the nodes disagree on."""
+    if not stack:
+        return "<p class='muted'>Software stack: not recorded (no verify_env nodes).</p>"
+    fp = stack.get("fingerprint") or {}
+    rows = [[k, stack_fp.show(fp.get(k))] for k in stack_fp.FIELDS if k in fp]
+    differs = stack.get("differs") or []
+    note = (
+        f"<p class='verdict bad'>The nodes' stacks differ in: {esc(', '.join(differs))}.</p>"
+        if differs
+        else ""
+    )
+    return f"<h3 id='stack'>Software stack <code>{esc(stack.get('hash'))}</code></h3>{note}" + table(
+        ["component", "value"], rows, ["bad" if r[0] in differs else "" for r in rows]
+    )
 
 
 def provenance_section(r: LoadedRun, generated: str, git: dict) -> str:
@@ -661,6 +681,7 @@ def report_summary(r: LoadedRun, generated: str, git: dict) -> dict:
     """summary.json: the headline figures the trend page and the nightly gate read."""
     base, tuned, train, count = r.base, r.tuned, r.train, r.count
     base_em, tuned_em = base.get("exact_match"), tuned.get("exact_match")
+    stack = stack_fp.of_report(r.verify)
     summary = {
         "run": r.cfg["run"],
         "generated": generated,
@@ -692,7 +713,9 @@ def report_summary(r: LoadedRun, generated: str, git: dict) -> dict:
         "eval_new_tokens_per_second": tuned.get("new_tokens_per_second"),
         "data_fingerprint": r.stats.get("fingerprint"),
         "verify_ok": r.verify.get("ok"),
-        "lineage": run_lineage(r.cfg, r.sft_args, r.stats),
+        "lineage": run_lineage(r.cfg, r.sft_args, r.stats, stack),
+        # the software stack verify_env measured on the nodes that trained (llmft.core.stack)
+        "stack": stack,
     }
     if isinstance(r.promotion, dict):
         summary["promotion"] = {k: r.promotion.get(k) for k in ("status", "reason")}

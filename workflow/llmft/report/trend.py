@@ -7,6 +7,7 @@ import os
 from datetime import datetime, timezone
 from pathlib import Path
 
+from llmft.core import stack as stack_fp
 from llmft.core.config import RESERVED_RUNS, is_run_name
 from llmft.core.io import read_optional, write_text
 from llmft.report.bench import trend_section
@@ -38,6 +39,24 @@ def _continued(summary: dict) -> str:
     n, m = tokens.get("trained"), tokens.get("full_retrain")
     saving = f" ({m / n:.1f}x fewer tokens)" if isinstance(n, int) and n and isinstance(m, int) else ""
     return f"continued from {lineage['parent']}{saving}"
+
+
+def stack_changes(runs: list[dict]) -> list[str]:
+    """Per run (oldest first): its stack hash, and when it differs from the last earlier run that
+    recorded one, which components changed (llmft.core.stack.diff); "" for a run without a stack."""
+    out, last = [], None
+    for s in runs:
+        stack = s.get("stack") if isinstance(s.get("stack"), dict) else {}
+        if not stack.get("hash"):
+            out.append("")
+            continue
+        line = str(stack["hash"])
+        if last is not None and last.get("hash") != stack["hash"]:
+            changes = stack_fp.diff(last.get("fingerprint"), stack.get("fingerprint"))
+            line = f"changed ({stack_fp.diff_text(changes) or 'same components, new hash'}): {line}"
+        out.append(line)
+        last = stack
+    return out
 
 
 def collect_runs(results_dir: str | Path) -> list[dict]:
@@ -111,7 +130,8 @@ def build_trend(results_dir: str | Path, out_html: str | Path) -> list[dict]:
     out_html = Path(out_html)
     charts = _trend_charts(runs)
     rows, links = [], []
-    for s in runs:
+    stacks = stack_changes(runs)
+    for s, stack in zip(runs, stacks, strict=True):
         rows.append(
             [
                 s["run"],
@@ -126,6 +146,7 @@ def build_trend(results_dir: str | Path, out_html: str | Path) -> list[dict]:
                 s.get("git_commit", "")[:10] if isinstance(s.get("git_commit"), str) else "",
                 s["_promotion"],
                 _continued(s),
+                stack,
             ]
         )
         href = os.path.relpath(Path(results_dir) / s["_dir"] / "report" / "index.html", out_html.parent)
@@ -153,8 +174,10 @@ def build_trend(results_dir: str | Path, out_html: str | Path) -> list[dict]:
                 "commit",
                 "promotion",
                 "continued from",
+                "software stack",
             ],
             rows,
+            ["warn" if x.startswith("changed") else "" for x in stacks],
         )
     }
 {trend_section(runs)}
