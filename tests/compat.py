@@ -147,7 +147,7 @@ def sharegpt_rows(convs: list[dict]) -> list[dict]:
 
 
 # Tool-calling rows: LLaMA-Factory's sharegpt tool turns (function_call, observation) and a tools
-# column, as in llmft.data.assets.synthetic_tool_rows; every template formats them (its own tool format
+# column, as in llmft.core.assets.synthetic_tool_rows; every template formats them (its own tool format
 # where it has one, qwen, llama3, ..., LLaMA-Factory's generic "Action:" one otherwise).
 TOOLS = [
     {

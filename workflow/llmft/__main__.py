@@ -82,7 +82,7 @@ def cmd_check_config(args) -> int:
 
 
 def cmd_base_model(args) -> int:
-    from llmft.data.assets import build_tiny_model
+    from llmft.core.assets import build_tiny_model
 
     cfg = _cfg(args)
     tiny = cfg["model"]["tiny"]
@@ -94,7 +94,7 @@ def cmd_base_model(args) -> int:
 
 
 def cmd_synthetic(args) -> int:
-    from llmft.data.assets import write_synthetic
+    from llmft.core.assets import write_synthetic
 
     cfg = _cfg(args)
     n = write_synthetic(args.out, cfg["data"]["synthetic_rows"])

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from llmft.core import prompts
-from llmft.data.assets import build_tokenizer, synthetic_rows
+from llmft.core.assets import build_tokenizer, synthetic_rows
 from llmft.evaluate import run as ev
 
 from tests import published_formats as published

@@ -5,8 +5,8 @@ import re
 
 import numpy as np
 import pytest
+from llmft.core.assets import WORDS
 from llmft.core.io import read_jsonl
-from llmft.data.assets import WORDS
 from llmft.data.dedup import MinHasher, SeenKeys, jaccard, lsh_shape
 from llmft.data.prepare import _payload, content_key, is_heldout, prepare
 

@@ -367,7 +367,7 @@ def test_duplicates_are_dropped_and_the_split_is_stable_by_prompt(tmp_path, toke
 
 
 def test_synthetic_task_prefers_the_right_answer():
-    from llmft.data.assets import CATEGORIES, NUMBER_WORDS, synthetic_rows
+    from llmft.core.assets import CATEGORIES, NUMBER_WORDS, synthetic_rows
 
     def right(row):  # the answer worked out from the question, independently of the generator
         if row["task"] == "category":

@@ -18,6 +18,7 @@ from typing import Any
 import jsonschema
 import yaml
 from llmft.core.io import path_problem
+from llmft.core.schedule import NEEDS_MIN_LR, STEP_KEYS, WSD, reads_ratio
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
 BUILTIN_MODEL = "builtin:tiny"
@@ -514,8 +515,6 @@ def _schedule_checks(cfg: dict) -> None:
     """sft.lr_scheduler_type and the preference stage's: what their transformers schedule needs before
     it starts (else the training job fails at its first step), and sft.decay_ratio only where a
     warmup_stable_decay schedule reads it."""
-    from llmft.sft.schedule import NEEDS_MIN_LR, STEP_KEYS, WSD, reads_ratio
-
     sft = cfg["sft"]
     kwargs = sft["extra"].get("lr_scheduler_kwargs") or {}
     if not isinstance(kwargs, dict):

@@ -99,7 +99,7 @@ def _question(rng: random.Random) -> tuple[str, str, str, str, str]:
     """(task, instruction, input, right answer, wrong answer): a word's category or the number of
     words in a list, asked in words the SFT demo's data never uses, so the preference stage teaches
     something sft did not."""
-    from llmft.data.assets import CATEGORIES, NUMBER_WORDS, WORDS
+    from llmft.core.assets import CATEGORIES, NUMBER_WORDS, WORDS
 
     if rng.random() < 0.5:
         word = rng.choice(WORDS)

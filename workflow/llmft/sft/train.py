@@ -16,7 +16,7 @@ block read here and removed before LLaMA-Factory parses the rest:
       compile_tuning: true              # when planned: Inductor's coordinate-descent kernel tuning
       fp8: {recipe: tensorwise, frozen_cast_once: true}  # only when FP8 is planned (llmft.core.fp8)
       decay_ratio: 0.2                  # lr_scheduler_type warmup_stable_decay: its decay's share
-                                        # of the steps (llmft.sft.schedule)
+                                        # of the steps (llmft.core.schedule)
       liger_loss_only: false            # Liger's fused linear + cross-entropy alone
                                         # (with Liger, its fused loss runs through llmft.sft.fusedce)
       padding_free: true                # dpo only, when planned: llmft.sft.padfree's forward
@@ -192,7 +192,7 @@ def _train(args: dict, ours: dict) -> int:
             bool(ours["fp8"].get("frozen_cast_once")),
         )
     if ours.get("decay_ratio") is not None:  # warmup_stable_decay's decay as a share of the steps
-        from llmft.sft import schedule
+        from llmft.core import schedule
 
         schedule.install(float(ours["decay_ratio"]))
     cpu_resume_fix()
