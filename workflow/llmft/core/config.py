@@ -553,6 +553,15 @@ def _schedule_checks(cfg: dict) -> None:
             )
 
 
+def fp8_blocker(sft: dict) -> str | None:
+    """Why the rest of the sft config rules FP8 out, whatever the nodes (None: nothing does)."""
+    if sft["precision"] != "bf16":
+        return f"sft.precision is {sft['precision']} (FP8 runs with bf16 around its matmuls)"
+    if sft["quantization_bit"] != "none":
+        return f"sft.quantization_bit is {sft['quantization_bit']} (QLoRA's base is already quantized)"
+    return None
+
+
 def _finetuning_checks(sft: dict, on_cpu: bool = False) -> None:
     """The LoRA / freeze / quantization keys: only under the type that reads them, values that work."""
     kind = sft["finetuning_type"]
@@ -580,9 +589,7 @@ def _finetuning_checks(sft: dict, on_cpu: bool = False) -> None:
             "layers, n < 0 the first -n"
         )
     if sft["fp8"] is True:
-        from llmft.core.fp8 import config_blocker
-
-        blocker = config_blocker(sft)
+        blocker = fp8_blocker(sft)
         if blocker:
             raise ConfigError(f"config key sft.fp8: true but {blocker}; set sft.fp8: auto or false")
     if sft["quantization_bit"] == 8 and sft["zero_stage"] == 3:
