@@ -35,7 +35,7 @@ from llmft.core.io import write_json
 from llmft.core.lineage import TRAIN_KEYS_FILE
 from llmft.core.pretokenize import TOKENIZED_DIR
 from llmft.core.text import normalise
-from llmft.data.dedup import NearDupIndex, SeenKeys
+from llmft.data.dedup import NearDupIndex, SeenKeys, content_key, payload
 from llmft.data.delta import select, write_keys
 from llmft.data.sources import (
     FORMATS,
@@ -60,40 +60,6 @@ LOGGED_DROPS = 200
 _WORKER: tuple | None = None
 
 __all__ = ["DataError", "content_key", "is_heldout", "normalise", "prepare", "FORMATS"]
-
-
-def _payload(row: dict) -> str:
-    """Normalised, case-folded content: what identity (dedup, split) and similarity are about.
-
-    Rows without system prompt or history hash exactly as before those fields existed, so existing
-    alpaca datasets keep their split. Tool rows (the messages form) hash every turn with its role,
-    the system prompt and the tools, so a changed call or tool list is another row."""
-    if "messages" in row:
-        return _tool_payload(row)
-    text = "\x1f".join(normalise(row.get(f, "")).casefold() for f in ("instruction", "input", "output"))
-    extra = []
-    if row.get("system"):
-        extra.append("system\x1f" + normalise(row["system"]).casefold())
-    for user, assistant in row.get("history") or ():
-        extra.append(normalise(user).casefold() + "\x1f" + normalise(assistant).casefold())
-    return text + ("\x1e" + "\x1e".join(extra) if extra else "")
-
-
-def _tool_payload(row: dict) -> str:
-    parts = ["messages"]
-    parts += [m["role"] + "\x1f" + normalise(m["content"]).casefold() for m in row["messages"]]
-    if row.get("system"):
-        parts.append("system\x1f" + normalise(row["system"]).casefold())
-    if row.get("tools"):
-        # The decoded JSON, compactly: tools that differ only in spacing are the same tools.
-        tools = json.dumps(json.loads(row["tools"]), ensure_ascii=False, separators=(",", ":"))
-        parts.append("tools\x1f" + normalise(tools).casefold())
-    return "\x1e".join(parts)
-
-
-def content_key(row: dict) -> str:
-    """Hash of a row's normalised content: the identity used for dedup and the split."""
-    return hashlib.sha256(_payload(row).encode("utf-8")).hexdigest()
 
 
 def is_heldout(key: str, fraction: float, salt: str) -> bool:
@@ -364,7 +330,7 @@ class _Chunk:
 def _work_chunk(rows: list[dict], weight: float, fraction: float, salt: str) -> _Chunk:
     """Everything per row that needs no other row: identity, side, tokens, signature, JSON."""
     encoder, hasher = _WORKER
-    payloads = [_payload(row) for row in rows]
+    payloads = [payload(row) for row in rows]
     digests = [hashlib.sha256(p.encode("utf-8")).digest() for p in payloads]
     keys = np.frombuffer(b"".join(d[:8] for d in digests), dtype="<u8").astype(np.uint64)
     hexes = [d.hex() for d in digests]
