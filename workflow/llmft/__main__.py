@@ -350,7 +350,8 @@ def cmd_evaluate_preference(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from llmft.benchmarks.run import BenchmarkError, run_benchmarks
+    from llmft.benchmarks.run import run_benchmarks
+    from llmft.benchmarks.score import BenchmarkError
 
     try:
         run_benchmarks(
