@@ -423,16 +423,18 @@ def cmd_promote(args) -> int:
     from pathlib import Path
 
     from llmft.nightly.promote import promote_command
+    from llmft.report.promotion import show_move
 
-    return _move_current(lambda: promote_command(Path(args.results), args.run, args.why))
+    return _move_current(lambda: promote_command(Path(args.results), args.run, args.why, show_move))
 
 
 def cmd_rollback(args) -> int:
     from pathlib import Path
 
     from llmft.nightly.promote import rollback_command
+    from llmft.report.promotion import show_move
 
-    return _move_current(lambda: rollback_command(Path(args.results), args.why))
+    return _move_current(lambda: rollback_command(Path(args.results), args.why, show_move))
 
 
 def cmd_nightly_schedule(args) -> int:
