@@ -297,7 +297,7 @@ def run_cell(enc, family: str, template: str, fmt: Format, rows: list[dict], ali
 def run_all(families: dict | None = None) -> list[Cell]:
     """Every cell whose tokenizer is present, in table order; one encoder per family and template,
     each format's rows read once (ours) and converted once (LLaMA-Factory's)."""
-    from llmft.core.pretokenize import SFTEncoder
+    from llmft.core.lf.pretokenize import SFTEncoder
 
     from tests.lfref import dataset_attr, lf_convert
 

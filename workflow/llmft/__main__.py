@@ -66,7 +66,7 @@ def _cfg(args) -> dict:
 def cmd_check_config(args) -> int:
     """Print the config `snakemake --configfile ... --config ...` would run, merged as Snakemake does,
     after the checks the workflow makes when it builds the DAG, with the template it resolves."""
-    from llmft.core.chat_templates import for_workflow as template_for_workflow
+    from llmft.core.lf.chat_templates import for_workflow as template_for_workflow
     from llmft.core.lineage import resolve as resolve_parent
     from llmft.sft.render import precheck
 
@@ -105,8 +105,8 @@ def cmd_synthetic(args) -> int:
 def _read_sources(items: list[dict], key: str, builtin: dict) -> list[dict]:
     """Source items as the preparers read them: a dataset_info entry resolved to its file, format and
     columns (lfdataset); a builtin path replaced as `builtin` says (kept when it names none)."""
-    from llmft.core.lfdataset import LFDatasetError
-    from llmft.core.lfdataset import resolve as resolve_lf_entry
+    from llmft.core.lf.lfdataset import LFDatasetError
+    from llmft.core.lf.lfdataset import resolve as resolve_lf_entry
 
     sources = []
     for i, src in enumerate(items):
@@ -124,8 +124,8 @@ def _read_sources(items: list[dict], key: str, builtin: dict) -> list[dict]:
 
 def _template(cfg: dict, tokenizer: str) -> str:
     """The fit check of the DAG, here too: the builtin model's folder did not exist then."""
-    from llmft.core.chat_templates import check as check_template
-    from llmft.core.chat_templates import for_config as template_for_config
+    from llmft.core.lf.chat_templates import check as check_template
+    from llmft.core.lf.chat_templates import for_config as template_for_config
 
     template, _ = template_for_config(cfg, tokenizer)
     check_template(template, tokenizer)

@@ -65,10 +65,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from llmft.core import chat_templates as ct
 from llmft.core.assets import build_tokenizer
 from llmft.core.config import ConfigError
-from llmft.core.pretokenize import SFTEncoder
+from llmft.core.lf import chat_templates as ct
+from llmft.core.lf.pretokenize import SFTEncoder
 
 from tests import compat
 from tests.lfref import dataset_attr, lf_convert
@@ -351,7 +351,7 @@ def _eval_groups(rows: list[dict]) -> dict[str, list[int]]:
 
 
 def _table_is_exact(folder, name: str) -> bool:
-    from llmft.core.prompts import PromptEncoder
+    from llmft.core.lf.prompts import PromptEncoder
     from transformers import AutoTokenizer
 
     return PromptEncoder.load(AutoTokenizer.from_pretrained(folder), name)[0] is not None

@@ -87,7 +87,7 @@ def write(tmp, name, rows):
 
 
 def entry_source(tmp, name, entry):
-    from llmft.core.lfdataset import resolve
+    from llmft.core.lf.lfdataset import resolve
 
     (tmp / "dataset_info.json").write_text(json.dumps({name: entry}))
     return resolve({"dataset_info": str(tmp / "dataset_info.json"), "name": name}, preference=True)
@@ -172,7 +172,7 @@ def test_a_dataset_info_entry_is_read_through_its_columns(tmp_path):
 
 
 def test_preference_entries_are_checked_and_sft_entries_point_to_preference_data(tmp_path):
-    from llmft.core.lfdataset import LFDatasetError, resolve
+    from llmft.core.lf.lfdataset import LFDatasetError, resolve
 
     write(tmp_path, "pairs.json", [{"question": "q", "good": "g", "bad": "b"}])
     info = tmp_path / "dataset_info.json"

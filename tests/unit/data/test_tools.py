@@ -10,7 +10,7 @@ from datasets import load_from_disk
 from llmft.core import conversation
 from llmft.core.assets import synthetic_rows
 from llmft.core.io import read_jsonl
-from llmft.core.pretokenize import SFTEncoder
+from llmft.core.lf.pretokenize import SFTEncoder
 from llmft.data import sources as ds
 from llmft.data.prepare import content_key, prepare
 from llmft.data.sources import DataError, RowError, validate
@@ -447,7 +447,7 @@ def test_evaluation_scores_the_call(tokenizer_dir, template):
 
 
 def test_evaluation_encodes_tool_rows_with_llamafactory(tokenizer_dir):
-    from llmft.core.prompts import PromptEncoder
+    from llmft.core.lf.prompts import PromptEncoder
     from transformers import AutoTokenizer
 
     rows = [validate("f", i, raw, "sharegpt") for i, raw in enumerate(tool_rows(5), 1)]

@@ -285,7 +285,7 @@ def _check_source(i: int, src: dict, base_dir: Path, key: str = "data.sources") 
     save_to_disk folder or a data file."""
     preference = key != "data.sources"
     if "dataset_info" in src:
-        from llmft.core.lfdataset import LFDatasetError, resolve
+        from llmft.core.lf.lfdataset import LFDatasetError, resolve
 
         try:
             resolve(src, base_dir, where=f"{key}[{i}]", preference=preference)
@@ -372,7 +372,7 @@ def _remote_code(folder: Path) -> str | None:
 
 def _check_lf_names(cfg: dict) -> None:
     """model.template and sft.extra against the installed LLaMA-Factory's names."""
-    from llmft.core.lfnames import closest, names
+    from llmft.core.lf.lfnames import closest, names
 
     lf = names()
     template = cfg["model"]["template"]

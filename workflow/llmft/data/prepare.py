@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from llmft.core import lfdataset
 from llmft.core.conversation import SHAREGPT_TAGS, sharegpt_line
 from llmft.core.io import write_json
+from llmft.core.lf import lfdataset
+from llmft.core.lf.pretokenize import TOKENIZED_DIR
 from llmft.core.lineage import TRAIN_KEYS_FILE
-from llmft.core.pretokenize import TOKENIZED_DIR
 from llmft.core.text import normalise
 from llmft.data.dedup import NearDupIndex, SeenKeys, content_key, payload
 from llmft.data.delta import select, write_keys
@@ -107,7 +107,7 @@ class _Preparer:
     def __init__(
         self, out_dir: Path, encoder, cutoff_len, heldout_fraction, split_salt, invalid_rows, dedup, workers
     ):
-        from llmft.core.pretokenize import SplitWriter
+        from llmft.core.lf.pretokenize import SplitWriter
 
         self.out_dir = out_dir
         self.tmp = out_dir / ".prepare_data.tmp"
@@ -212,7 +212,7 @@ class _Preparer:
             self._finish(*self.pending.popleft())
 
     def _finish(self, index: int, stats: _SourceStats, numbers: np.ndarray, future) -> None:
-        from llmft.core.pretokenize import record_batch
+        from llmft.core.lf.pretokenize import record_batch
 
         done: _Chunk = future.get()
         # Chunks finish in reading order, so the first of a set of duplicates is the one kept.
@@ -375,7 +375,7 @@ def _rewrite_side(
     """Copy a spooled side with each row written `keep_repeats[i]` times (0 = dropped); a side
     with tool rows (`messages` in `columns`) is written in the sharegpt form."""
     import pyarrow as pa
-    from llmft.core.pretokenize import SplitWriter
+    from llmft.core.lf.pretokenize import SplitWriter
 
     sharegpt = "messages" in columns
     if (keep_repeats == 1).all() and not sharegpt:
@@ -459,8 +459,8 @@ def prepare(
 
     On failure nothing is written into `out_dir`, and an empty `out_dir` is removed.
     """
-    from llmft.core.chat_templates import resolved as resolved_template
-    from llmft.core.pretokenize import SFTEncoder
+    from llmft.core.lf.chat_templates import resolved as resolved_template
+    from llmft.core.lf.pretokenize import SFTEncoder
     from llmft.data import tokcheck
 
     out_dir = Path(out_dir)
@@ -632,7 +632,7 @@ def _kept_rows(run: _Preparer) -> _Kept:
 
 def _write_final(run: _Preparer, kept: _Kept) -> None:
     """The kept rows, repeated as counted, into tmp/final: both JSONL files and the tokenized dataset."""
-    from llmft.core.pretokenize import write_dataset_dict
+    from llmft.core.lf.pretokenize import write_dataset_dict
 
     tmp = run.tmp
     final_tok = tmp / "final" / TOKENIZED_DIR

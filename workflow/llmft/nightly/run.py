@@ -38,7 +38,7 @@ def data_fingerprint(cfg: dict, base_dir: Path = Path(".")) -> str:
     for src in cfg["data"]["sources"]:
         h.update(json.dumps(src, sort_keys=True).encode())
         if src.get("dataset_info"):  # a LLaMA-Factory dataset entry: the entry's file, and the entry
-            from llmft.core.lfdataset import resolve
+            from llmft.core.lf.lfdataset import resolve
 
             entry = resolve(src, base_dir)
             h.update(json.dumps(entry["attr"], sort_keys=True).encode())

@@ -10,10 +10,11 @@ import shlex
 from pathlib import Path
 
 import yaml
-from llmft.core import fp8, lineage, pretokenize, schedule
-from llmft.core.chat_templates import for_config as template_for_config
+from llmft.core import fp8, lineage, schedule
 from llmft.core.config import BUILTIN_MODEL, ConfigError, lora_settings
 from llmft.core.io import read_json, write_json, write_text
+from llmft.core.lf import pretokenize
+from llmft.core.lf.chat_templates import for_config as template_for_config
 from llmft.core.platform import Platform
 from llmft.core.shape import ModelShape, model_shape
 from llmft.sft import preference, tracking
