@@ -7,8 +7,13 @@ import numpy as np
 import pytest
 from llmft.core.assets import WORDS
 from llmft.core.io import read_jsonl
-from llmft.data.dedup import MinHasher, SeenKeys, jaccard, lsh_shape, payload
+from llmft.data.dedup import MinHasher, SeenKeys, lsh_shape, payload
 from llmft.data.prepare import content_key, is_heldout, prepare
+
+
+def jaccard(a: set, b: set) -> float:
+    """The exact Jaccard similarity MinHash estimates."""
+    return len(a & b) / len(a | b) if a or b else 1.0
 
 
 def shingles(row: dict) -> set:

@@ -190,10 +190,6 @@ def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
     return keys
 
 
-def jaccard(a: set, b: set) -> float:
-    return len(a & b) / len(a | b) if a or b else 1.0
-
-
 class NearDupIndex:
     """Spools signatures and band keys of rows as they stream by; `pairs()` finds similar pairs."""
 
