@@ -94,7 +94,7 @@ DEFAULT = "default"  # the continued run with the config's own nightly keys
 
 
 def distinct_rows(n: int) -> list[dict]:
-    from llmft.data.assets import synthetic_rows
+    from llmft.core.assets import synthetic_rows
     from llmft.data.prepare import content_key
 
     out, seen = [], set()

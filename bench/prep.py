@@ -92,7 +92,7 @@ def write_dataset(path: Path, rows: int, seed: int) -> None:
 
 
 def build_tokenizer(out: Path, vocab_size: int = 32000) -> None:
-    from llmft.data.assets import build_tokenizer as train_bpe
+    from llmft.core.assets import build_tokenizer as train_bpe
 
     maker = RowMaker(seed=12345)
     train_bpe(out, vocab_size, corpus=[" ".join(maker.row().values()) for _ in range(30000)])

@@ -753,7 +753,7 @@ def report(out: Path, json_path: Path | None, command: str) -> dict:
 def token_lengths(data_dir: Path, tokenizer: str, template: str = "default") -> list[int]:
     """Tokens of each train row as LLaMA-Factory's template encodes it (prompt + answer), row by row:
     not prepare_data's batched encoder, so the two counts check each other."""
-    from llmft.core.pretokenize import load_tokenizer_and_template, messages_of
+    from llmft.core.lf.pretokenize import load_tokenizer_and_template, messages_of
 
     tok, tmpl = load_tokenizer_and_template(tokenizer, template)
     out = []

@@ -147,7 +147,7 @@ def sharegpt_rows(convs: list[dict]) -> list[dict]:
 
 
 # Tool-calling rows: LLaMA-Factory's sharegpt tool turns (function_call, observation) and a tools
-# column, as in llmft.data.assets.synthetic_tool_rows; every template formats them (its own tool format
+# column, as in llmft.core.assets.synthetic_tool_rows; every template formats them (its own tool format
 # where it has one, qwen, llama3, ..., LLaMA-Factory's generic "Action:" one otherwise).
 TOOLS = [
     {
@@ -297,7 +297,7 @@ def run_cell(enc, family: str, template: str, fmt: Format, rows: list[dict], ali
 def run_all(families: dict | None = None) -> list[Cell]:
     """Every cell whose tokenizer is present, in table order; one encoder per family and template,
     each format's rows read once (ours) and converted once (LLaMA-Factory's)."""
-    from llmft.core.pretokenize import SFTEncoder
+    from llmft.core.lf.pretokenize import SFTEncoder
 
     from tests.lfref import dataset_attr, lf_convert
 

@@ -1,5 +1,5 @@
 """Chat formats as their authors publish them, written out by hand: the independent reference the
-template tables (llmft.core.chat_templates, llmft.core.prompts) are checked against. Both tables are
+template tables (llmft.core.lf.chat_templates, llmft.core.lf.prompts) are checked against. Both tables are
 generated from the installed LLaMA-Factory, so comparing a table with a fresh build of itself only
 shows it is not stale; these strings show it renders what the model authors document.
 

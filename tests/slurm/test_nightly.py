@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from llmft.data.assets import synthetic_rows
+from llmft.core.assets import synthetic_rows
 
 from tests.conftest import BIN, REPO, make_workdir, place_verify
 from tests.slurm.cluster import fast_poll_env

@@ -9,7 +9,7 @@ from importlib.metadata import version
 
 import pytest
 import yaml
-from llmft.data.assets import CATEGORIES, CATEGORY_TEMPLATES, WORDS
+from llmft.core.assets import CATEGORIES, CATEGORY_TEMPLATES, WORDS
 
 from tests.conftest import (
     BIN,

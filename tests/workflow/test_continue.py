@@ -34,7 +34,7 @@ LORA = {"sft__finetuning_type": "lora", "sft__lora_rank": 8, "sft__learning_rate
 
 def distinct_rows(n: int) -> list[dict]:
     """n synthetic demo rows of distinct content (the generator repeats some)."""
-    from llmft.data.assets import synthetic_rows
+    from llmft.core.assets import synthetic_rows
     from llmft.data.prepare import content_key
 
     rows, seen = [], set()

@@ -38,7 +38,7 @@ def _alpaca(tmp_path):
 
 def _multiturn(tmp_path):
     """The demo tasks as sharegpt conversations of two questions each."""
-    from llmft.data.assets import synthetic_rows
+    from llmft.core.assets import synthetic_rows
 
     rows = synthetic_rows(400, seed=1)
     out = tmp_path / "multiturn.jsonl"
@@ -53,7 +53,7 @@ def _multiturn(tmp_path):
 
 
 def _tools(tmp_path):
-    from llmft.data.assets import synthetic_tool_rows
+    from llmft.core.assets import synthetic_tool_rows
 
     out = tmp_path / "tools.jsonl"
     with out.open("w") as fh:

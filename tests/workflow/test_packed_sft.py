@@ -27,7 +27,7 @@ SMALL = {
 @pytest.fixture(scope="module")
 def packed_run(tmp_path_factory):
     """Trains an untied model (the demo's is tied) so that both kinds of head are checked."""
-    from llmft.data.assets import build_tiny_model
+    from llmft.core.assets import build_tiny_model
 
     root = tmp_path_factory.mktemp("packed")
     build_tiny_model(root / "untied-base", tied=False)

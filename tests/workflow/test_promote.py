@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from llmft.data.assets import synthetic_rows
+from llmft.core.assets import synthetic_rows
 from llmft.nightly.run import retain
 
 from tests.conftest import BIN, REPO, make_workdir, snakemake_env

@@ -18,8 +18,8 @@ import sys
 import zipfile
 
 import pytest
+from llmft.core.assets import synthetic_rows
 from llmft.core.io import read_jsonl, write_json, write_jsonl
-from llmft.data.assets import synthetic_rows
 
 from tests.browser import Browser, chromium_path
 from tests.conftest import BIN, REPO, make_workdir, reuse_verify, rules_run, snakemake

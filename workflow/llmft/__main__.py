@@ -66,7 +66,7 @@ def _cfg(args) -> dict:
 def cmd_check_config(args) -> int:
     """Print the config `snakemake --configfile ... --config ...` would run, merged as Snakemake does,
     after the checks the workflow makes when it builds the DAG, with the template it resolves."""
-    from llmft.core.chat_templates import for_workflow as template_for_workflow
+    from llmft.core.lf.chat_templates import for_workflow as template_for_workflow
     from llmft.core.lineage import resolve as resolve_parent
     from llmft.sft.render import precheck
 
@@ -82,7 +82,7 @@ def cmd_check_config(args) -> int:
 
 
 def cmd_base_model(args) -> int:
-    from llmft.data.assets import build_tiny_model
+    from llmft.core.assets import build_tiny_model
 
     cfg = _cfg(args)
     tiny = cfg["model"]["tiny"]
@@ -94,7 +94,7 @@ def cmd_base_model(args) -> int:
 
 
 def cmd_synthetic(args) -> int:
-    from llmft.data.assets import write_synthetic
+    from llmft.core.assets import write_synthetic
 
     cfg = _cfg(args)
     n = write_synthetic(args.out, cfg["data"]["synthetic_rows"])
@@ -105,8 +105,8 @@ def cmd_synthetic(args) -> int:
 def _read_sources(items: list[dict], key: str, builtin: dict) -> list[dict]:
     """Source items as the preparers read them: a dataset_info entry resolved to its file, format and
     columns (lfdataset); a builtin path replaced as `builtin` says (kept when it names none)."""
-    from llmft.core.lfdataset import LFDatasetError
-    from llmft.core.lfdataset import resolve as resolve_lf_entry
+    from llmft.core.lf.lfdataset import LFDatasetError
+    from llmft.core.lf.lfdataset import resolve as resolve_lf_entry
 
     sources = []
     for i, src in enumerate(items):
@@ -124,8 +124,8 @@ def _read_sources(items: list[dict], key: str, builtin: dict) -> list[dict]:
 
 def _template(cfg: dict, tokenizer: str) -> str:
     """The fit check of the DAG, here too: the builtin model's folder did not exist then."""
-    from llmft.core.chat_templates import check as check_template
-    from llmft.core.chat_templates import for_config as template_for_config
+    from llmft.core.lf.chat_templates import check as check_template
+    from llmft.core.lf.chat_templates import for_config as template_for_config
 
     template, _ = template_for_config(cfg, tokenizer)
     check_template(template, tokenizer)
@@ -350,7 +350,8 @@ def cmd_evaluate_preference(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from llmft.benchmarks.run import BenchmarkError, run_benchmarks
+    from llmft.benchmarks.run import run_benchmarks
+    from llmft.benchmarks.score import BenchmarkError
 
     try:
         run_benchmarks(
@@ -422,16 +423,18 @@ def cmd_promote(args) -> int:
     from pathlib import Path
 
     from llmft.nightly.promote import promote_command
+    from llmft.report.promotion import show_move
 
-    return _move_current(lambda: promote_command(Path(args.results), args.run, args.why))
+    return _move_current(lambda: promote_command(Path(args.results), args.run, args.why, show_move))
 
 
 def cmd_rollback(args) -> int:
     from pathlib import Path
 
     from llmft.nightly.promote import rollback_command
+    from llmft.report.promotion import show_move
 
-    return _move_current(lambda: rollback_command(Path(args.results), args.why))
+    return _move_current(lambda: rollback_command(Path(args.results), args.why, show_move))
 
 
 def cmd_nightly_schedule(args) -> int:

@@ -8,8 +8,8 @@ from pathlib import Path
 from snakemake.settings.types import DeploymentMethod
 
 # llmft is importable: the Snakefile puts workflow/ on sys.path before it reads the config.
-from llmft.core.chat_templates import AUTO as AUTO_TEMPLATE
-from llmft.core.chat_templates import for_workflow as template_for_workflow
+from llmft.core.lf.chat_templates import AUTO as AUTO_TEMPLATE
+from llmft.core.lf.chat_templates import for_workflow as template_for_workflow
 from llmft.core.config import (
     BUILTIN_DATA,
     BUILTIN_MODEL,
@@ -18,7 +18,7 @@ from llmft.core.config import (
     layout,
     validate,
 )
-from llmft.core.lfdataset import resolve as resolve_lf_entry
+from llmft.core.lf.lfdataset import resolve as resolve_lf_entry
 from llmft.sft import preference as preference_stage
 from llmft.sft.render import precheck
 from llmft.core.slurm import launcher_resources_error, launcher_words, profile_mismatch

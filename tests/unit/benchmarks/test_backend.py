@@ -3,7 +3,7 @@ the demo's tiny model) on the project tasks of each of lm-eval's request types: 
 (log-likelihood), generation, and perplexity (rolling log-likelihood)."""
 
 import pytest
-from llmft.data.assets import build_tiny_model
+from llmft.core.assets import build_tiny_model
 from lm_eval import simple_evaluate
 from lm_eval.tasks import TaskManager
 

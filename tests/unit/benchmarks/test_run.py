@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from llmft.data.assets import build_tiny_model
+from llmft.core.assets import build_tiny_model
 
 from tests.conftest import REPO
 

@@ -9,11 +9,11 @@ import json
 import shutil
 
 import pytest
-from llmft.core import chat_templates as ct
+from llmft.core.assets import build_tokenizer, synthetic_rows
 from llmft.core.config import ConfigError
-from llmft.core.pretokenize import SFTEncoder, messages_of
+from llmft.core.lf import chat_templates as ct
+from llmft.core.lf.pretokenize import SFTEncoder, messages_of
 from llmft.data import tokcheck
-from llmft.data.assets import build_tokenizer, synthetic_rows
 from llmft.data.sources import DataError
 
 from tests import published_formats as published
@@ -64,7 +64,7 @@ def model_folder(path, extra_tokens=(), vocab_size=None, model_type="llama", cha
 
 def test_table_equals_what_the_installed_llamafactory_produces():
     assert ct.build_table() == json.loads(ct.TABLE.read_text(encoding="utf-8")), (
-        "lf_templates.json is stale: python -m llmft.core.chat_templates --write (from workflow/)"
+        "lf_templates.json is stale: python -m llmft.core.lf.chat_templates --write (from workflow/)"
     )
 
 

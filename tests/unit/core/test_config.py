@@ -219,8 +219,8 @@ def test_more_processes_than_gpus():
 
 def test_the_names_table_is_the_installed_llamafactorys():
     """lf_names.json (what config validation checks templates and sft.extra against) is what the
-    LLaMA-Factory installed with llmft accepts; regenerate it with `python -m llmft.core.lfnames`."""
-    from llmft.core.lfnames import from_llamafactory, names
+    LLaMA-Factory installed with llmft accepts; regenerate it with `python -m llmft.core.lf.lfnames`."""
+    from llmft.core.lf.lfnames import from_llamafactory, names
 
     assert names() == from_llamafactory()
 

@@ -10,7 +10,7 @@ tokenizes, tool rows (compat's "sharegpt with tools": function calls, one or two
 a tools column) in the template's tool format; chatglm3, glm4 and glmz1 get single calls only, their
 tool format (LLaMA-Factory's glm4) raises for parallel calls, which is asserted.
 
-The tokenizer: the repo's tiny byte-level BPE tokenizer (llmft.data.assets.build_tokenizer). LLaMA-Factory's
+The tokenizer: the repo's tiny byte-level BPE tokenizer (llmft.core.assets.build_tokenizer). LLaMA-Factory's
 get_template_and_fix_tokenizer adds the EOS and stop words a template brings; both sides load the same
 folder and get the same fixed tokenizer (the fit check that refuses such pairs for training is
 chat_templates.check, tested in test_chat_templates.py). Templates with special tokens in their format
@@ -65,10 +65,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from llmft.core import chat_templates as ct
+from llmft.core.assets import build_tokenizer
 from llmft.core.config import ConfigError
-from llmft.core.pretokenize import SFTEncoder
-from llmft.data.assets import build_tokenizer
+from llmft.core.lf import chat_templates as ct
+from llmft.core.lf.pretokenize import SFTEncoder
 
 from tests import compat
 from tests.lfref import dataset_attr, lf_convert
@@ -351,7 +351,7 @@ def _eval_groups(rows: list[dict]) -> dict[str, list[int]]:
 
 
 def _table_is_exact(folder, name: str) -> bool:
-    from llmft.core.prompts import PromptEncoder
+    from llmft.core.lf.prompts import PromptEncoder
     from transformers import AutoTokenizer
 
     return PromptEncoder.load(AutoTokenizer.from_pretrained(folder), name)[0] is not None

@@ -5,7 +5,7 @@ import json
 import random
 
 import pytest
-from llmft.core.fasttok import PROBES, FastPath, SpanTable, _spec, ascii_pattern, gather
+from llmft.core.lf.fasttok import PROBES, FastPath, SpanTable, _spec, ascii_pattern, gather
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 LLAMA3 = (

@@ -511,7 +511,7 @@ def test_sft_finalize_never_reports_fp8_it_did_not_count(tmp_path):
 def lf_lora_args(tmp_path_factory):
     """A tiny model folder and LLaMA-Factory's parsed arguments for a LoRA run on it."""
     from llamafactory.hparams import get_train_args
-    from llmft.data.assets import build_tiny_model
+    from llmft.core.assets import build_tiny_model
 
     root = tmp_path_factory.mktemp("fp8_lf")
     build_tiny_model(root / "model", hidden_size=64, num_heads=4, vocab_size=512)

@@ -7,10 +7,10 @@ import json
 import pytest
 import yaml
 from datasets import load_from_disk
-from llmft.core import lfdataset
+from llmft.core.assets import build_tokenizer
 from llmft.core.config import ConfigError
 from llmft.core.config import validate as validate_config
-from llmft.data.assets import build_tokenizer
+from llmft.core.lf import lfdataset
 from llmft.data.prepare import prepare
 from llmft.data.sources import DataError
 

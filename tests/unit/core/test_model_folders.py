@@ -10,9 +10,9 @@ import struct
 
 import numpy as np
 import pytest
+from llmft.core.assets import build_tokenizer
 from llmft.core.config import ConfigError, validate
 from llmft.core.shape import model_shape
-from llmft.data.assets import build_tokenizer
 from safetensors.numpy import save_file
 
 from tests.conftest import make_workdir, snakemake

@@ -4,6 +4,7 @@ import shutil
 
 import pytest
 import torch
+from llmft.core.assets import build_tiny_model
 from llmft.core.modelfiles import (
     HEAD,
     StructureError,
@@ -12,7 +13,6 @@ from llmft.core.modelfiles import (
     structure_difference,
     tensor_index,
 )
-from llmft.data.assets import build_tiny_model
 from safetensors.torch import load_file, save_file
 
 

@@ -6,10 +6,10 @@ from dataclasses import fields
 import pytest
 import yaml
 from datasets import load_from_disk
+from llmft.core.assets import build_tiny_model, synthetic_rows
 from llmft.core.config import validate
+from llmft.core.lf.pretokenize import PREPROCESSING_DEFAULTS, SFTEncoder, blockers, messages_of
 from llmft.core.platform import Platform
-from llmft.core.pretokenize import PREPROCESSING_DEFAULTS, SFTEncoder, blockers, messages_of
-from llmft.data.assets import build_tiny_model, synthetic_rows
 from llmft.data.prepare import prepare
 from llmft.sft.render import render
 

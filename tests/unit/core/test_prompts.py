@@ -6,8 +6,8 @@ prompt and answer ids, EOS, pad and stop ids equal `get_template_and_fix_tokeniz
 import json
 
 import pytest
-from llmft.core import prompts
-from llmft.data.assets import build_tokenizer, synthetic_rows
+from llmft.core.assets import build_tokenizer, synthetic_rows
+from llmft.core.lf import prompts
 from llmft.evaluate import run as ev
 
 from tests import published_formats as published

@@ -5,15 +5,20 @@ import re
 
 import numpy as np
 import pytest
+from llmft.core.assets import WORDS
 from llmft.core.io import read_jsonl
-from llmft.data.assets import WORDS
-from llmft.data.dedup import MinHasher, SeenKeys, jaccard, lsh_shape
-from llmft.data.prepare import _payload, content_key, is_heldout, prepare
+from llmft.data.dedup import MinHasher, SeenKeys, lsh_shape, payload
+from llmft.data.prepare import content_key, is_heldout, prepare
+
+
+def jaccard(a: set, b: set) -> float:
+    """The exact Jaccard similarity MinHash estimates."""
+    return len(a & b) / len(a | b) if a or b else 1.0
 
 
 def shingles(row: dict) -> set:
     """Word 3-grams of a row, computed the plain way (the definition the numpy code implements)."""
-    words = re.findall(r"[0-9a-z]+", _payload(row))
+    words = re.findall(r"[0-9a-z]+", payload(row))
     return {tuple(words[i : i + 3]) for i in range(len(words) - 2)} if len(words) > 2 else {tuple(words)}
 
 
@@ -44,7 +49,7 @@ def test_minhash_estimates_jaccard():
         b = {"instruction": " ".join(other), "input": "", "output": "x"}
         rows += [a, b]
         pairs.append(jaccard(shingles(a), shingles(b)))
-    sig = hasher.signatures([_payload(r) for r in rows], np.arange(len(rows), dtype=np.uint64))
+    sig = hasher.signatures([payload(r) for r in rows], np.arange(len(rows), dtype=np.uint64))
     est = [(sig[2 * i] == sig[2 * i + 1]).mean() for i in range(len(pairs))]
     errors = np.abs(np.array(est) - np.array(pairs))
     assert errors.mean() < 0.04 and errors.max() < 0.2

@@ -3,11 +3,11 @@ replay sample of its rows sized as a share of what the run trains, the removed o
 held-out split never moves."""
 
 import pytest
+from llmft.core.assets import synthetic_rows
 from llmft.core.config import ConfigError, validate
 from llmft.core.io import read_jsonl
 from llmft.core.lineage import TRAIN_KEYS_FILE
 from llmft.core.lineage import resolve as resolve_parent
-from llmft.data.assets import synthetic_rows
 from llmft.data.delta import read_keys
 from llmft.data.prepare import content_key, is_heldout, prepare
 from llmft.data.sources import DataError

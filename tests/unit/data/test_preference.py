@@ -87,7 +87,7 @@ def write(tmp, name, rows):
 
 
 def entry_source(tmp, name, entry):
-    from llmft.core.lfdataset import resolve
+    from llmft.core.lf.lfdataset import resolve
 
     (tmp / "dataset_info.json").write_text(json.dumps({name: entry}))
     return resolve({"dataset_info": str(tmp / "dataset_info.json"), "name": name}, preference=True)
@@ -172,7 +172,7 @@ def test_a_dataset_info_entry_is_read_through_its_columns(tmp_path):
 
 
 def test_preference_entries_are_checked_and_sft_entries_point_to_preference_data(tmp_path):
-    from llmft.core.lfdataset import LFDatasetError, resolve
+    from llmft.core.lf.lfdataset import LFDatasetError, resolve
 
     write(tmp_path, "pairs.json", [{"question": "q", "good": "g", "bad": "b"}])
     info = tmp_path / "dataset_info.json"
@@ -367,7 +367,7 @@ def test_duplicates_are_dropped_and_the_split_is_stable_by_prompt(tmp_path, toke
 
 
 def test_synthetic_task_prefers_the_right_answer():
-    from llmft.data.assets import CATEGORIES, NUMBER_WORDS, synthetic_rows
+    from llmft.core.assets import CATEGORIES, NUMBER_WORDS, synthetic_rows
 
     def right(row):  # the answer worked out from the question, independently of the generator
         if row["task"] == "category":

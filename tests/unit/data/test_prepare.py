@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from datasets import Dataset, load_from_disk
+from llmft.core.assets import synthetic_rows
 from llmft.core.io import read_jsonl
-from llmft.data.assets import synthetic_rows
 from llmft.data.prepare import content_key, is_heldout, prepare
 from llmft.data.sources import DataError
 

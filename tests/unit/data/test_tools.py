@@ -8,10 +8,10 @@ import json
 import pytest
 from datasets import load_from_disk
 from llmft.core import conversation
+from llmft.core.assets import synthetic_rows
 from llmft.core.io import read_jsonl
-from llmft.core.pretokenize import SFTEncoder
+from llmft.core.lf.pretokenize import SFTEncoder
 from llmft.data import sources as ds
-from llmft.data.assets import synthetic_rows
 from llmft.data.prepare import content_key, prepare
 from llmft.data.sources import DataError, RowError, validate
 from llmft.evaluate import run as ev
@@ -447,7 +447,7 @@ def test_evaluation_scores_the_call(tokenizer_dir, template):
 
 
 def test_evaluation_encodes_tool_rows_with_llamafactory(tokenizer_dir):
-    from llmft.core.prompts import PromptEncoder
+    from llmft.core.lf.prompts import PromptEncoder
     from transformers import AutoTokenizer
 
     rows = [validate("f", i, raw, "sharegpt") for i, raw in enumerate(tool_rows(5), 1)]
@@ -467,9 +467,9 @@ def test_evaluation_encodes_tool_rows_with_llamafactory(tokenizer_dir):
 def test_evaluate_end_to_end_reports_the_call_as_reference(tmp_path):
     """evaluate() on held-out tool rows: their prompts through LLaMA-Factory (tools in the system
     turn), a call answer's reference the call as the template formats it, scored on the call."""
+    from llmft.core.assets import build_tiny_model
     from llmft.core.config import validate as validate_config
     from llmft.core.io import read_json, write_jsonl
-    from llmft.data.assets import build_tiny_model
 
     build_tiny_model(tmp_path / "model", hidden_size=32, num_layers=1, num_heads=2, seed=1)
     rows = [validate("f", i, raw, "sharegpt") for i, raw in enumerate(tool_rows(5), 1)]

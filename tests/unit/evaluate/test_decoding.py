@@ -4,9 +4,9 @@ the static path fails."""
 
 import pytest
 from llmft.core import decode
+from llmft.core.assets import build_tiny_model, synthetic_rows
 from llmft.core.config import validate
 from llmft.core.io import read_json, read_jsonl, write_jsonl
-from llmft.data.assets import build_tiny_model, synthetic_rows
 from llmft.evaluate import run as ev
 from llmft.evaluate import worker
 

@@ -183,8 +183,8 @@ def test_finalize_publishes_a_sealed_model(tmp_path):
     import shutil
 
     import yaml
+    from llmft.core.assets import build_tiny_model
     from llmft.core.platform import Platform
-    from llmft.data.assets import build_tiny_model
     from llmft.sft.publish import finalize
 
     base, work, run = tmp_path / "base", tmp_path / "work", tmp_path / "results" / "r"

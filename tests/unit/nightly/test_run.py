@@ -9,10 +9,9 @@ import pytest
 import yaml
 from llmft.core.config import validate
 from llmft.evaluate.preference import gate_block
+from llmft.nightly.lock import Lock, NightlyLocked
 from llmft.nightly.promote import promoted_stack, record
 from llmft.nightly.run import (
-    Lock,
-    NightlyLocked,
     _configfiles,
     config_fingerprint,
     data_fingerprint,
@@ -154,7 +153,7 @@ def test_lock_refuses_a_second_process(tmp_path):
     path = tmp_path / "lock"
     with Lock(path):
         code = (
-            "import sys; from pathlib import Path; from llmft.nightly.run import Lock, NightlyLocked\n"
+            "import sys; from pathlib import Path; from llmft.nightly.lock import Lock, NightlyLocked\n"
             "try:\n    Lock(Path(sys.argv[1])).__enter__()\nexcept NightlyLocked as e:\n"
             "    print(e); sys.exit(3)\n"
         )

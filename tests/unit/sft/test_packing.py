@@ -8,10 +8,10 @@ import pytest
 import yaml
 from datasets import load_from_disk
 from llmft.__main__ import main
+from llmft.core.assets import build_tiny_model, synthetic_rows
 from llmft.core.config import ConfigError, validate
 from llmft.core.platform import Platform
 from llmft.core.shape import model_shape
-from llmft.data.assets import build_tiny_model, synthetic_rows
 from llmft.data.prepare import prepare
 from llmft.sft import packing
 from llmft.sft.packing import STAMP_FILE, pack, packed_dir_name, packing_args

@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from llmft.benchmarks.score import BenchmarkError, evaluate_tasks
+from llmft.benchmarks.tasks import task_manager
 from llmft.core import slurm
 from llmft.core.io import read_optional, write_json, write_text
 from llmft.core.launch import OFFLINE_ENV, package_env, torchrun_command
@@ -36,8 +38,6 @@ def process_count(requested: int, device: str) -> int:
 
 def launch(cfg: dict, model_dir: str, device: str, dtype: str, threads: int, n: int) -> dict:
     """Run the benchmarks over `n` processes; {"tasks": ..., "processes": ...} from rank 0."""
-    from llmft.benchmarks.run import BenchmarkError
-
     # a single node: rendezvous on this host, on a port free now (jobs may share the node)
     alloc = dataclasses.replace(
         slurm.current_allocation(), nodes=["localhost"], node_rank=0, master_addr="127.0.0.1"
@@ -87,8 +87,6 @@ def main(folder: str) -> int:
     """One rank: its device, the process group, lm-eval over its share; rank 0 writes the result."""
     import torch
     import torch.distributed as dist
-    from llmft.benchmarks.run import BenchmarkError, evaluate_tasks
-    from llmft.benchmarks.tasks import task_manager
 
     spec = json.loads((Path(folder) / SPEC).read_text())
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])

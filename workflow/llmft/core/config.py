@@ -18,6 +18,7 @@ from typing import Any
 import jsonschema
 import yaml
 from llmft.core.io import path_problem
+from llmft.core.schedule import NEEDS_MIN_LR, STEP_KEYS, WSD, reads_ratio
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
 BUILTIN_MODEL = "builtin:tiny"
@@ -293,7 +294,7 @@ def _check_source(i: int, src: dict, base_dir: Path, key: str = "data.sources") 
     save_to_disk folder or a data file."""
     preference = key != "data.sources"
     if "dataset_info" in src:
-        from llmft.core.lfdataset import LFDatasetError, resolve
+        from llmft.core.lf.lfdataset import LFDatasetError, resolve
 
         try:
             resolve(src, base_dir, where=f"{key}[{i}]", preference=preference)
@@ -380,7 +381,7 @@ def _remote_code(folder: Path) -> str | None:
 
 def _check_lf_names(cfg: dict) -> None:
     """model.template and sft.extra against the installed LLaMA-Factory's names."""
-    from llmft.core.lfnames import closest, names
+    from llmft.core.lf.lfnames import closest, names
 
     lf = names()
     template = cfg["model"]["template"]
@@ -523,8 +524,6 @@ def _schedule_checks(cfg: dict) -> None:
     """sft.lr_scheduler_type and the preference stage's: what their transformers schedule needs before
     it starts (else the training job fails at its first step), and sft.decay_ratio only where a
     warmup_stable_decay schedule reads it."""
-    from llmft.sft.schedule import NEEDS_MIN_LR, STEP_KEYS, WSD, reads_ratio
-
     sft = cfg["sft"]
     kwargs = sft["extra"].get("lr_scheduler_kwargs") or {}
     if not isinstance(kwargs, dict):
@@ -563,6 +562,15 @@ def _schedule_checks(cfg: dict) -> None:
             )
 
 
+def fp8_blocker(sft: dict) -> str | None:
+    """Why the rest of the sft config rules FP8 out, whatever the nodes (None: nothing does)."""
+    if sft["precision"] != "bf16":
+        return f"sft.precision is {sft['precision']} (FP8 runs with bf16 around its matmuls)"
+    if sft["quantization_bit"] != "none":
+        return f"sft.quantization_bit is {sft['quantization_bit']} (QLoRA's base is already quantized)"
+    return None
+
+
 def _finetuning_checks(sft: dict, on_cpu: bool = False) -> None:
     """The LoRA / freeze / quantization keys: only under the type that reads them, values that work."""
     kind = sft["finetuning_type"]
@@ -590,9 +598,7 @@ def _finetuning_checks(sft: dict, on_cpu: bool = False) -> None:
             "layers, n < 0 the first -n"
         )
     if sft["fp8"] is True:
-        from llmft.core.fp8 import config_blocker
-
-        blocker = config_blocker(sft)
+        blocker = fp8_blocker(sft)
         if blocker:
             raise ConfigError(f"config key sft.fp8: true but {blocker}; set sft.fp8: auto or false")
     if sft["quantization_bit"] == 8 and sft["zero_stage"] == 3:

@@ -23,8 +23,6 @@ USER = "user"
 ASSISTANT = "assistant"
 OBSERVATION = "observation"
 FUNCTION = "function"
-PROMPT_ROLES = (USER, OBSERVATION)
-ANSWER_ROLES = (ASSISTANT, FUNCTION)
 
 # dataset_info.json tags for a sharegpt split written in these role names: LLaMA-Factory's tag
 # mapping then maps every role to itself.

@@ -20,6 +20,8 @@ import os
 import re
 from pathlib import Path
 
+from llmft.core.config import ConfigError, fp8_blocker
+
 # Scaling recipes, measured on one H200 (issue 33: four Llama-3-8B-shaped decoder layers, batch 4 x
 # 2048, forward + backward under torch.compile): a decoder layer's bf16 step time over its float8 step
 # time, with trainable weights (full fine-tuning) and frozen ones (LoRA's base weights). Accuracy
@@ -106,25 +108,14 @@ def arch_has_fp8(vendor: str, arch: str) -> tuple[bool, str]:
     return False, f"sm_{sm} has no FP8 tensor cores (sm_89 and newer do)"
 
 
-def config_blocker(sft: dict) -> str | None:
-    """Why the rest of the sft config rules FP8 out, whatever the nodes (None: nothing does)."""
-    if sft["precision"] != "bf16":
-        return f"sft.precision is {sft['precision']} (FP8 runs with bf16 around its matmuls)"
-    if sft["quantization_bit"] != "none":
-        return f"sft.quantization_bit is {sft['quantization_bit']} (QLoRA's base is already quantized)"
-    return None
-
-
 def decide(sft: dict, platform, hidden: int | None = None) -> tuple[bool, str]:
     """(FP8 on, why) for sft.fp8 on this platform and a model of this hidden size (pipeline_ratio);
     ConfigError for `true` where it cannot run."""
-    from llmft.core.config import ConfigError
-
     setting = sft["fp8"]
     if setting is False:
         return False, OFF_REASON
     capable, why = arch_has_fp8(platform.vendor, platform.arch)
-    blocker = config_blocker(sft) or (None if capable else why)
+    blocker = fp8_blocker(sft) or (None if capable else why)
     if setting is True:
         if blocker:
             raise ConfigError(
@@ -182,7 +173,7 @@ def canary_wants_fp8(sft: dict, vendor: str, arch: str) -> bool:
     """Whether the canary runs its FP8 leg on this node: FP8 asked for, or auto on an FP8 arch."""
     if sft["fp8"] is True:
         return True
-    return sft["fp8"] == "auto" and arch_has_fp8(vendor, arch)[0] and config_blocker(sft) is None
+    return sft["fp8"] == "auto" and arch_has_fp8(vendor, arch)[0] and fp8_blocker(sft) is None
 
 
 def _eligible(module, fqn: str) -> bool:

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
+from llmft.core.assets import build_tokenizer
 from llmft.core.config import BUILTIN_MODEL, ConfigError, is_run_name
 from llmft.core.io import read_json, read_optional
 
@@ -232,8 +233,6 @@ def folder_tokenizer(folder: Path) -> str:
 
 @functools.cache
 def _builtin_tokenizer(vocab_size: int) -> str:
-    from llmft.data.assets import build_tokenizer
-
     with tempfile.TemporaryDirectory() as tmp:
         build_tokenizer(tmp, vocab_size)
         return folder_tokenizer(Path(tmp))

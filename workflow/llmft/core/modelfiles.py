@@ -46,10 +46,6 @@ class StructureError(RuntimeError):
     """A trained model folder does not have its base model's structure."""
 
 
-class FolderError(ValueError):
-    """A model folder's files cannot be trained from; the message names the file."""
-
-
 def content_hash(path: Path) -> str:
     """xxh3-128 of a file's bytes: 6.2 GB/s on one core here (sha256 1.45, blake2b 0.88; see
     bench/README.md), so a checkpoint is read at the filesystem's speed. It detects corruption, not

@@ -1,4 +1,5 @@
-"""Exact and near-duplicate detection in numpy, with memory that stays small as data grows.
+"""A row's identity (its content key) and exact and near-duplicate detection in numpy, with memory
+that stays small as data grows.
 
 Exact: 64-bit content keys in sorted numpy runs (8 bytes a row, no Python objects per row).
 
@@ -13,14 +14,51 @@ candidates below it.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from llmft.core.text import normalise
 
 _U64 = np.uint64
 _C1 = _U64(0x9E3779B97F4A7C15)
 _C2 = _U64(0xBF58476D1CE4E5B9)
+
+
+def payload(row: dict) -> str:
+    """Normalised, case-folded content: what identity (dedup, split) and similarity are about.
+
+    Rows without system prompt or history hash exactly as before those fields existed, so existing
+    alpaca datasets keep their split. Tool rows (the messages form) hash every turn with its role,
+    the system prompt and the tools, so a changed call or tool list is another row."""
+    if "messages" in row:
+        return _tool_payload(row)
+    text = "\x1f".join(normalise(row.get(f, "")).casefold() for f in ("instruction", "input", "output"))
+    extra = []
+    if row.get("system"):
+        extra.append("system\x1f" + normalise(row["system"]).casefold())
+    for user, assistant in row.get("history") or ():
+        extra.append(normalise(user).casefold() + "\x1f" + normalise(assistant).casefold())
+    return text + ("\x1e" + "\x1e".join(extra) if extra else "")
+
+
+def _tool_payload(row: dict) -> str:
+    parts = ["messages"]
+    parts += [m["role"] + "\x1f" + normalise(m["content"]).casefold() for m in row["messages"]]
+    if row.get("system"):
+        parts.append("system\x1f" + normalise(row["system"]).casefold())
+    if row.get("tools"):
+        # The decoded JSON, compactly: tools that differ only in spacing are the same tools.
+        tools = json.dumps(json.loads(row["tools"]), ensure_ascii=False, separators=(",", ":"))
+        parts.append("tools\x1f" + normalise(tools).casefold())
+    return "\x1e".join(parts)
+
+
+def content_key(row: dict) -> str:
+    """Hash of a row's normalised content: the identity used for dedup and the split."""
+    return hashlib.sha256(payload(row).encode("utf-8")).hexdigest()
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -150,10 +188,6 @@ def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
             acc = _mix(acc * _U64(0x100000001B3) ^ sig[:, j].astype(np.uint64))
         keys[:, b] = acc
     return keys
-
-
-def jaccard(a: set, b: set) -> float:
-    return len(a & b) / len(a | b) if a or b else 1.0
 
 
 class NearDupIndex:

@@ -8,10 +8,13 @@ parent's train row found on the held-out side stops the stage.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
 from llmft.core.io import atomic_path
+from llmft.core.lineage import TRAIN_KEYS_FILE
+from llmft.data.dedup import content_key
 from llmft.data.sources import DataError
 
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -33,10 +36,6 @@ def read_keys(path: Path) -> np.ndarray:
 def keys_from_jsonl(path: Path) -> np.ndarray:
     """The content keys of a train.jsonl's rows: a run prepared before train_keys.u64 existed trained
     every train row, so its train.jsonl holds them all."""
-    import json
-
-    from llmft.data.prepare import content_key
-
     keys = []
     with open(path, encoding="utf-8") as fh:
         for line in fh:
@@ -46,8 +45,6 @@ def keys_from_jsonl(path: Path) -> np.ndarray:
 
 def parent_keys(run_dir: Path) -> np.ndarray:
     """A parent run's train keys: its train_keys.u64, else (an older run) its train.jsonl's."""
-    from llmft.core.lineage import TRAIN_KEYS_FILE
-
     recorded = run_dir / "data" / TRAIN_KEYS_FILE
     return read_keys(recorded) if recorded.is_file() else keys_from_jsonl(run_dir / "data" / "train.jsonl")
 

@@ -51,8 +51,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-from llmft.core import lfdataset
 from llmft.core.io import write_json
+from llmft.core.lf import lfdataset
 from llmft.core.text import normalise
 from llmft.data.dedup import SeenKeys
 from llmft.data.prepare import is_heldout
@@ -99,7 +99,7 @@ def _question(rng: random.Random) -> tuple[str, str, str, str, str]:
     """(task, instruction, input, right answer, wrong answer): a word's category or the number of
     words in a list, asked in words the SFT demo's data never uses, so the preference stage teaches
     something sft did not."""
-    from llmft.data.assets import CATEGORIES, NUMBER_WORDS, WORDS
+    from llmft.core.assets import CATEGORIES, NUMBER_WORDS, WORDS
 
     if rng.random() < 0.5:
         word = rng.choice(WORDS)
@@ -419,7 +419,7 @@ class Tokenizer:
     def __init__(self, tokenizer_dir: str | Path, template_name: str, kind: str, cutoff_len: int):
         from llamafactory.data.processor import FeedbackDatasetProcessor, PairwiseDatasetProcessor
         from llamafactory.hparams import DataArguments
-        from llmft.core.pretokenize import load_processor, load_tokenizer_and_template
+        from llmft.core.lf.pretokenize import load_processor, load_tokenizer_and_template
 
         self.tokenizer, self.template = load_tokenizer_and_template(tokenizer_dir, template_name)
         self.kind = kind

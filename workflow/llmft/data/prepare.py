@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from llmft.core import lfdataset
 from llmft.core.conversation import SHAREGPT_TAGS, sharegpt_line
 from llmft.core.io import write_json
+from llmft.core.lf import lfdataset
+from llmft.core.lf.pretokenize import TOKENIZED_DIR
 from llmft.core.lineage import TRAIN_KEYS_FILE
-from llmft.core.pretokenize import TOKENIZED_DIR
 from llmft.core.text import normalise
-from llmft.data.dedup import NearDupIndex, SeenKeys
+from llmft.data.dedup import NearDupIndex, SeenKeys, content_key, payload
 from llmft.data.delta import select, write_keys
 from llmft.data.sources import (
     FORMATS,
@@ -60,40 +60,6 @@ LOGGED_DROPS = 200
 _WORKER: tuple | None = None
 
 __all__ = ["DataError", "content_key", "is_heldout", "normalise", "prepare", "FORMATS"]
-
-
-def _payload(row: dict) -> str:
-    """Normalised, case-folded content: what identity (dedup, split) and similarity are about.
-
-    Rows without system prompt or history hash exactly as before those fields existed, so existing
-    alpaca datasets keep their split. Tool rows (the messages form) hash every turn with its role,
-    the system prompt and the tools, so a changed call or tool list is another row."""
-    if "messages" in row:
-        return _tool_payload(row)
-    text = "\x1f".join(normalise(row.get(f, "")).casefold() for f in ("instruction", "input", "output"))
-    extra = []
-    if row.get("system"):
-        extra.append("system\x1f" + normalise(row["system"]).casefold())
-    for user, assistant in row.get("history") or ():
-        extra.append(normalise(user).casefold() + "\x1f" + normalise(assistant).casefold())
-    return text + ("\x1e" + "\x1e".join(extra) if extra else "")
-
-
-def _tool_payload(row: dict) -> str:
-    parts = ["messages"]
-    parts += [m["role"] + "\x1f" + normalise(m["content"]).casefold() for m in row["messages"]]
-    if row.get("system"):
-        parts.append("system\x1f" + normalise(row["system"]).casefold())
-    if row.get("tools"):
-        # The decoded JSON, compactly: tools that differ only in spacing are the same tools.
-        tools = json.dumps(json.loads(row["tools"]), ensure_ascii=False, separators=(",", ":"))
-        parts.append("tools\x1f" + normalise(tools).casefold())
-    return "\x1e".join(parts)
-
-
-def content_key(row: dict) -> str:
-    """Hash of a row's normalised content: the identity used for dedup and the split."""
-    return hashlib.sha256(_payload(row).encode("utf-8")).hexdigest()
 
 
 def is_heldout(key: str, fraction: float, salt: str) -> bool:
@@ -141,7 +107,7 @@ class _Preparer:
     def __init__(
         self, out_dir: Path, encoder, cutoff_len, heldout_fraction, split_salt, invalid_rows, dedup, workers
     ):
-        from llmft.core.pretokenize import SplitWriter
+        from llmft.core.lf.pretokenize import SplitWriter
 
         self.out_dir = out_dir
         self.tmp = out_dir / ".prepare_data.tmp"
@@ -246,7 +212,7 @@ class _Preparer:
             self._finish(*self.pending.popleft())
 
     def _finish(self, index: int, stats: _SourceStats, numbers: np.ndarray, future) -> None:
-        from llmft.core.pretokenize import record_batch
+        from llmft.core.lf.pretokenize import record_batch
 
         done: _Chunk = future.get()
         # Chunks finish in reading order, so the first of a set of duplicates is the one kept.
@@ -364,7 +330,7 @@ class _Chunk:
 def _work_chunk(rows: list[dict], weight: float, fraction: float, salt: str) -> _Chunk:
     """Everything per row that needs no other row: identity, side, tokens, signature, JSON."""
     encoder, hasher = _WORKER
-    payloads = [_payload(row) for row in rows]
+    payloads = [payload(row) for row in rows]
     digests = [hashlib.sha256(p.encode("utf-8")).digest() for p in payloads]
     keys = np.frombuffer(b"".join(d[:8] for d in digests), dtype="<u8").astype(np.uint64)
     hexes = [d.hex() for d in digests]
@@ -409,7 +375,7 @@ def _rewrite_side(
     """Copy a spooled side with each row written `keep_repeats[i]` times (0 = dropped); a side
     with tool rows (`messages` in `columns`) is written in the sharegpt form."""
     import pyarrow as pa
-    from llmft.core.pretokenize import SplitWriter
+    from llmft.core.lf.pretokenize import SplitWriter
 
     sharegpt = "messages" in columns
     if (keep_repeats == 1).all() and not sharegpt:
@@ -493,8 +459,8 @@ def prepare(
 
     On failure nothing is written into `out_dir`, and an empty `out_dir` is removed.
     """
-    from llmft.core.chat_templates import resolved as resolved_template
-    from llmft.core.pretokenize import SFTEncoder
+    from llmft.core.lf.chat_templates import resolved as resolved_template
+    from llmft.core.lf.pretokenize import SFTEncoder
     from llmft.data import tokcheck
 
     out_dir = Path(out_dir)
@@ -666,7 +632,7 @@ def _kept_rows(run: _Preparer) -> _Kept:
 
 def _write_final(run: _Preparer, kept: _Kept) -> None:
     """The kept rows, repeated as counted, into tmp/final: both JSONL files and the tokenized dataset."""
-    from llmft.core.pretokenize import write_dataset_dict
+    from llmft.core.lf.pretokenize import write_dataset_dict
 
     tmp = run.tmp
     final_tok = tmp / "final" / TOKENIZED_DIR

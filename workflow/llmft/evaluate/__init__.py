@@ -2,7 +2,7 @@
 
 Eval loss / perplexity and greedy-generation metrics (exact match, LLaMA-Factory's ROUGE and BLEU),
 per example and per task. Prompts are encoded as LLaMA-Factory's template encodes them (from the
-template table of core/prompts.py where that is exact, else through LLaMA-Factory itself), so the
+template table of core/lf/prompts.py where that is exact, else through LLaMA-Factory itself), so the
 model sees the token ids LLaMA-Factory's `do_predict` would feed it.
 
 Speed: rows are sorted by length before batching, the batches are spread over one process per GPU

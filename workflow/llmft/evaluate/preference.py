@@ -68,7 +68,7 @@ def logps(
     no generation), written to `out` with the row's answer length and tag; beside it `rows.json`:
     how many held-out rows were scored and their fingerprint (the nightly gate compares two models'
     scores only on the same rows). `max_rows`: the first N rows, "all", None: eval.max_rows."""
-    from llmft.core.chat_templates import for_config as template_for_config
+    from llmft.core.lf.chat_templates import for_config as template_for_config
     from llmft.core.modelfiles import safetensors_stats
     from llmft.evaluate.run import (
         _SetupClock,

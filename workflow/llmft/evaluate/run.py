@@ -133,8 +133,8 @@ def references(rows: list[dict], template_name: str, stop_texts: list[str]) -> l
 def encode(rows: list[dict], model_dir: str, template_name: str):
     """Tokenizer and (prompt ids, answer ids) per row, as LLaMA-Factory's template encodes them:
     from the template table where it is exact (no LLaMA-Factory import), else LLaMA-Factory itself."""
-    from llmft.core.chat_templates import resolved
-    from llmft.core.prompts import PromptEncoder
+    from llmft.core.lf.chat_templates import resolved
+    from llmft.core.lf.prompts import PromptEncoder
     from transformers import AutoTokenizer
 
     # Snakemake passes the name it resolved; `auto` here only in a hand-made config.
@@ -156,7 +156,7 @@ def encode_with_llamafactory(rows: list[dict], tokenizer, template_name: str, mo
     LLaMA-Factory's own inference (a folder without a processor stops in load_processor)."""
     from llamafactory.data import get_template_and_fix_tokenizer
     from llamafactory.hparams import DataArguments
-    from llmft.core.pretokenize import load_processor
+    from llmft.core.lf.pretokenize import load_processor
 
     template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template_name))
     processor = load_processor(model_dir, tokenizer, template_name) if model_dir is not None else None
@@ -210,7 +210,7 @@ def evaluate(
     slows generation many times over (bench/README.md, Held-out evaluation).
     `max_rows`: the first N rows of the split, "all" (the nightly gate's pass), None: eval.max_rows.
     """
-    from llmft.core.chat_templates import for_config as template_for_config
+    from llmft.core.lf.chat_templates import for_config as template_for_config
 
     ecfg = cfg["eval"]
     rows = heldout_rows(heldout, ecfg["max_rows"], max_rows)

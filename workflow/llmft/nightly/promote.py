@@ -13,15 +13,19 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
 from llmft.core.config import ConfigError, validate
-from llmft.core.io import read_json, read_optional, write_json
+from llmft.core.io import read_json, write_json
 from llmft.core.lineage import run_problems
+from llmft.nightly.lock import Lock
 
 # How a promotion by the nightly gate is recorded in the history (run._judge).
 GATE_WHY = "nightly gate: "
+# What a move by hand does after it: (results, its history entry, {run: status}) -> notes to print.
+Show = Callable[[Path, dict, dict], list[str]]
 
 
 class PromotionError(ConfigError):
@@ -169,10 +173,9 @@ def _state(results: Path) -> tuple[Path, dict]:
     return path, (read_json(path) if path.exists() else {"nights": [], "promoted": None})
 
 
-def promote_command(results: Path, run: str, why: str) -> str:
-    """`llmft promote RUN`: a finished run becomes results/current, under the nightly lock."""
-    from llmft.nightly.run import Lock
-
+def promote_command(results: Path, run: str, why: str, show: Show) -> str:
+    """`llmft promote RUN`: a finished run becomes results/current, under the nightly lock; `show`
+    (llmft.report.promotion.show_move) then tells the runs' pages."""
     try:  # the schema's rule for run names: no path, not current or nightly
         validate({"run": run})
     except ConfigError as exc:
@@ -187,7 +190,7 @@ def promote_command(results: Path, run: str, why: str) -> str:
         set_current(results, run, f"promoted by hand ({who()}): {why}")
         entry = record(state, "promote", old, run, why)
         write_json(path, state)
-        notes = _show(results, entry, {run: "promoted", old: "replaced"})
+        notes = show(results, entry, {run: "promoted", old: "replaced"})
     return "\n".join(
         [f"results/current: {old or 'none'} -> {run} ({entry['who']}, {entry['at']}): {why}", *notes]
     )
@@ -204,10 +207,9 @@ def _by(state: dict, run: str) -> str:
     return f": {entry.get('who') or 'someone'} promoted it at {entry.get('at')} ({why}); nothing to do"
 
 
-def rollback_command(results: Path, why: str) -> str:
-    """`llmft rollback`: results/current returns to the run promoted before the current one."""
-    from llmft.nightly.run import Lock
-
+def rollback_command(results: Path, why: str, show: Show) -> str:
+    """`llmft rollback`: results/current returns to the run promoted before the current one; `show`
+    as for promote_command."""
     with Lock(results / "nightly" / "lock"):
         path, state = _state(results)
         stack = promoted_stack(state)
@@ -227,38 +229,7 @@ def rollback_command(results: Path, why: str) -> str:
         set_current(results, target, f"rolled back by hand ({who()}) from {old}: {why}")
         entry = record(state, "rollback", old, target, why)
         write_json(path, state)
-        notes = _show(results, entry, {target: "promoted", old: "rolled back"})
+        notes = show(results, entry, {target: "promoted", old: "rolled back"})
     return "\n".join(
         [f"results/current: {old} -> {target} ({entry['who']}, {entry['at']}, rollback): {why}", *notes]
     )
-
-
-def _show(results: Path, entry: dict, statuses: dict) -> list[str]:
-    """After a move by hand: each run's promotion.json, summary.json and page say what happened to
-    it, and results/trend.html is drawn again. Returns a note for each page it could not rewrite."""
-    from llmft.report.page import set_promotion
-    from llmft.report.trend import build_trend
-
-    verb = "rolled back" if entry["action"] == "rollback" else "moved"
-    how = f"by hand ({entry['who']}, {entry['at']}): {entry['why']}"
-    notes = []
-    for run, status in statuses.items():
-        if not run or not (results / run).is_dir():
-            continue
-        if status == "promoted":
-            reason = f"results/current {verb} here from {entry['from'] or 'none'} {how}"
-        else:
-            reason = f"results/current {verb} from here to {entry['to']} {how}"
-        path = results / run / "promotion.json"
-        earlier = read_optional(path, {}) or {}
-        earlier = earlier if isinstance(earlier, dict) else {}
-        moved = {**earlier, "status": status, "reason": reason}
-        moved.setdefault("gate", {k: earlier.get(k) for k in ("status", "reason")} if earlier else None)
-        write_json(path, moved)
-        if not set_promotion(results / run / "report", moved):
-            notes.append(
-                f"run {run}: its page has no promotion line to rewrite (made before it had one); "
-                f"`snakemake --forcerun report --config run={run}` draws it again"
-            )
-    build_trend(results, results / "trend.html")
-    return notes

@@ -7,10 +7,8 @@ symlink `results/current` (and `results/current.json`, which says why).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 import shlex
 import shutil
 import signal
@@ -22,13 +20,10 @@ from pathlib import Path
 
 from llmft.core.config import BUILTIN_DATA, PREFERENCE_METRICS, ConfigError, is_run_name, validate
 from llmft.core.io import read_json, write_json, write_text
+from llmft.nightly.lock import Lock, NightlyLocked
 from llmft.nightly.promote import GATE_WHY, PromotionError, current_run, protected, record, set_current
 
 LOWER_IS_BETTER = {"eval_loss"}
-
-
-class NightlyLocked(RuntimeError):
-    """Another nightly run holds the lock."""
 
 
 def _hash_file(path: Path, h) -> None:
@@ -43,7 +38,7 @@ def data_fingerprint(cfg: dict, base_dir: Path = Path(".")) -> str:
     for src in cfg["data"]["sources"]:
         h.update(json.dumps(src, sort_keys=True).encode())
         if src.get("dataset_info"):  # a LLaMA-Factory dataset entry: the entry's file, and the entry
-            from llmft.core.lfdataset import resolve
+            from llmft.core.lf.lfdataset import resolve
 
             entry = resolve(src, base_dir)
             h.update(json.dumps(entry["attr"], sort_keys=True).encode())
@@ -63,35 +58,6 @@ def config_fingerprint(cfg: dict) -> str:
     """Hash of the validated config, without the run name and the nightly settings."""
     relevant = {k: v for k, v in cfg.items() if k not in ("run", "nightly")}
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
-
-
-class Lock:
-    """An exclusive, non-blocking flock on results/nightly/lock; released when the process dies."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.fh = None
-
-    def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh = open(self.path, "a+")
-        try:
-            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.fh.seek(0)
-            holder = self.fh.read().strip() or "unknown"
-            self.fh.close()
-            raise NightlyLocked(
-                f"another nightly run holds {self.path} ({holder}); not starting a second one"
-            ) from None
-        self.fh.seek(0)
-        self.fh.truncate()
-        self.fh.write(f"pid {os.getpid()} since {datetime.now(timezone.utc).isoformat(timespec='seconds')}")
-        self.fh.flush()
-        return self
-
-    def __exit__(self, *exc):
-        self.fh.close()
 
 
 def gate(new: dict, current: dict | None, metric: str, tolerance: float) -> tuple[bool, str]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from llmft.core import conversation
 from llmft.core.io import atomic_path
-from llmft.core.pretokenize import load_tokenizer_and_template, write_dataset_dict
+from llmft.core.lf.pretokenize import load_tokenizer_and_template, write_dataset_dict
 
 SPLITS = (("train", "train.jsonl"), ("validation", "heldout.jsonl"))
 ARROW_FILE = "data-00000-of-00001.arrow"

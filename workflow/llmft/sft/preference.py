@@ -128,7 +128,7 @@ def sampler_args(plan) -> dict:
 def pairs_have_lengths(data_dir: str) -> bool:
     """Whether both splits of the tokenized pairs in data_dir hold LENGTH_COLUMN (prepare_preference
     writes it; the sampler needs it in the held-out split too, for LLaMA-Factory's evaluation)."""
-    from llmft.core.pretokenize import TOKENIZED_DIR
+    from llmft.core.lf.pretokenize import TOKENIZED_DIR
 
     for split in ("train", "validation"):
         info = Path(data_dir) / TOKENIZED_DIR / split / "dataset_info.json"
@@ -144,7 +144,7 @@ def settle_grouping(cfg: dict, plan, data_dir: str) -> None:
     """A plan that batches pairs by length (preference.group_by_length: true; auto leaves it off)
     needs their lengths in the tokenized data: without them transformers' sampler stops the job at
     its start, as it does under plain LLaMA-Factory. Refused by name before the job."""
-    from llmft.core.pretokenize import TOKENIZED_DIR
+    from llmft.core.lf.pretokenize import TOKENIZED_DIR
 
     if not plan.group_by_length or pairs_have_lengths(data_dir):
         return

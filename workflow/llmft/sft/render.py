@@ -10,13 +10,14 @@ import shlex
 from pathlib import Path
 
 import yaml
-from llmft.core import fp8, lineage, pretokenize
-from llmft.core.chat_templates import for_config as template_for_config
+from llmft.core import fp8, lineage, schedule
 from llmft.core.config import BUILTIN_MODEL, ConfigError, lora_settings
 from llmft.core.io import read_json, write_json, write_text
+from llmft.core.lf import pretokenize
+from llmft.core.lf.chat_templates import for_config as template_for_config
 from llmft.core.platform import Platform
 from llmft.core.shape import ModelShape, model_shape
-from llmft.sft import preference, schedule, tracking
+from llmft.sft import preference, tracking
 from llmft.sft.packing import STAMP_FILE, packed_dir_name, packing_args, source_fingerprint
 from llmft.sft.plan import Plan, describe, resolve
 

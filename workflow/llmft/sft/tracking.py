@@ -19,7 +19,6 @@ import json
 import os
 from pathlib import Path
 
-BACKENDS = ("tensorboard", "mlflow", "wandb")
 MODULES = {"tensorboard": "tensorboardX", "mlflow": "mlflow", "wandb": "wandb"}
 RUN_ID_FILE = "llmft_mlflow_run.json"
 

@@ -16,7 +16,7 @@ block read here and removed before LLaMA-Factory parses the rest:
       compile_tuning: true              # when planned: Inductor's coordinate-descent kernel tuning
       fp8: {recipe: tensorwise, frozen_cast_once: true}  # only when FP8 is planned (llmft.core.fp8)
       decay_ratio: 0.2                  # lr_scheduler_type warmup_stable_decay: its decay's share
-                                        # of the steps (llmft.sft.schedule)
+                                        # of the steps (llmft.core.schedule)
       liger_loss_only: false            # Liger's fused linear + cross-entropy alone
                                         # (with Liger, its fused loss runs through llmft.sft.fusedce)
       padding_free: true                # dpo only, when planned: llmft.sft.padfree's forward
@@ -162,6 +162,35 @@ def _train(args: dict, ours: dict) -> int:
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(sig, lambda signum, _frame: saver.request(signal.Signals(signum).name))
 
+    _install(args, ours, output_dir)
+    cpu_resume_fix()
+    try:
+        tracking.set_up(ours.get("tracking") or {}, output_dir, int(os.environ.get("RANK", "0")))
+    except tracking.TrackingError as exc:
+        print(f"[llmft] {exc}", file=sys.stderr, flush=True)
+        return 2
+    rank = int(os.environ.get("RANK", "0"))
+    heartbeat = faults.Heartbeat(output_dir, rank).start()
+    callbacks = _callbacks(args, ours, saver, heartbeat)
+    from llamafactory.train.tuner import run_exp
+
+    try:
+        run_exp(args=args, callbacks=callbacks)
+    except Diverged as exc:
+        print(f"[llmft] {exc}", file=sys.stderr, flush=True)
+        return _finish(callbacks, EXIT_DIVERGED)
+    except Preempted as exc:
+        print(f"[llmft] {exc}", file=sys.stderr, flush=True)
+        return _finish(callbacks, EXIT_PREEMPTED)
+    except FP8NotApplied as exc:
+        print(f"[llmft] {exc}", file=sys.stderr, flush=True)
+        return _finish(callbacks, 2)
+    return _finish(callbacks, 0)
+
+
+def _install(args: dict, ours: dict, output_dir: Path) -> None:
+    """What the rendered llmft block asks for, patched into LLaMA-Factory, transformers and torch
+    before run_exp: varlen attention, padding-free DPO, Liger's loss, FP8, the schedule's decay."""
     if ours.get("attention") == "varlen":
         import torch
         from llmft.core import varlen
@@ -192,17 +221,13 @@ def _train(args: dict, ours: dict) -> int:
             bool(ours["fp8"].get("frozen_cast_once")),
         )
     if ours.get("decay_ratio") is not None:  # warmup_stable_decay's decay as a share of the steps
-        from llmft.sft import schedule
+        from llmft.core import schedule
 
         schedule.install(float(ours["decay_ratio"]))
-    cpu_resume_fix()
-    try:
-        tracking.set_up(ours.get("tracking") or {}, output_dir, int(os.environ.get("RANK", "0")))
-    except tracking.TrackingError as exc:
-        print(f"[llmft] {exc}", file=sys.stderr, flush=True)
-        return 2
-    rank = int(os.environ.get("RANK", "0"))
-    heartbeat = faults.Heartbeat(output_dir, rank).start()
+
+
+def _callbacks(args: dict, ours: dict, saver: PreemptionSaver, heartbeat: faults.Heartbeat) -> list:
+    """The trainer callbacks, in the order they must run."""
     callbacks = [
         CheckpointSeal(),  # before the saver: a checkpoint saved for a stop is sealed first
         HeartbeatCallback(heartbeat),
@@ -224,20 +249,7 @@ def _train(args: dict, ours: dict) -> int:
     window = profile_window(os.environ.get(PROFILE_ENV))
     if window:
         callbacks.append(ProfileWindow(*window))
-    from llamafactory.train.tuner import run_exp
-
-    try:
-        run_exp(args=args, callbacks=callbacks)
-    except Diverged as exc:
-        print(f"[llmft] {exc}", file=sys.stderr, flush=True)
-        return _finish(callbacks, EXIT_DIVERGED)
-    except Preempted as exc:
-        print(f"[llmft] {exc}", file=sys.stderr, flush=True)
-        return _finish(callbacks, EXIT_PREEMPTED)
-    except FP8NotApplied as exc:
-        print(f"[llmft] {exc}", file=sys.stderr, flush=True)
-        return _finish(callbacks, 2)
-    return _finish(callbacks, 0)
+    return callbacks
 
 
 def _finish(callbacks: list, code: int) -> int:

@@ -22,7 +22,7 @@ All of this reads files only (json, jinja2, optionally `tokenizers`): it runs wh
 the DAG, where importing LLaMA-Factory (~8 s) would be paid by every `snakemake -n`. A folder with
 only a slow tokenizer's files (vocab.json + merges.txt, tokenizer.model) is read through the
 tokenizer transformers builds from them, as LLaMA-Factory will load it.
-`python -m llmft.core.chat_templates --write` regenerates lf_templates.json from the installed
+`python -m llmft.core.lf.chat_templates --write` regenerates lf_templates.json from the installed
 LLaMA-Factory; a test checks the file against it.
 """
 
@@ -39,9 +39,9 @@ from pathlib import Path
 
 from llmft.core.config import ConfigError
 from llmft.core.io import read_optional
-from llmft.core.prompts import Recorder
+from llmft.core.lf.prompts import Recorder
 
-log = logging.getLogger("llmft.core.chat_templates")
+log = logging.getLogger("llmft.core.lf.chat_templates")
 
 TABLE = Path(__file__).with_name("lf_templates.json")
 AUTO = "auto"

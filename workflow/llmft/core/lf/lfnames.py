@@ -3,7 +3,7 @@ training arguments (so an unknown `model.template` or a typo in `sft.extra` stop
 any job, naming the key).
 
 Importing LLaMA-Factory takes ~8 s, too slow for every `snakemake -n`: the names are read once from
-the installed version into lf_names.json (`python -m llmft.core.lfnames`), and a test checks that file
+the installed version into lf_names.json (`python -m llmft.core.lf.lfnames`), and a test checks that file
 against the LLaMA-Factory installed with llmft.
 """
 

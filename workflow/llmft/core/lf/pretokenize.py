@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 from llmft.core import conversation
 from llmft.core.conversation import messages as messages_of  # noqa: F401 - the name callers and tests use
-from llmft.core.fasttok import FastPath, SpanTable, gather
+from llmft.core.lf.fasttok import FastPath, SpanTable, gather
 
-log = logging.getLogger("llmft.core.pretokenize")
+log = logging.getLogger("llmft.core.lf.pretokenize")
 
 IGNORE_INDEX = -100
 TOKENIZED_DIR = "tokenized"
@@ -90,7 +90,7 @@ def load_processor(tokenizer_dir: str | Path, tokenizer, template_name: str):
     """The model's processor as LLaMA-Factory's `load_tokenizer` loads and patches it; None for a
     text-only template (its plugin never reads it). A multimodal template needs it even for text
     rows: without it, stop here naming the folder and the text-only template to use."""
-    from llmft.core.chat_templates import TemplateError, is_multimodal, processor_problem, read_folder
+    from llmft.core.lf.chat_templates import TemplateError, is_multimodal, processor_problem, read_folder
 
     if not is_multimodal(template_name):
         return None

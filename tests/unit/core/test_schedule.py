@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 import yaml
+from llmft.core import schedule
 from llmft.core.config import ConfigError, load_schema, validate
 from llmft.core.platform import Platform
-from llmft.sft import schedule
 from llmft.sft.render import render
 from transformers import optimization
 from transformers.optimization import get_scheduler

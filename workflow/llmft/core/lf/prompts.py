@@ -6,7 +6,7 @@ seconds the demo's whole evaluation command took).
 `Template` whose formatters only substitute text, no media plugin: 54 of 0.9.5's 121), the output of
 the template's own `encode_oneturn` run once per conversation shape (one or two turns, with or
 without a system prompt) on marker texts, with a tokenizer that records instead of encoding: text
-pieces with markers where a row's texts go, and named special tokens. `python -m llmft.core.prompts
+pieces with markers where a row's texts go, and named special tokens. `python -m llmft.core.lf.prompts
 --write` regenerates it from the installed LLaMA-Factory; the tests check that it still equals what
 LLaMA-Factory produces and that the prompt and answer ids equal `encode_oneturn`'s.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from llmft.core import conversation
 
-log = logging.getLogger("llmft.core.prompts")
+log = logging.getLogger("llmft.core.lf.prompts")
 
 TABLE = Path(__file__).with_name("templates.json")
 # (messages, system prompt given): single-turn rows, and rows with one earlier turn of history.

@@ -24,7 +24,7 @@ from itertools import chain
 
 import numpy as np
 
-log = logging.getLogger("llmft.core.fasttok")
+log = logging.getLogger("llmft.core.lf.fasttok")
 
 # The pattern of tokenizers' ByteLevel pre-tokenizer when use_regex is true (GPT-2's).
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
