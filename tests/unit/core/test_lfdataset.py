@@ -10,9 +10,9 @@ from datasets import load_from_disk
 from llmft.core import lfdataset
 from llmft.core.config import ConfigError
 from llmft.core.config import validate as validate_config
+from llmft.core.sources import DataError
 from llmft.data.assets import build_tokenizer
 from llmft.data.prepare import prepare
-from llmft.data.sources import DataError
 
 from tests.conftest import REPO
 from tests.lfref import llamafactory_preprocess

@@ -6,8 +6,8 @@ import unicodedata
 
 import pytest
 from datasets import load_from_disk
+from llmft.core import sources as ds
 from llmft.core.config import validate as validate_config
-from llmft.data import sources as ds
 from llmft.data.assets import build_tokenizer
 from llmft.data.prepare import content_key, prepare
 

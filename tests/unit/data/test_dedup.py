@@ -5,9 +5,9 @@ import re
 
 import numpy as np
 import pytest
+from llmft.core.dedup import MinHasher, SeenKeys, jaccard, lsh_shape
 from llmft.core.io import read_jsonl
 from llmft.data.assets import WORDS
-from llmft.data.dedup import MinHasher, SeenKeys, jaccard, lsh_shape
 from llmft.data.prepare import _payload, content_key, is_heldout, prepare
 
 

@@ -5,10 +5,10 @@ import json
 import pytest
 from llmft.core import flops
 from llmft.core.config import validate
+from llmft.core.draw import svg_lines
 from llmft.core.modelfiles import safetensors_stats
 from llmft.core.platform import Platform
 from llmft.evaluate.worker import plan_batches, shard
-from llmft.report.draw import svg_lines
 from llmft.report.page import data_rows, peak_flops, pick_samples, throughput_series
 from llmft.report.trend import collect_runs
 
@@ -293,8 +293,8 @@ def test_the_gate_section_shows_which_task_a_night_lost(tmp_path):
 
 
 def test_summary_and_page_carry_one_throughput_figure_with_its_formula(tmp_path):
+    from llmft.core.draw import esc, fmt
     from llmft.core.throughput import THROUGHPUT_FORMULA
-    from llmft.report.draw import esc, fmt
     from llmft.report.page import build_report
 
     train = {"world_size": 2, "tokens_per_second_per_gpu": 1234.5, "throughput_steps": [16, 60]}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 from llmft.core.io import atomic_path
-from llmft.data.sources import DataError
+from llmft.core.sources import DataError
 
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 

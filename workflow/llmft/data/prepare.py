@@ -31,13 +31,12 @@ from pathlib import Path
 import numpy as np
 from llmft.core import lfdataset
 from llmft.core.conversation import SHAREGPT_TAGS, sharegpt_line
+from llmft.core.dedup import NearDupIndex, SeenKeys
+from llmft.core.heldout import is_heldout
 from llmft.core.io import write_json
 from llmft.core.lineage import TRAIN_KEYS_FILE
 from llmft.core.pretokenize import TOKENIZED_DIR
-from llmft.core.text import normalise
-from llmft.data.dedup import NearDupIndex, SeenKeys
-from llmft.data.delta import select, write_keys
-from llmft.data.sources import (
+from llmft.core.sources import (
     FORMATS,
     DataError,
     FileError,
@@ -46,6 +45,8 @@ from llmft.data.sources import (
     iter_raw,
     validate,
 )
+from llmft.core.text import normalise
+from llmft.data.delta import select, write_keys
 
 log = logging.getLogger("llmft.data.prepare")
 
@@ -94,12 +95,6 @@ def _tool_payload(row: dict) -> str:
 def content_key(row: dict) -> str:
     """Hash of a row's normalised content: the identity used for dedup and the split."""
     return hashlib.sha256(_payload(row).encode("utf-8")).hexdigest()
-
-
-def is_heldout(key: str, fraction: float, salt: str) -> bool:
-    """Deterministic side of the split for a content key (independent of every other row)."""
-    digest = hashlib.sha256(f"{salt}\x1f{key}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
 def _repeats(key: str, weight: float, salt: str) -> int:
