@@ -233,6 +233,27 @@ def test_a_resumed_run_shows_the_runtime_of_every_attempt_and_says_it_resumed(tm
     ) in page
 
 
+def test_a_stage_page_adds_its_section_and_summary_block(tmp_path):
+    """build_report takes another stage's part of the page (llmft.preference.page's shape): its
+    section goes into the page, its block into summary.json."""
+    from types import SimpleNamespace
+
+    from llmft.report.page import build_report
+
+    block = {"models": {"preference": {"preference_accuracy": 0.75}}}
+    stage = SimpleNamespace(
+        METRICS=("preference_accuracy",),
+        load=lambda cfg, run_dir: block,
+        section=lambda b: '<h2 id="stage">a stage</h2>' if b else "",
+        add_to_summary=lambda summary, b: summary.update(stage=b),
+    )
+    train = {"train_runtime_s": 30.0, "attempt": {"attempts": 1, "starts": [0], "runtime_s": 29.0}}
+    run = _minimal_run(tmp_path, train)
+    summary = build_report(validate({"run": "r"}), str(run), str(run / "report"), stage_pages=(stage,))
+    assert summary["stage"] == block
+    assert '<h2 id="stage">a stage</h2>' in (run / "report/index.html").read_text()
+
+
 def test_a_run_in_one_attempt_shows_its_runtime_alone(tmp_path):
     from llmft.report.page import build_report
 

@@ -810,11 +810,11 @@ def build_report(
     samples = pick_samples(r.base_pred, r.tuned_pred)
     # eval.benchmarks: only a run configured with them shows them (a stale bench/ folder is not read)
     benchmarks = bench.load(r.run) if cfg["eval"]["benchmarks"] else None
-    stages = [(page, page.load(cfg, Path(run_dir))) for page in stage_pages]
+    stages = [(stage_page, stage_page.load(cfg, Path(run_dir))) for stage_page in stage_pages]
     git = git_state()
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     summary = report_summary(r, generated, git)
-    gating = [page for page in stage_pages if cfg["nightly"]["metric"] in page.METRICS]
+    gating = [stage_page for stage_page in stage_pages if cfg["nightly"]["metric"] in stage_page.METRICS]
     if cfg["nightly"]["compare_with"] and gating:
         # a stage's metric (a preference metric: the two preference models on this run's held-out pairs)
         summary["gate"], summary["compared_with"] = gating[0].gate_blocks(cfg, r.run)
@@ -827,7 +827,7 @@ def build_report(
             gate_section(summary, cfg["nightly"]["metric"]),
             heldout_section(r, metrics),
             bench.section(benchmarks),
-            *(page.section(block) for page, block in stages),
+            *(stage_page.section(block) for stage_page, block in stages),
             curves_section(figures),
             throughput_section(r, figures),
             samples_section(samples),
@@ -838,9 +838,9 @@ def build_report(
     )
     if benchmarks:
         summary["benchmarks"] = benchmarks
-    for page, block in stages:
+    for stage_page, block in stages:
         if block:
-            page.add_to_summary(summary, block)
+            stage_page.add_to_summary(summary, block)
     write_text(out / "index.html", page)
     write_json(out / "summary.json", summary)
     for name in FIGURES:
