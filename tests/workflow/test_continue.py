@@ -247,13 +247,16 @@ def test_a_lora_continue_night_trains_on_the_promoted_adapter(lora_night):
 
 def test_lineage_in_summary_plan_page_and_trend(full, lora):
     results = full / "results"
-    assert summary(results / "p")["lineage"] | {"data": None, "tokens": None} == {
+    head = summary(results / "p")["lineage"]
+    assert re.fullmatch(r"[0-9a-f]{12}", head["stack"]), head  # the hash of the stack it trained on
+    assert head | {"data": None, "tokens": None, "stack": None} == {
         "parent": None,
         "started_from": "builtin:tiny",
         "base_model": "builtin:tiny",
         "chain": [],
         "data": None,
         "tokens": None,
+        "stack": None,
     }
     lineage = summary(results / "c")["lineage"]
     assert {k: lineage[k] for k in ("parent", "started_from", "base_model", "chain")} == {

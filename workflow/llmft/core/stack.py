@@ -42,7 +42,7 @@ FIELDS = (
 )
 
 
-def _joined(values) -> str | None:
+def joined(values) -> str | None:
     """One value for a node's GPUs: the distinct non-empty ones, comma-joined (None if none)."""
     distinct = sorted({str(v) for v in values if v not in (None, "")})
     return ", ".join(distinct) or None
@@ -63,7 +63,7 @@ def _flash_attn_backend(facts: dict, version: str | None) -> str | None:
 def _gpu_model(facts: dict) -> str | None:
     """The GPU's model: the tool's marketing name (rocminfo / nvidia-smi), else torch's device name."""
     smi = [g.get("marketing_name") or g.get("name") for g in (facts.get("smi") or {}).get("gpus") or []]
-    return _joined(smi) or _joined(d.get("name") for d in facts.get("devices") or [])
+    return joined(smi) or joined(d.get("name") for d in facts.get("devices") or [])
 
 
 def fingerprint(facts: dict) -> dict:
@@ -85,7 +85,7 @@ def fingerprint(facts: dict) -> dict:
         "hip": facts.get("hip_version"),
         "cuda": facts.get("cuda_version"),
         "rocm": stack.get("rocm"),
-        "driver": stack.get("driver") or _joined(g.get("driver") for g in gpus),
+        "driver": stack.get("driver") or joined(g.get("driver") for g in gpus),
         "rccl": collective if rocm else None,
         "nccl": collective if cuda else None,
         "hipblaslt": stack.get("hipblaslt"),
@@ -102,7 +102,7 @@ def fingerprint(facts: dict) -> dict:
         "container": container.get("image"),
         "container_digest": container.get("digest"),
         "gpu_model": _gpu_model(facts),
-        "gpu_firmware": stack.get("gpu_firmware") or _joined(g.get("firmware") for g in gpus),
+        "gpu_firmware": stack.get("gpu_firmware") or joined(g.get("firmware") for g in gpus),
     }
 
 

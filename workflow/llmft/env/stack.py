@@ -23,6 +23,8 @@ import re
 import struct
 from pathlib import Path
 
+from llmft.core.stack import joined
+
 SIF_MAGIC = b"SIF_MAGIC"
 SIF_HEADER = 128  # launch script 32, magic 10, version 3, arch 3, UUID 16, eight int64
 DESCRIPTORS_MAX = 1 << 20  # a SIF's descriptor table is tens of KB; never read more than 1 MiB
@@ -129,8 +131,8 @@ def parse_rocm_smi(text: str) -> dict:
 
 
 def _one(values: list[str]) -> str | None:
-    distinct = sorted(set(v for v in values if v and v.upper() != "N/A"))
-    return ", ".join(distinct) or None
+    """The GPUs' values as one (llmft.core.stack.joined), the tools' "N/A" left out."""
+    return joined(v for v in values if v.upper() != "N/A")
 
 
 def amd_driver_firmware(run_tool, sysfs: str = "/sys/module/amdgpu/version") -> dict:

@@ -341,6 +341,7 @@ class LoadedRun:
     tps: list[tuple[float, float]]
     tps_gpu: float | None  # the run's one throughput figure (core.throughput)
     mfu_mean: float | None
+    stack: dict | None  # the software stack it trained on (llmft.core.stack), from verify.json
 
     @property
     def history(self) -> list[dict]:
@@ -417,6 +418,7 @@ def load_run(cfg: dict, run_dir: str | Path) -> LoadedRun:
         tps=tps,
         tps_gpu=tps_gpu,
         mfu_mean=mfu_mean,
+        stack=stack_fp.of_report(verify),
     )
 
 
@@ -469,7 +471,7 @@ def overview_section(r: LoadedRun, results_dir: str | None) -> str:
 <a href="#provenance">provenance</a>{trend_link}</nav>
 <p class="verdict{" warn" if caution else ""}">{esc(verdict)}{esc(caution)}</p>
 {promotion_html(r.promotion)}
-{lineage_html(run_lineage(r.cfg, r.sft_args, r.stats, stack_fp.of_report(r.verify)))}
+{lineage_html(run_lineage(r.cfg, r.sft_args, r.stats, r.stack))}
 """
 
 
@@ -626,7 +628,7 @@ def environment_section(r: LoadedRun) -> str:
     verdict = "passed" if verify.get("ok") else "FAILED or missing"
     return f"""<h2 id="environment">Environment (verify_env: {verdict})</h2>
 {table(["what", "value"], env_rows)}
-{stack_html(stack_fp.of_report(verify))}
+{stack_html(r.stack)}
 {table(["", "check", "finding", "fix"], findings, finding_classes)}
 {canary_figure(verify.get("nodes") or [])}
 """
@@ -680,7 +682,6 @@ def report_summary(r: LoadedRun, generated: str, git: dict) -> dict:
     """summary.json: the headline figures the trend page and the nightly gate read."""
     base, tuned, train, count = r.base, r.tuned, r.train, r.count
     base_em, tuned_em = base.get("exact_match"), tuned.get("exact_match")
-    stack = stack_fp.of_report(r.verify)
     summary = {
         "run": r.cfg["run"],
         "generated": generated,
@@ -712,9 +713,9 @@ def report_summary(r: LoadedRun, generated: str, git: dict) -> dict:
         "eval_new_tokens_per_second": tuned.get("new_tokens_per_second"),
         "data_fingerprint": r.stats.get("fingerprint"),
         "verify_ok": r.verify.get("ok"),
-        "lineage": run_lineage(r.cfg, r.sft_args, r.stats, stack),
+        "lineage": run_lineage(r.cfg, r.sft_args, r.stats, r.stack),
         # the software stack verify_env measured on the nodes that trained (llmft.core.stack)
-        "stack": stack,
+        "stack": r.stack,
     }
     if isinstance(r.promotion, dict):
         summary["promotion"] = {k: r.promotion.get(k) for k in ("status", "reason")}
