@@ -1,3 +1,48 @@
+# The keys the plan for the nodes reads, and a continued run's schedule: render_sft_config's and the
+# lineage's (which counts the tokens under the same plan).
+SFT_PLAN_KEYS = (
+    "hardware",
+    "verify",
+    "model.template",
+    "data.cutoff_len",
+    "sft",
+)
+SFT_CONTINUE_KEYS = (
+    "model.continue_from",
+    "nightly.continue_learning_rate",
+    "nightly.continue_learning_rate_factor",
+    "nightly.continue_epochs",
+)
+
+
+# The run's lineage, its one record (results/{run}/lineage.json, llmft.core.lineage_record): where
+# it starts (the parent run, its weights or adapter, the chain back to the base model), the data
+# delta since the parent and the replay share, the tokens the plan for the nodes trains against a
+# full retrain, and the software stack's hash. render_sft_config and the report read it; a run
+# continuing from this one, the nightly and retention read it too.
+rule lineage:
+    input:
+        base_model=base_model_dir,
+        stats="results/{run}/data/stats.json",
+        verify="results/{run}/env/verify.json",
+    output:
+        "results/{run}/lineage.json",
+    log:
+        "results/{run}/logs/lineage.log",
+    localrule: True
+    container:
+        stage_container()
+    params:
+        cfg=cfg_arg(
+            *SFT_PLAN_KEYS,
+            *continue_keys(*SFT_CONTINUE_KEYS, "nightly.replay_fraction"),
+        ),
+    shell:
+        "python -m llmft lineage {params.cfg} --base-model {input.base_model:q}"
+        " --verify {input.verify:q} --data-dir results/{wildcards.run}/data"
+        " --out {output:q} > {log:q} 2>&1"
+
+
 # The plan sft trains with is made here, on the submit host, from the facts verify_env measured on
 # the nodes that train (verify.json): vendor, GPU model and memory, torch build, the attention
 # kernels that ran there, host memory. The submit host's own torch never enters it.
@@ -6,6 +51,7 @@ rule render_sft_config:
         base_model=base_model_dir,
         info="results/{run}/data/dataset_info.json",
         verify="results/{run}/env/verify.json",
+        lineage="results/{run}/lineage.json",
     output:
         yaml="results/{run}/sft/llamafactory.yaml",
         deepspeed="results/{run}/sft/deepspeed.json",
@@ -16,22 +62,11 @@ rule render_sft_config:
     container:
         stage_container()
     params:
-        cfg=cfg_arg(
-            "hardware",
-            "verify",
-            "model.template",
-            "data.cutoff_len",
-            "sft",
-            *continue_keys(
-                "model.continue_from",
-                "nightly.continue_learning_rate",
-                "nightly.continue_learning_rate_factor",
-                "nightly.continue_epochs",
-            ),
-        ),
+        cfg=cfg_arg(*SFT_PLAN_KEYS, *continue_keys(*SFT_CONTINUE_KEYS)),
     shell:
         "python -m llmft render-sft {params.cfg} --base-model {input.base_model:q}"
         " --verify {input.verify:q} --data-dir results/{wildcards.run}/data"
+        " --lineage {input.lineage:q}"
         " --out-yaml {output.yaml:q} --out-deepspeed {output.deepspeed:q}"
         " --work-root results/{wildcards.run}/work --out-config {output.config:q} > {log:q} 2>&1"
 
