@@ -1,20 +1,3 @@
-# The keys the plan for the nodes reads, and a continued run's schedule: render_sft_config's and the
-# lineage's (which counts the tokens under the same plan).
-SFT_PLAN_KEYS = (
-    "hardware",
-    "verify",
-    "model.template",
-    "data.cutoff_len",
-    "sft",
-)
-SFT_CONTINUE_KEYS = (
-    "model.continue_from",
-    "nightly.continue_learning_rate",
-    "nightly.continue_learning_rate_factor",
-    "nightly.continue_epochs",
-)
-
-
 # The run's lineage, its one record (results/{run}/lineage.json, llmft.core.lineage_record): where
 # it starts (the parent run, its weights or adapter, the chain back to the base model), the data
 # delta since the parent and the replay share, the tokens the plan for the nodes trains against a
@@ -33,10 +16,7 @@ rule lineage:
     container:
         stage_container()
     params:
-        cfg=cfg_arg(
-            *SFT_PLAN_KEYS,
-            *continue_keys(*SFT_CONTINUE_KEYS, "nightly.replay_fraction"),
-        ),
+        cfg=lineage_cfg(),
     shell:
         "python -m llmft lineage {params.cfg} --base-model {input.base_model:q}"
         " --verify {input.verify:q} --data-dir results/{wildcards.run}/data"
@@ -45,7 +25,8 @@ rule lineage:
 
 # The plan sft trains with is made here, on the submit host, from the facts verify_env measured on
 # the nodes that train (verify.json): vendor, GPU model and memory, torch build, the attention
-# kernels that ran there, host memory. The submit host's own torch never enters it.
+# kernels that ran there, host memory. The submit host's own torch never enters it. The header's
+# lines on where training starts and what it costs come from the run's lineage.json.
 rule render_sft_config:
     input:
         base_model=base_model_dir,
@@ -62,7 +43,19 @@ rule render_sft_config:
     container:
         stage_container()
     params:
-        cfg=cfg_arg(*SFT_PLAN_KEYS, *continue_keys(*SFT_CONTINUE_KEYS)),
+        cfg=cfg_arg(
+            "hardware",
+            "verify",
+            "model.template",
+            "data.cutoff_len",
+            "sft",
+            *continue_keys(
+                "model.continue_from",
+                "nightly.continue_learning_rate",
+                "nightly.continue_learning_rate_factor",
+                "nightly.continue_epochs",
+            ),
+        ),
     shell:
         "python -m llmft render-sft {params.cfg} --base-model {input.base_model:q}"
         " --verify {input.verify:q} --data-dir results/{wildcards.run}/data"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 from llmft.core.config import ConfigError, validate
-from llmft.core.lineage import LINEAGE_FILE, recorded
+from llmft.core.lineage import LINEAGE_FILE, recorded_lineage
 from llmft.core.lineage_record import build, make, read, read_for, summary_view
 from llmft.core.platform import Platform
 from llmft.sft.render import planned_steps, render
@@ -90,7 +90,7 @@ def test_a_continued_run_records_parent_weights_chain_delta_replay_tokens_and_st
     assert record["tokens"]["one_pass"] == DELTA["tokens"] and record["tokens"]["steps"] == steps
     assert 0 < record["tokens"]["trained"] < record["tokens"]["full_retrain"]
     assert record["stack"] == "0123456789ab" and record["data_fingerprint"] == "fp1"
-    assert recorded(tmp_path) == record  # what a run continuing from this one reads
+    assert recorded_lineage(tmp_path) == record  # what a run continuing from this one reads
 
 
 def test_render_reads_the_record_and_the_yaml_carries_no_lineage(tmp_path):
@@ -179,11 +179,28 @@ def test_the_page_reads_the_record_and_names_a_missing_or_stale_one(tmp_path):
 def test_recorded_reads_lineage_json_else_an_older_runs_summary(tmp_path):
     (tmp_path / "report").mkdir()
     (tmp_path / "report/summary.json").write_text(json.dumps({"lineage": {"parent": "a", "chain": ["a"]}}))
-    assert recorded(tmp_path) == {"parent": "a", "chain": ["a"]}  # made before lineage.json
+    assert recorded_lineage(tmp_path) == {"parent": "a", "chain": ["a"]}  # made before lineage.json
     (tmp_path / "report/summary.json").write_text(json.dumps({"run": "r"}))
-    assert recorded(tmp_path) == {}  # made before lineage: from its base model
+    assert recorded_lineage(tmp_path) == {}  # made before lineage: from its base model
     (tmp_path / "report/summary.json").write_text("[]")
     with pytest.raises(ValueError, match="not a JSON object"):
-        recorded(tmp_path)
+        recorded_lineage(tmp_path)
     (tmp_path / LINEAGE_FILE).write_text(json.dumps({"parent": "b", "chain": ["a", "b"]}))
-    assert recorded(tmp_path)["chain"] == ["a", "b"]
+    assert recorded_lineage(tmp_path)["chain"] == ["a", "b"]
+
+
+def test_the_nightly_and_retention_read_the_record(tmp_path):
+    """retrain_every's count (continued_runs) and retention (ancestors) follow lineage.json's chain;
+    a run made before it, its summary.json's lineage."""
+    from llmft.nightly.promote import ancestors
+    from llmft.nightly.run import continued_runs
+
+    for run in ("a", "b", "c"):
+        (tmp_path / run / "report").mkdir(parents=True)
+        (tmp_path / run / "report/summary.json").write_text(json.dumps({"run": run}))
+    (tmp_path / "b/report/summary.json").write_text(
+        json.dumps({"run": "b", "lineage": {"parent": "a", "chain": ["a"]}})
+    )
+    (tmp_path / "c" / LINEAGE_FILE).write_text(json.dumps({"parent": "b", "chain": ["a", "b"]}))
+    assert continued_runs(tmp_path, "c") == 2 and continued_runs(tmp_path, "a") == 0
+    assert ancestors(tmp_path, "c") == {"a", "b"}

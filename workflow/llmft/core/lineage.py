@@ -254,7 +254,7 @@ def lineage_head(parent: Path | None, base_model: str | None = None, cwd: Path =
     if parent is None:
         return {"parent": None, "started_from": base_model, "base_model": base_model, "chain": []}
     try:
-        theirs = recorded(cwd / parent)
+        theirs = recorded_lineage(cwd / parent)
     except (OSError, ValueError):
         theirs = {}
     adapter = (cwd / parent / "sft" / "adapter" / "adapter_config.json").is_file()
@@ -267,7 +267,7 @@ def lineage_head(parent: Path | None, base_model: str | None = None, cwd: Path =
     }
 
 
-def recorded(run_dir: Path) -> dict:
+def recorded_lineage(run_dir: Path) -> dict:
     """The lineage a finished run recorded: its lineage.json; a run made before lineage.json
     existed: its summary.json's `lineage` ({} for a run made before lineage: from its base model).
     A file it reads that cannot be read raises (OSError, ValueError)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from llmft.core.config import ConfigError, validate
 from llmft.core.io import read_json, write_json
-from llmft.core.lineage import recorded, run_problems
+from llmft.core.lineage import recorded_lineage, run_problems
 from llmft.nightly.lock import Lock
 
 # How a promotion by the nightly gate is recorded in the history (run._judge).
@@ -130,8 +130,8 @@ def promoted_stack(state: dict) -> list[str]:
 
 
 def ancestors(results: Path, run: str) -> set[str]:
-    """Every run `run` descends from: its recorded lineage (lineage.recorded: lineage.json, else an
-    older run's summary.json), parent and chain, recursively. A lineage that cannot be read is an
+    """Every run `run` descends from: its recorded lineage (lineage.recorded_lineage: lineage.json,
+    else an older run's summary.json), parent and chain, recursively. A lineage that cannot be read is an
     error: retention must not guess what is safe to delete."""
     seen: set[str] = set()
     todo = [run]
@@ -140,7 +140,7 @@ def ancestors(results: Path, run: str) -> set[str]:
         if not (results / name).is_dir():
             continue  # already gone: nothing to protect, and its own parents were recorded in the chain
         try:
-            lineage = recorded(results / name)
+            lineage = recorded_lineage(results / name)
         except (OSError, ValueError) as exc:
             why = f"retention: cannot read the lineage of run {name} ({results / name}): {exc}"
             raise PromotionError(why) from None

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from llmft.core.config import BUILTIN_DATA, PREFERENCE_METRICS, ConfigError, is_run_name, validate
 from llmft.core.io import read_json, write_json, write_text
-from llmft.core.lineage import recorded
+from llmft.core.lineage import recorded_lineage
 from llmft.nightly.lock import Lock, NightlyLocked
 from llmft.nightly.promote import GATE_WHY, PromotionError, current_run, protected, record, set_current
 
@@ -284,9 +284,9 @@ FALLBACK_NOTE = "no promoted model: retrained from base, as nightly.fallback all
 
 def continued_runs(results: Path, run: str) -> int:
     """How many runs in a row, ending with `run`, continued from the one before (the length of its
-    recorded lineage chain, lineage.recorded; 0 for a run trained from the base model or made before
+    recorded lineage chain, lineage.recorded_lineage; 0 for a run trained from the base model or made before
     lineage)."""
-    return len(recorded(results / run).get("chain") or [])
+    return len(recorded_lineage(results / run).get("chain") or [])
 
 
 def retrain_every_note(every: int, promoted: str, streak: int) -> str:
