@@ -256,7 +256,7 @@ class Cell:
 
 def read_ours(fmt: Format, raw: list[dict]) -> list[dict]:
     """Our reading of the raw rows (data.sources' validation): the canonical rows SFTEncoder takes."""
-    from llmft.data import sources as datasources
+    from llmft.core import sources as datasources
 
     rows = []
     for i, r in enumerate(raw, 1):

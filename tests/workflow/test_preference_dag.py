@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from llmft.evaluate.preference import gate_block
+from llmft.preference.evaluate import gate_block
 
 from tests.conftest import REPO, make_workdir, snakemake
 

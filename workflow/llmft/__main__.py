@@ -11,56 +11,20 @@ import json
 import logging
 import sys
 
-from llmft.core.config import (
-    BUILTIN_DATA,
-    WORKFLOW_CONFIG,
-    ConfigError,
-    effective_config,
-    load_file,
-    validate,
-)
+from llmft.core.cli import VERIFY_HELP, YAML_HELP, add_max_rows, adder, config_of, read_sources, template_for
+from llmft.core.config import BUILTIN_DATA, WORKFLOW_CONFIG, ConfigError, effective_config
 from llmft.core.imports import UNUSED, UNUSED_BY_INFERENCE, hidden
+from llmft.core.objective import StageTraining, sft_objective
+from llmft.preference import cli as preference_cli
 
-CONFIG_HELP = "the config file: YAML, or the JSON render-sft writes"
-YAML_HELP = "the llamafactory.yaml render-sft wrote"
-VERIFY_HELP = "verify_env's verify.json (the nodes' facts)"
-
-
-def _json_arg(text: str, flag: str) -> dict:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{flag}: not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{flag}: must be a JSON object of config keys, not {type(value).__name__}")
-    return value
+# The training stages render-sft and plan take (--stage): sft's own config and objective, and each
+# other stage's view and objective from its package (a stage's config key is its name).
+TRAINING = {"sft": lambda cfg, ref_model=None: StageTraining(cfg, sft_objective), **preference_cli.TRAINING}
 
 
-def _rows_arg(text: str) -> int | str:
-    """--max-rows: a positive row count, or all."""
-    if text == "all":
-        return text
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive row count or all")
-    return int(text)
-
-
-def _add_max_rows(p) -> None:
-    """evaluate's and evaluate-preference's --max-rows (the nightly gate passes all, or its cap)."""
-    p.add_argument(
-        "--max-rows",
-        type=_rows_arg,
-        default=None,
-        help="held-out rows scored: N (the first N) or all; default eval.max_rows",
-    )
-
-
-def _cfg(args) -> dict:
-    """The validated config: a JSON slice from Snakemake, or a YAML file plus overrides."""
-    if args.config_json:
-        return validate(_json_arg(args.config_json, "--config-json"))
-    overrides = _json_arg(args.overrides, "--overrides") if args.overrides else None
-    return load_file(args.config, overrides)
+def _training(cfg: dict, stage: str, ref_model: str | None = None) -> StageTraining:
+    """The config the planner and renderer see, with the stage's objective: sft's, or another stage's."""
+    return TRAINING[stage](cfg, ref_model)
 
 
 def cmd_check_config(args) -> int:
@@ -72,8 +36,10 @@ def cmd_check_config(args) -> int:
 
     cfg, sources = effective_config(args.configfile, args.config, args.directory)
     precheck(cfg)
-    if cfg.get("preference") is not None:
-        precheck(_stage_view(cfg, "preference"))
+    for stage, training in TRAINING.items():
+        if stage != "sft" and cfg.get(stage) is not None:
+            staged = training(cfg)
+            precheck(staged.cfg, staged.objective_for)
     cfg["model"]["template"], _ = template_for_workflow(cfg, args.directory)
     resolve_parent(cfg, args.directory)  # model.continue_from: checked, a link resolved to its run
     print(f"llmft: {', then '.join(sources)}; the schema's defaults for the rest", file=sys.stderr)
@@ -84,7 +50,7 @@ def cmd_check_config(args) -> int:
 def cmd_base_model(args) -> int:
     from llmft.core.assets import build_tiny_model
 
-    cfg = _cfg(args)
+    cfg = config_of(args)
     tiny = cfg["model"]["tiny"]
     info = build_tiny_model(
         args.out, tiny["hidden_size"], tiny["num_layers"], tiny["num_heads"], tiny["vocab_size"]
@@ -96,49 +62,19 @@ def cmd_base_model(args) -> int:
 def cmd_synthetic(args) -> int:
     from llmft.core.assets import write_synthetic
 
-    cfg = _cfg(args)
+    cfg = config_of(args)
     n = write_synthetic(args.out, cfg["data"]["synthetic_rows"])
     print(f"wrote {n} synthetic rows to {args.out}")
     return 0
 
 
-def _read_sources(items: list[dict], key: str, builtin: dict) -> list[dict]:
-    """Source items as the preparers read them: a dataset_info entry resolved to its file, format and
-    columns (lfdataset); a builtin path replaced as `builtin` says (kept when it names none)."""
-    from llmft.core.lf.lfdataset import LFDatasetError
-    from llmft.core.lf.lfdataset import resolve as resolve_lf_entry
-
-    sources = []
-    for i, src in enumerate(items):
-        if src.get("dataset_info"):
-            try:
-                entry = resolve_lf_entry(src, where=f"{key}[{i}]", preference=key != "data.sources")
-            except LFDatasetError as exc:
-                raise ConfigError(str(exc)) from None
-            keep = {"path": entry["path"], "format": entry["format"], "attr": entry["attr"]}
-            sources.append({k: v for k, v in src.items() if k == "weight"} | keep)
-            continue
-        sources.append({**src, "path": builtin.get(src["path"], src["path"])})
-    return sources
-
-
-def _template(cfg: dict, tokenizer: str) -> str:
-    """The fit check of the DAG, here too: the builtin model's folder did not exist then."""
-    from llmft.core.lf.chat_templates import check as check_template
-    from llmft.core.lf.chat_templates import for_config as template_for_config
-
-    template, _ = template_for_config(cfg, tokenizer)
-    check_template(template, tokenizer)
-    return template
-
-
 def cmd_prepare_data(args) -> int:
     from llmft.data.prepare import prepare
 
-    cfg = _cfg(args)
-    sources = _read_sources(cfg["data"]["sources"], "data.sources", {BUILTIN_DATA: args.synthetic})
+    cfg = config_of(args)
+    sources = read_sources(cfg["data"]["sources"], "data.sources", {BUILTIN_DATA: args.synthetic})
     d = cfg["data"]
-    template = _template(cfg, args.tokenizer)
+    template = template_for(cfg, args.tokenizer)
     prepare(
         sources,
         args.out_dir,
@@ -156,22 +92,6 @@ def cmd_prepare_data(args) -> int:
         max_dropped=d["max_dropped_fraction"],
         parent=_continue_parent(cfg),
     )
-    return 0
-
-
-def cmd_prepare_preference(args) -> int:
-    from llmft.data.preference import prepare_preference
-
-    cfg = _cfg(args)
-    if not cfg.get("preference"):
-        raise ConfigError("config key preference: not set; prepare-preference needs a preference section")
-    data = cfg["preference"]["data"]
-    sources = _read_sources(data["sources"], "preference.data.sources", {})
-    # Texts are cleaned and rows capped as for the SFT data.
-    opts = {**data, "clean_text": cfg["data"]["clean_text"], "max_row_bytes": cfg["data"]["max_row_bytes"]}
-    opts["method"] = cfg["preference"]["method"]
-    stats = prepare_preference(sources, args.out_dir, args.tokenizer, _template(cfg, args.tokenizer), opts)
-    print(json.dumps({k: stats[k] for k in ("kind", "train_rows", "heldout_rows", "invalid", "too_long")}))
     return 0
 
 
@@ -226,7 +146,7 @@ def cmd_pack_data(args) -> int:
 def cmd_verify_env(args) -> int:
     from llmft.env.verify import run_verify
 
-    cfg = _cfg(args)
+    cfg = config_of(args)
     return run_verify(cfg, args.out)
 
 
@@ -236,34 +156,24 @@ def cmd_render_sft(args) -> int:
     from llmft.core.platform import read_platform
     from llmft.sft.render import render
 
-    cfg = _cfg(args)
+    cfg = config_of(args)
     platform = read_platform(cfg, args.verify)
-    view = _stage_view(cfg, args.stage)
+    staged = _training(cfg, args.stage, args.ref_model or None)
     render(
-        view,
+        staged.cfg,
         args.base_model,
         args.data_dir,
         args.out_yaml,
         args.out_deepspeed,
         args.work_root,
         platform,
-        ref_model=args.ref_model or None,
+        objective_for=staged.objective_for,
+        check_data=staged.check_data,
     )
     if args.out_config:
         # The config sft's three steps read (`--config`): the slice this render was made from.
         write_json(args.out_config, json.loads(args.config_json) if args.config_json else cfg)
     return 0
-
-
-def _stage_view(cfg: dict, stage: str) -> dict:
-    """The config the planner and renderer see: sft's, or the preference stage's view of it."""
-    if stage == "sft":
-        return cfg
-    if cfg.get("preference") is None:
-        raise ConfigError("config key preference: not set, so there is no preference stage to plan or render")
-    from llmft.sft.preference import view
-
-    return view(cfg)
 
 
 def cmd_plan(args) -> int:
@@ -276,10 +186,11 @@ def cmd_plan(args) -> int:
     from llmft.sft.plan import describe, resolve
     from llmft.sft.render import config_shape
 
-    cfg = _stage_view(_cfg(args), args.stage)
+    staged = _training(config_of(args), args.stage)
+    cfg = staged.cfg
     platform = read_platform(cfg, args.facts) if args.facts else Platform.declared(cfg)
     model = args.model or cfg["model"]["name_or_path"]
-    plan = resolve(cfg, model, platform, config_shape(cfg, model))
+    plan = resolve(cfg, model, platform, config_shape(cfg, model), staged.objective_for(platform))
     if args.json:
         print(json.dumps({**plan.to_json(), "platform": platform.to_json()}, indent=2))
     else:
@@ -292,7 +203,7 @@ def cmd_sft_check(args) -> int:
     from llmft.env.verify import gate
     from llmft.sft.render import check_packed_yaml
 
-    gate(_cfg(args), args.verify)
+    gate(config_of(args), args.verify)
     check_packed_yaml(args.yaml)
     return 0
 
@@ -301,7 +212,7 @@ def cmd_sft_launch(args) -> int:
     """This node's torchrun (once per node, under srun on several)."""
     from llmft.sft.run import launch
 
-    rc = launch(_cfg(args), args.yaml)
+    rc = launch(config_of(args), args.yaml, worker="llmft.worker")
     if rc:
         print(f"[llmft] training failed with exit code {rc}", file=sys.stderr)
     return rc
@@ -311,7 +222,7 @@ def cmd_sft_finalize(args) -> int:
     """After every node's launcher: publish the model (and LoRA's adapter) and the summary."""
     from llmft.sft.publish import finalize
 
-    _cfg(args)  # the rule passes the config its steps share: a bad one stops here, named, not later
+    config_of(args)  # the rule passes the config its steps share: a bad one stops here, named, not later
     finalize(args.yaml, args.model_out, args.summary_out)
     return 0
 
@@ -319,7 +230,7 @@ def cmd_sft_finalize(args) -> int:
 def cmd_evaluate(args) -> int:
     from llmft.evaluate.run import evaluate
 
-    cfg = _cfg(args)
+    cfg = config_of(args)
     evaluate(
         cfg,
         args.model,
@@ -333,29 +244,18 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
-def cmd_evaluate_preference(args) -> int:
-    from llmft.evaluate.preference import evaluate_model
-
-    cfg = _cfg(args)
-    if args.logps_only:  # the nightly gate's pass: log-probabilities only, no generation
-        from pathlib import Path
-
-        from llmft.evaluate.preference import logps
-
-        out = str(Path(args.out_dir) / "logps.jsonl")
-        logps(cfg, args.model, args.heldout, out, threads=args.threads, max_rows=args.max_rows)
-        return 0
-    evaluate_model(cfg, args.model, args.heldout, args.out_dir, args.label, threads=args.threads)
-    return 0
-
-
 def cmd_bench(args) -> int:
     from llmft.benchmarks.run import run_benchmarks
     from llmft.benchmarks.score import BenchmarkError
 
     try:
         run_benchmarks(
-            _cfg(args), args.model, args.out, args.cache_dir, threads=args.threads, processes=args.processes
+            config_of(args),
+            args.model,
+            args.out,
+            args.cache_dir,
+            threads=args.threads,
+            processes=args.processes,
         )
     except BenchmarkError as exc:
         print(f"llmft: benchmark error: {exc}", file=sys.stderr)
@@ -368,7 +268,7 @@ def cmd_bench_fetch(args) -> int:
 
     from llmft.benchmarks.tasks import fetch
 
-    cache = fetch(_cfg(args)["eval"], Path.cwd())
+    cache = fetch(config_of(args)["eval"], Path.cwd())
     print(f"the data of every task in eval.benchmarks is in {cache}")
     return 0
 
@@ -376,8 +276,8 @@ def cmd_bench_fetch(args) -> int:
 def cmd_report(args) -> int:
     from llmft.report.page import build_report
 
-    cfg = _cfg(args)
-    build_report(cfg, args.run_dir, args.out_dir, args.results_dir)
+    cfg = config_of(args)
+    build_report(cfg, args.run_dir, args.out_dir, args.results_dir, stage_pages=preference_cli.pages())
     return 0
 
 
@@ -452,25 +352,6 @@ def cmd_nightly_schedule(args) -> int:
     return 0
 
 
-def _adder(sub):
-    """`add(name, fn, *paths)`: a subcommand taking the config (file, overrides or Snakemake's JSON)
-    and the named paths, each `flag=help` (`flag?=help`: optional); `config=False`: no config."""
-
-    def add(name, fn, *paths, help, parent=sub, config=True):
-        p = parent.add_parser(name, help=help, description=help)
-        if config:
-            p.add_argument("--config", default="config/config.yaml", help=CONFIG_HELP)
-            p.add_argument("--overrides", default="", help="JSON merged over the config file")
-            p.add_argument("--config-json", default="", help="a whole config as JSON (from Snakemake)")
-        for spec in paths:
-            flag, _, text = spec.partition("=")
-            p.add_argument(f"--{flag.rstrip('?')}", required=not flag.endswith("?"), help=text)
-        p.set_defaults(fn=fn)
-        return p
-
-    return add
-
-
 def _check_config_command(sub) -> None:
     """Not a stage: the effective config, taking Snakemake's own config arguments."""
     p = sub.add_parser(
@@ -511,13 +392,6 @@ def _data_commands(add) -> None:
         help="check, dedup, split and tokenize the data sources",
     )
     p.add_argument("--workers", default="0", help="tokenizing processes (0 = one per core)")
-    add(
-        "prepare-preference",
-        cmd_prepare_preference,
-        "tokenizer=the model folder whose tokenizer tokenizes the rows",
-        "out-dir=the folder for train/heldout pairs (or KTO rows), tokenized rows and stats.json",
-        help="check, dedup, split and tokenize the preference.data sources (pairs or KTO rows)",
-    )
     p = add(
         "pack-data",
         cmd_pack_data,
@@ -538,7 +412,7 @@ def _data_commands(add) -> None:
 def _stage_option(p) -> None:
     p.add_argument(
         "--stage",
-        choices=("sft", "preference"),
+        choices=tuple(TRAINING),
         default="sft",
         help="the training stage: sft, or the preference stage (the config's preference section)",
     )
@@ -611,23 +485,7 @@ def _later_commands(sub, add) -> None:
     )
     p.add_argument("--processes", type=int, default=0, help="0 = one per GPU (one on CPU)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per process (0 = torch default)")
-    _add_max_rows(p)
-    p = add(
-        "evaluate-preference",
-        cmd_evaluate_preference,
-        "model=the model folder to score",
-        "heldout=the preference stage's held-out pairs or KTO rows (JSONL)",
-        "out-dir=the folder for logps.jsonl, metrics.json and predictions.jsonl",
-        "label=base, tuned (sft) or preference",
-        help="a model's log-probabilities of the held-out preference answers, and generation metrics",
-    )
-    p.add_argument("--threads", type=int, default=0, help="CPU threads per process (0 = torch default)")
-    p.add_argument(
-        "--logps-only",
-        action="store_true",
-        help="log-probabilities only (logps.jsonl, rows.json), no generation: the nightly gate's pass",
-    )
-    _add_max_rows(p)
+    add_max_rows(p)
     p = add(
         "bench",
         cmd_bench,
@@ -697,14 +555,23 @@ def _promotion_commands(sub) -> None:
         p.set_defaults(fn=fn)
 
 
+def _evaluation() -> tuple:
+    """evaluate's loss pass and generation, which the preference stage's evaluation runs (given to it
+    here: a stage imports no other stage)."""
+    from llmft.evaluate.run import answer_nll, evaluate
+
+    return answer_nll, evaluate
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmft", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    add = _adder(sub)
+    add = adder(sub)
     _check_config_command(sub)
     _data_commands(add)
     _sft_commands(sub, add)
     _later_commands(sub, add)
+    HIDDEN.update(preference_cli.register(add, _evaluation))
     return parser
 
 
@@ -713,10 +580,8 @@ def build_parser() -> argparse.ArgumentParser:
 HIDDEN = {
     cmd_base_model: UNUSED_BY_INFERENCE + ("deepspeed",),
     cmd_prepare_data: UNUSED + ("torchao",),
-    cmd_prepare_preference: UNUSED + ("torchao",),
     cmd_sft_finalize: UNUSED + ("torchao",),  # LoRA's merge loads LLaMA-Factory's export
     cmd_evaluate: UNUSED_BY_INFERENCE,
-    cmd_evaluate_preference: UNUSED_BY_INFERENCE,
 }
 
 
@@ -730,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llmft: config error: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:
-        from llmft.data.sources import DataError
+        from llmft.core.sources import DataError
 
         if not isinstance(exc, DataError):
             raise

@@ -10,16 +10,8 @@ from snakemake.settings.types import DeploymentMethod
 # llmft is importable: the Snakefile puts workflow/ on sys.path before it reads the config.
 from llmft.core.lf.chat_templates import AUTO as AUTO_TEMPLATE
 from llmft.core.lf.chat_templates import for_workflow as template_for_workflow
-from llmft.core.config import (
-    BUILTIN_DATA,
-    BUILTIN_MODEL,
-    PREFERENCE_METRICS,
-    ConfigError,
-    layout,
-    validate,
-)
+from llmft.core.config import BUILTIN_DATA, BUILTIN_MODEL, ConfigError, layout, validate
 from llmft.core.lf.lfdataset import resolve as resolve_lf_entry
-from llmft.sft import preference as preference_stage
 from llmft.sft.render import precheck
 from llmft.core.slurm import launcher_resources_error, launcher_words, profile_mismatch
 
@@ -27,9 +19,8 @@ try:
     CFG = validate(config, base_dir=Path.cwd())
     # A config that could fit on no node of the declared kind stops here, naming the keys to
     # change; the plan sft trains with is made later from the nodes' facts (render_sft_config).
+    # (Another training stage's config is checked so by its own snakefile: rules/preference_helpers.smk.)
     precheck(CFG)
-    if CFG.get("preference") is not None:
-        precheck(preference_stage.view(CFG))
 except ConfigError as exc:
     # The message alone, first and last: Snakemake would print a file, a line and a trace around it.
     sys.exit(f"llmft config error: {exc}")
@@ -82,21 +73,26 @@ RUN = CFG["run"]
 LAYOUT = layout(CFG)
 
 
-PREF = CFG.get("preference")
+# What a stage's rules file (included after this one) adds to what every run has: the folders it
+# publishes (final_outputs), the config keys the report reads of it (report_optional_keys), and, when
+# the nightly gate compares on its metric, the scores the gate reads (compared_inputs).
+STAGE_OUTPUTS = []  # functions () -> the folders a stage publishes
+REPORT_STAGE_KEYS = []  # config keys
+STAGE_GATE_INPUTS = (
+    None  # a function (wildcards) -> the gate's scores, or None: evaluate's two
+)
 
 
 def final_outputs():
-    """What a run promises: the page, its summary, the published model (and LoRA's adapter); with a
-    preference section the preference stage's too. Each is a target, so one deleted after a finished
-    run is made again: a missing input of a job whose own outputs are current is not rebuilt by
-    Snakemake."""
+    """What a run promises: the page, its summary, the published model (and LoRA's adapter); with
+    another training stage its published folders too (STAGE_OUTPUTS). Each is a target, so one deleted
+    after a finished run is made again: a missing input of a job whose own outputs are current is not
+    rebuilt by Snakemake."""
     published = [f"results/{RUN}/sft/model"]
     if CFG["sft"]["finetuning_type"] == "lora":
         published.append(f"results/{RUN}/sft/adapter")
-    if PREF is not None:
-        published.append(f"results/{RUN}/preference/model")
-        if preference_stage.finetuning_type(CFG) == "lora":
-            published.append(f"results/{RUN}/preference/adapter")
+    for stage_outputs in STAGE_OUTPUTS:
+        published += stage_outputs()
     return [
         f"results/{RUN}/report/index.html",
         f"results/{RUN}/report/summary.json",
@@ -170,31 +166,6 @@ def dataset_inputs(wildcards):
     return out
 
 
-def preference_inputs(wildcards):
-    """The files prepare_preference reads: data files, and for a LLaMA-Factory entry its file and
-    its dataset_info.json; the builtin task is made in the job."""
-    out = []
-    for i, src in enumerate(CFG["preference"]["data"]["sources"]):
-        if src.get("dataset_info"):
-            where = f"preference.data.sources[{i}]"
-            entry = resolve_lf_entry(src, Path.cwd(), where=where, preference=True)
-            out += [entry["path"], entry["dataset_info"]]
-        elif not src["path"].startswith("builtin:"):
-            out.append(src["path"])
-    return out
-
-
-def preference_data_cfg(wildcards):
-    """prepare_preference's config slice (a function: without a preference section there is none)."""
-    return cfg_arg(
-        "preference.data",
-        "preference.method",
-        "data.clean_text",
-        "data.max_row_bytes",
-        "model.template",
-    )
-
-
 def per_node_resources():
     """Slurm resources of a stage that runs once per node (verify_env, sft).
 
@@ -263,11 +234,6 @@ def sft_output_log(wildcards):
     return f"results/{wildcards.run}/logs/sft.log"
 
 
-def preference_output_log(wildcards):
-    """The same for the preference stage."""
-    return f"results/{wildcards.run}/logs/preference.log"
-
-
 # The shell of a training stage (sft, preference): check (the verify_env gate), launch (once per
 # node), finalize (publish); bash stops at the first that fails. See the sft rule for the logs.
 _TRAIN_SHELL = """
@@ -286,56 +252,12 @@ def train_shell(stage):
     return _TRAIN_SHELL.replace("STAGE", stage, 1)
 
 
-def preference_start(wildcards):
-    """The model the preference stage trains: sft's published model, or the base model."""
-    if PREF["start_from"] == "sft":
-        return f"results/{wildcards.run}/sft/model"
-    return base_model_dir(wildcards)
-
-
-def preference_reference(wildcards):
-    """The reference model's folder when it is not the starting model (reference: base), else none."""
-    if preference_stage.reference(CFG) == "base":
-        return {"ref": base_model_dir(wildcards)}
-    return {}
-
-
-def preference_ref_arg(wildcards, input):
-    """render-sft's reference-model words, quoted by the rule's {params.ref:q}; none without one."""
-    return ["--ref-model", input.ref] if "ref" in input.keys() else []
-
-
-def preference_adapter_output():
-    if PREF is None or preference_stage.finetuning_type(CFG) != "lora":
-        return {}
-    return {"adapter": directory("results/{run}/preference/adapter")}
-
-
-def preference_eval_model(wildcards):
-    """base, tuned (sft's model) or preference."""
-    if wildcards.model == "base":
-        return base_model_dir(wildcards)
-    return f"results/{wildcards.run}/{'sft' if wildcards.model == 'tuned' else 'preference'}/model"
-
-
-# The report's config keys gain `preference` only when the section is set, and `nightly.metric` (the
-# gate's metric, first on the page's gate table) only with it or with nightly.compare_with: a run
-# with neither renders the same report params as before.
-REPORT_OPTIONAL_KEYS = (("preference",) if PREF is not None else ()) + (
-    ("nightly.metric",) if PREF is not None or CFG["nightly"]["compare_with"] else ()
-)
-
-
-def preference_eval_inputs(wildcards):
-    """What the report adds with a preference stage: its training summary and each model's
-    log-probabilities of the held-out answers; none without one."""
-    if PREF is None:
-        return []
-    return [f"results/{wildcards.run}/preference/train_summary.json"] + expand(
-        "results/{run}/preference/eval/{model}/logps.jsonl",
-        run=wildcards.run,
-        model=("base", "tuned", "preference"),
-    )
+def report_optional_keys():
+    """The report's config keys beyond its own: a stage's (REPORT_STAGE_KEYS), and `nightly.metric` (the
+    gate's metric, first on the page's gate table) only with one or with nightly.compare_with: a run
+    with neither renders the same report params as before."""
+    compared = REPORT_STAGE_KEYS or CFG["nightly"]["compare_with"]
+    return (*REPORT_STAGE_KEYS, *(("nightly.metric",) if compared else ()))
 
 
 def run_page(wildcards):
@@ -378,78 +300,17 @@ def eval_rows(wildcards):
 
 def compared_inputs(wildcards):
     """The gate's scores, when the nightly asks for them (nightly.compare_with): the promoted model
-    and this run's tuned model, both on the gate's held-out rows; with a preference nightly.metric
-    their preference models (and reference models) on the held-out pairs instead."""
+    and this run's tuned model, both on the gate's held-out rows; with a stage's nightly.metric (a
+    preference metric) what that stage's rule file says instead (STAGE_GATE_INPUTS)."""
     if not CFG["nightly"]["compare_with"]:
         return []
-    if PREF_GATE:
-        return expand(
-            "results/{run}/preference/gate/{side}/logps.jsonl",
-            run=wildcards.run,
-            side=pref_gate_sides(),
-        )
+    if STAGE_GATE_INPUTS is not None:
+        return STAGE_GATE_INPUTS(wildcards)
     return expand(
         "results/{run}/eval/{which}/metrics.json",
         run=wildcards.run,
         which=("promoted", "gate"),
     )
-
-
-# -- the nightly gate on a preference metric (rules/preference.smk, evaluate_preference_gate) -------
-PREF_GATE = (
-    bool(CFG["nightly"]["compare_with"])
-    and CFG["nightly"]["metric"] in PREFERENCE_METRICS
-)
-if PREF_GATE:
-    from llmft.report.preference import reference_model as pref_reference_model
-
-    # The promoted run's preference model is scored on this run's pairs: a run without one (trained
-    # before the preference section was set) cannot be compared on the metric. Once scored it is not
-    # read again (the night re-renders the page after retention).
-    _promoted_pref = Path(CFG["nightly"]["compare_with"]) / "preference" / "model"
-    _scored = Path(f"results/{RUN}/preference/gate/promoted/logps.jsonl")
-    if not _promoted_pref.is_dir() and not _scored.is_file():
-        sys.exit(
-            f"llmft config error: config key nightly.metric: {CFG['nightly']['metric']} compares the "
-            f"preference models, but the promoted run {Path(CFG['nightly']['compare_with']).name} "
-            f"(nightly.compare_with) has none ({_promoted_pref} does not exist); promote a run with a "
-            "preference stage (`llmft promote RUN`) or gate on another metric"
-        )
-
-
-def pref_gate_sides():
-    """evaluate_preference_gate's jobs: this run's preference model (gate) and the promoted run's
-    (promoted); with a reference model also theirs: reference base, the one base model for both
-    (gate_reference); reference sft, each run's own sft model (gate_reference, promoted_reference).
-    """
-    ref = pref_reference_model(CFG)
-    return {
-        "none": [],
-        "base": ["gate_reference"],
-        "sft": ["gate_reference", "promoted_reference"],
-    }[ref] + ["gate", "promoted"]
-
-
-def pref_gate_model(wildcards):
-    """The model evaluate_preference_gate scores, when it is this run's (or the base model)."""
-    if wildcards.side == "gate":
-        return f"results/{wildcards.run}/preference/model"
-    if wildcards.side == "gate_reference":
-        if pref_reference_model(CFG) == "base":
-            return base_model_dir(wildcards)
-        return f"results/{wildcards.run}/sft/model"
-    # not an input (see eval_model): the promoted run's folders, checked before any job
-    return []
-
-
-def pref_gate_model_path(wildcards, input):
-    """The model folder evaluate_preference_gate scores (promoted: nightly.compare_with's)."""
-    promoted = CFG["nightly"]["compare_with"]
-    if wildcards.side == "promoted":
-        return f"{promoted}/preference/model"
-    if wildcards.side == "promoted_reference":
-        return f"{promoted}/sft/model"
-    return input.model
 
 
 # -- eval.benchmarks (rules/benchmarks.smk) -------------------------------------------------------

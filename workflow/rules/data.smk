@@ -58,28 +58,3 @@ rule prepare_data:
         "python -m llmft prepare-data {params.cfg} --tokenizer {input.tokenizer:q}"
         " --out-dir results/{wildcards.run}/data --synthetic {params.synthetic:q}"
         " --workers {threads} > {log:q} 2>&1"
-
-
-# Only in the DAG with a preference section (final_outputs, then the preference stage, ask for it).
-rule prepare_preference:
-    input:
-        tokenizer=base_model_dir,
-        sources=preference_inputs,
-    output:
-        train="results/{run}/preference/data/train.jsonl",
-        heldout="results/{run}/preference/data/heldout.jsonl",
-        info="results/{run}/preference/data/dataset_info.json",
-        stats="results/{run}/preference/data/stats.json",
-        rejected="results/{run}/preference/data/rejected.jsonl",
-        tokenized=directory("results/{run}/preference/data/tokenized"),
-    log:
-        "results/{run}/logs/prepare_preference.log",
-    benchmark:
-        "results/{run}/benchmarks/prepare_preference.tsv"
-    container:
-        stage_container()
-    params:
-        cfg=preference_data_cfg,
-    shell:
-        "python -m llmft prepare-preference {params.cfg} --tokenizer {input.tokenizer:q}"
-        " --out-dir results/{wildcards.run}/preference/data > {log:q} 2>&1"

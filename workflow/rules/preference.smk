@@ -1,6 +1,36 @@
-# The preference stage (DPO, ORPO, SimPO, KTO; config key preference): planned and rendered like sft
-# from the nodes' facts, through sft's own renderer on the stage's view of the config
-# (llmft.sft.preference), then trained by sft's three steps on the same partition and launcher.
+# The preference stage's rules; its helpers (the config check, the input functions, what it adds to
+# the run's outputs, the page and the nightly gate) are in preference_helpers.smk.
+
+
+include: "preference_helpers.smk"
+
+
+# The stage's data: only in the DAG with a preference section (final_outputs, then the preference
+# stage, ask for it).
+rule prepare_preference:
+    input:
+        tokenizer=base_model_dir,
+        sources=preference_inputs,
+    output:
+        train="results/{run}/preference/data/train.jsonl",
+        heldout="results/{run}/preference/data/heldout.jsonl",
+        info="results/{run}/preference/data/dataset_info.json",
+        stats="results/{run}/preference/data/stats.json",
+        rejected="results/{run}/preference/data/rejected.jsonl",
+        tokenized=directory("results/{run}/preference/data/tokenized"),
+    log:
+        "results/{run}/logs/prepare_preference.log",
+    benchmark:
+        "results/{run}/benchmarks/prepare_preference.tsv"
+    container:
+        stage_container()
+    params:
+        cfg=preference_data_cfg,
+    shell:
+        "python -m llmft prepare-preference {params.cfg} --tokenizer {input.tokenizer:q}"
+        " --out-dir results/{wildcards.run}/preference/data > {log:q} 2>&1"
+
+
 rule render_preference_config:
     input:
         unpack(preference_reference),

@@ -92,7 +92,7 @@ rule report:
             "verify",
             "eval",
             "nightly.compare_with",
-            *REPORT_OPTIONAL_KEYS,
+            *report_optional_keys(),
             benchmarks=bool(CFG["eval"]["benchmarks"]),
         ),
     shell:

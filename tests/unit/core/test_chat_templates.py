@@ -13,8 +13,8 @@ from llmft.core.assets import build_tokenizer, synthetic_rows
 from llmft.core.config import ConfigError
 from llmft.core.lf import chat_templates as ct
 from llmft.core.lf.pretokenize import SFTEncoder, messages_of
+from llmft.core.sources import DataError
 from llmft.data import tokcheck
-from llmft.data.sources import DataError
 
 from tests import published_formats as published
 from tests.conftest import REPO, make_workdir, snakemake

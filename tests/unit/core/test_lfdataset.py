@@ -11,8 +11,8 @@ from llmft.core.assets import build_tokenizer
 from llmft.core.config import ConfigError
 from llmft.core.config import validate as validate_config
 from llmft.core.lf import lfdataset
+from llmft.core.sources import DataError
 from llmft.data.prepare import prepare
-from llmft.data.sources import DataError
 
 from tests.conftest import REPO
 from tests.lfref import llamafactory_preprocess

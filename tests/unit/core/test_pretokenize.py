@@ -27,7 +27,7 @@ ROWS = synthetic_rows(120, seed=4) + [
     {"instruction": "nul \x00 inside", "input": "", "output": "ok\x001\x00"},
 ]
 # What the data stage accepts: the encoder above must not take a NUL for its marker character, but
-# the stage refuses a NUL in a text (tests/unit/data/test_sources.py), so prepared data has none.
+# the stage refuses a NUL in a text (tests/unit/core/test_sources.py), so prepared data has none.
 VALID_ROWS = [r for r in ROWS if "\x00" not in r["instruction"] + r["output"]]
 # default/alpaca/chatml: plain; qwen: replaced EOS + default system; falcon: efficient EOS;
 # qwen3: a reasoning template (adds empty thought tokens).

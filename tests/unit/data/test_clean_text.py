@@ -6,9 +6,9 @@ import unicodedata
 
 import pytest
 from datasets import load_from_disk
+from llmft.core import sources as ds
 from llmft.core.assets import build_tokenizer
 from llmft.core.config import validate as validate_config
-from llmft.data import sources as ds
 from llmft.data.prepare import content_key, prepare
 
 from tests.conftest import REPO

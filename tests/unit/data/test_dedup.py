@@ -6,8 +6,8 @@ import re
 import numpy as np
 import pytest
 from llmft.core.assets import WORDS
+from llmft.core.dedup import MinHasher, SeenKeys, lsh_shape, payload
 from llmft.core.io import read_jsonl
-from llmft.data.dedup import MinHasher, SeenKeys, lsh_shape, payload
 from llmft.data.prepare import content_key, is_heldout, prepare
 
 

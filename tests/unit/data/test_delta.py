@@ -8,9 +8,9 @@ from llmft.core.config import ConfigError, validate
 from llmft.core.io import read_jsonl
 from llmft.core.lineage import TRAIN_KEYS_FILE
 from llmft.core.lineage import resolve as resolve_parent
+from llmft.core.sources import DataError
 from llmft.data.delta import read_keys
 from llmft.data.prepare import content_key, is_heldout, prepare
-from llmft.data.sources import DataError
 
 from tests.unit.data.test_prepare import write_rows
 

@@ -9,8 +9,8 @@ import pytest
 from datasets import Dataset, load_from_disk
 from llmft.core.assets import synthetic_rows
 from llmft.core.io import read_jsonl
+from llmft.core.sources import DataError
 from llmft.data.prepare import content_key, is_heldout, prepare
-from llmft.data.sources import DataError
 
 
 def write_rows(path, rows):

@@ -8,12 +8,12 @@ import json
 import pytest
 from datasets import load_from_disk
 from llmft.core import conversation
+from llmft.core import sources as ds
 from llmft.core.assets import synthetic_rows
 from llmft.core.io import read_jsonl
 from llmft.core.lf.pretokenize import SFTEncoder
-from llmft.data import sources as ds
+from llmft.core.sources import DataError, RowError, validate
 from llmft.data.prepare import content_key, prepare
-from llmft.data.sources import DataError, RowError, validate
 from llmft.evaluate import run as ev
 
 from tests.lfref import llamafactory_preprocess, rows_of

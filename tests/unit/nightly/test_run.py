@@ -8,7 +8,6 @@ import sys
 import pytest
 import yaml
 from llmft.core.config import validate
-from llmft.evaluate.preference import gate_block
 from llmft.nightly.lock import Lock, NightlyLocked
 from llmft.nightly.promote import promoted_stack, record
 from llmft.nightly.run import (
@@ -23,7 +22,8 @@ from llmft.nightly.run import (
     same_rows_reference,
     schedule_lines,
 )
-from llmft.report.preference import gate_blocks
+from llmft.preference.evaluate import gate_block
+from llmft.preference.page import gate_blocks
 
 from tests.conftest import REPO
 

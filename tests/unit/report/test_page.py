@@ -5,10 +5,10 @@ import json
 import pytest
 from llmft.core import flops
 from llmft.core.config import validate
+from llmft.core.draw import svg_lines
 from llmft.core.modelfiles import safetensors_stats
 from llmft.core.platform import Platform
 from llmft.evaluate.worker import plan_batches, shard
-from llmft.report.draw import svg_lines
 from llmft.report.page import data_rows, peak_flops, pick_samples, throughput_series
 from llmft.report.trend import collect_runs
 
@@ -233,6 +233,27 @@ def test_a_resumed_run_shows_the_runtime_of_every_attempt_and_says_it_resumed(tm
     ) in page
 
 
+def test_a_stage_page_adds_its_section_and_summary_block(tmp_path):
+    """build_report takes another stage's part of the page (llmft.preference.page's shape): its
+    section goes into the page, its block into summary.json."""
+    from types import SimpleNamespace
+
+    from llmft.report.page import build_report
+
+    block = {"models": {"preference": {"preference_accuracy": 0.75}}}
+    stage = SimpleNamespace(
+        METRICS=("preference_accuracy",),
+        load=lambda cfg, run_dir: block,
+        section=lambda b: '<h2 id="stage">a stage</h2>' if b else "",
+        add_to_summary=lambda summary, b: summary.update(stage=b),
+    )
+    train = {"train_runtime_s": 30.0, "attempt": {"attempts": 1, "starts": [0], "runtime_s": 29.0}}
+    run = _minimal_run(tmp_path, train)
+    summary = build_report(validate({"run": "r"}), str(run), str(run / "report"), stage_pages=(stage,))
+    assert summary["stage"] == block
+    assert '<h2 id="stage">a stage</h2>' in (run / "report/index.html").read_text()
+
+
 def test_a_run_in_one_attempt_shows_its_runtime_alone(tmp_path):
     from llmft.report.page import build_report
 
@@ -293,8 +314,8 @@ def test_the_gate_section_shows_which_task_a_night_lost(tmp_path):
 
 
 def test_summary_and_page_carry_one_throughput_figure_with_its_formula(tmp_path):
+    from llmft.core.draw import esc, fmt
     from llmft.core.throughput import THROUGHPUT_FORMULA
-    from llmft.report.draw import esc, fmt
     from llmft.report.page import build_report
 
     train = {"world_size": 2, "tokens_per_second_per_gpu": 1234.5, "throughput_steps": [16, 60]}

@@ -5,12 +5,12 @@ import json
 import pytest
 import yaml
 from llmft.core.config import validate
+from llmft.core.draw import esc, svg_lines, table
 from llmft.core.launch import launch_env
 from llmft.core.platform import Platform
 from llmft.core.shape import model_shape
 from llmft.core.slurm import Allocation
 from llmft.evaluate.metrics import exact_match
-from llmft.report.draw import esc, svg_lines, table
 from llmft.sft.plan import ZERO3_SUB_GROUP, resolve
 from llmft.sft.render import deepspeed_config, render, run_lineage
 

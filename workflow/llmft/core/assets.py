@@ -11,16 +11,7 @@ import random
 from pathlib import Path
 
 from llmft.core.io import atomic_path, write_jsonl
-
-CATEGORIES = {
-    "animal": "cat dog horse cow sheep goat tiger lion bear wolf fox mouse rabbit eagle owl".split(),
-    "fruit": "apple banana cherry grape lemon mango melon orange peach pear plum kiwi fig lime".split(),
-    "color": "red green blue yellow purple black white brown pink gray violet cyan teal gold".split(),
-    "tool": "hammer saw drill wrench chisel shovel rake ladder pliers axe file brush clamp".split(),
-    "vehicle": "car bus truck train bicycle boat ship plane tram van taxi scooter rocket".split(),
-}
-WORDS = sorted({w for ws in CATEGORIES.values() for w in ws})
-NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five"}
+from llmft.core.words import CATEGORIES, NUMBER_WORDS, WORDS
 
 CATEGORY_TEMPLATES = [
     "What kind of thing is {w}?",

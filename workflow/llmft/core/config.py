@@ -285,7 +285,7 @@ def _check_hardware(hw: dict) -> None:
         )
 
 
-# The builtin sources of preference.data (data/preference.py makes them).
+# The builtin sources of preference.data (preference/data.py makes them).
 BUILTIN_PREFERENCE = ("builtin:synthetic_pairs", "builtin:synthetic_kto")
 
 

@@ -2,7 +2,7 @@
 and where the prompt ends and the answer begins. Tokenizing, packing and evaluation all read rows
 through this module, so they agree with each other and with LLaMA-Factory's converters.
 
-Two canonical row forms (data/sources.py makes them):
+Two canonical row forms (core/sources.py makes them):
 
 - plain rows, alpaca-with-history: `instruction`, `input`, `output`, optional `system` and
   `history` ([user, assistant] pairs). LLaMA-Factory's alpaca converter turns them into history

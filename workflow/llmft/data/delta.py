@@ -12,10 +12,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+from llmft.core.dedup import content_key
 from llmft.core.io import atomic_path
 from llmft.core.lineage import TRAIN_KEYS_FILE
-from llmft.data.dedup import content_key
-from llmft.data.sources import DataError
+from llmft.core.sources import DataError
 
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 

@@ -30,14 +30,13 @@ from pathlib import Path
 
 import numpy as np
 from llmft.core.conversation import SHAREGPT_TAGS, sharegpt_line
+from llmft.core.dedup import NearDupIndex, SeenKeys, content_key, payload
+from llmft.core.heldout import is_heldout
 from llmft.core.io import write_json
 from llmft.core.lf import lfdataset
 from llmft.core.lf.pretokenize import TOKENIZED_DIR
 from llmft.core.lineage import TRAIN_KEYS_FILE
-from llmft.core.text import normalise
-from llmft.data.dedup import NearDupIndex, SeenKeys, content_key, payload
-from llmft.data.delta import select, write_keys
-from llmft.data.sources import (
+from llmft.core.sources import (
     FORMATS,
     DataError,
     FileError,
@@ -46,6 +45,8 @@ from llmft.data.sources import (
     iter_raw,
     validate,
 )
+from llmft.core.text import normalise
+from llmft.data.delta import select, write_keys
 
 log = logging.getLogger("llmft.data.prepare")
 
@@ -60,12 +61,6 @@ LOGGED_DROPS = 200
 _WORKER: tuple | None = None
 
 __all__ = ["DataError", "content_key", "is_heldout", "normalise", "prepare", "FORMATS"]
-
-
-def is_heldout(key: str, fraction: float, salt: str) -> bool:
-    """Deterministic side of the split for a content key (independent of every other row)."""
-    digest = hashlib.sha256(f"{salt}\x1f{key}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
 def _repeats(key: str, weight: float, salt: str) -> int:

@@ -39,7 +39,7 @@ def check(tokenizer, folder: str | Path, fail: bool = True) -> dict:
     probes. On a difference: raise DataError naming the folder, the probe and the library versions,
     or with `fail` false (config data.tokenizer_check: warn) log it and go on. Returns what
     stats.json records."""
-    from llmft.data.sources import DataError
+    from llmft.core.sources import DataError
     from tokenizers import Tokenizer
 
     path = Path(folder) / "tokenizer.json"

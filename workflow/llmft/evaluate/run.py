@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -14,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmft.core import conversation
-from llmft.core.io import read_jsonl, write_json, write_jsonl
+from llmft.core.heldout import heldout_fingerprint, heldout_rows
+from llmft.core.io import write_json, write_jsonl
 from llmft.core.modelfiles import safetensors_stats
 from llmft.evaluate.metrics import SOURCE as METRIC_SOURCE
 from llmft.evaluate.metrics import exact_match, mean_scores, similarity
@@ -63,7 +63,6 @@ messages = conversation.messages
 def _call_list(template, text: str, prefix: str) -> list | None:
     """The calls in `text` as the template's own tool extractor reads them: [(name, arguments)],
     arguments decoded; None when it finds no call."""
-    import json
 
     if prefix.strip() and text.startswith(prefix.strip()):
         text = text[len(prefix.strip()) :]
@@ -267,21 +266,25 @@ def evaluate(
     return metrics
 
 
-def heldout_rows(heldout: str, configured: int, max_rows: int | str | None) -> list[dict]:
-    """The held-out rows an evaluation scores: the first `max_rows`, every row ("all": the nightly
-    gate's pass), or, with None, the first `configured` (eval.max_rows)."""
-    rows = read_jsonl(heldout)
-    limit = configured if max_rows is None else max_rows
-    return rows if limit == "all" else rows[: int(limit)]
+def answer_nll(cfg: dict, model_dir: str, rows: list[dict], threads: int = 0) -> dict[int, tuple]:
+    """Each row's summed negative log-likelihood of its last message (the answer) under `model_dir`,
+    with its answer tokens, by row index: evaluate's batched loss pass, no generation (the preference
+    stage scores its held-out answers with it)."""
+    from llmft.core.lf.chat_templates import for_config as template_for_config
 
-
-def heldout_fingerprint(rows: list[dict]) -> str:
-    """The held-out rows a model was scored on, in order: two scores compare only when this matches."""
-    h = hashlib.sha256()
-    for row in rows:
-        h.update(json.dumps(row, sort_keys=True, ensure_ascii=False).encode())
-        h.update(b"\n")
-    return h.hexdigest()[:16]
+    clock = _SetupClock()
+    devices, n, pool = plan_eval(0, safetensors_stats(model_dir)["weight_bytes"], clock)
+    template_name = template_for_config(cfg, model_dir)[0]
+    tokenizer, encoded = encode(rows, model_dir, template_name)
+    jobs = shard_jobs(cfg["eval"], model_dir, tokenizer, encoded, devices, n, threads)
+    for job in jobs:
+        job.gen_batches = []
+    try:
+        results = run_all(jobs, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return {i: v for r in results for i, v in r["row_nll"].items()}
 
 
 def plan_eval(processes: int, weight_bytes: int, clock: _SetupClock):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from llmft.core.draw import esc, table
 from llmft.core.io import read_optional
-from llmft.report.draw import esc, table
 
 # A drop counts as a regression past this many standard errors of the difference (about 95 %).
 NOISE_SE = 2.0

@@ -3,8 +3,8 @@ model, the data delta since its parent and the tokens it trained against a full 
 
 from __future__ import annotations
 
+from llmft.core.draw import esc
 from llmft.core.lineage import chain_text, cost_line, lineage_head
-from llmft.report.draw import esc
 
 
 def run_lineage(cfg: dict, sft_args: dict, stats: dict, stack: dict | None = None) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -12,13 +13,11 @@ from pathlib import Path
 import yaml
 from llmft.core import flops
 from llmft.core import stack as stack_fp
-from llmft.core.config import PREFERENCE_METRICS
+from llmft.core.draw import CSP, STYLE, esc, fmt, svg_bars, svg_lines, table, tsv
 from llmft.core.io import read_json, read_jsonl, read_optional, write_json, write_text
 from llmft.core.platform import Platform
 from llmft.core.throughput import THROUGHPUT_FORMULA
 from llmft.report import bench
-from llmft.report import preference as pref_page
-from llmft.report.draw import CSP, STYLE, esc, fmt, svg_bars, svg_lines, table, tsv
 from llmft.report.lineage import lineage_html, run_lineage
 from llmft.report.trend import build_trend
 
@@ -820,9 +819,14 @@ def gate_section(summary: dict, metric: str) -> str:
 """
 
 
-def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None = None) -> dict:
+def build_report(
+    cfg: dict, run_dir: str, out_dir: str, results_dir: str | None = None, stage_pages: Sequence = ()
+) -> dict:
     """Write index.html, summary.json, figures/*.svg, heldout_metrics.tsv, samples.tsv and
-    trend.html into `out_dir`; return the summary."""
+    trend.html into `out_dir`; return the summary. `stage_pages`: another training stage's part of
+    the page (llmft.preference.page), each with load(cfg, run_dir) -> its block or None,
+    section(block) -> HTML, add_to_summary(summary, block), and, for its nightly metrics (METRICS),
+    gate_blocks(cfg, run_dir) -> (gate, compared_with)."""
     r = load_run(cfg, run_dir)
     out = Path(out_dir)
     figures = report_figures(r)
@@ -830,13 +834,14 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
     samples = pick_samples(r.base_pred, r.tuned_pred)
     # eval.benchmarks: only a run configured with them shows them (a stale bench/ folder is not read)
     benchmarks = bench.load(r.run) if cfg["eval"]["benchmarks"] else None
-    pref = pref_page.load(cfg, Path(run_dir))
+    stages = [(stage_page, stage_page.load(cfg, Path(run_dir))) for stage_page in stage_pages]
     git = git_state()
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     summary = report_summary(r, generated, git)
-    if cfg["nightly"]["compare_with"] and cfg["nightly"]["metric"] in PREFERENCE_METRICS:
-        # a preference metric: the two preference models on this run's held-out pairs
-        summary["gate"], summary["compared_with"] = pref_page.gate_blocks(cfg, r.run)
+    gating = [stage_page for stage_page in stage_pages if cfg["nightly"]["metric"] in stage_page.METRICS]
+    if cfg["nightly"]["compare_with"] and gating:
+        # a stage's metric (a preference metric: the two preference models on this run's held-out pairs)
+        summary["gate"], summary["compared_with"] = gating[0].gate_blocks(cfg, r.run)
     elif cfg["nightly"]["compare_with"]:
         summary["compared_with"] = compared_with(r.run, cfg["nightly"]["compare_with"])
         summary["gate"] = gate_scores(r.run)
@@ -846,7 +851,7 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
             gate_section(summary, cfg["nightly"]["metric"]),
             heldout_section(r, metrics),
             bench.section(benchmarks),
-            pref_page.section(pref),
+            *(stage_page.section(block) for stage_page, block in stages),
             curves_section(figures),
             throughput_section(r, figures),
             samples_section(samples),
@@ -857,12 +862,9 @@ def build_report(cfg: dict, run_dir: str, out_dir: str, results_dir: str | None 
     )
     if benchmarks:
         summary["benchmarks"] = benchmarks
-    if pref:
-        summary["preference"] = pref
-        # A preference nightly.metric of a night without a promoted model is read from `tuned`: the
-        # run's final model, the preference-tuned one (on the page's eval.max_rows pairs).
-        for m in PREFERENCE_METRICS:
-            summary["tuned"][m] = pref["models"].get("preference", {}).get(m)
+    for stage_page, block in stages:
+        if block:
+            stage_page.add_to_summary(summary, block)
     write_text(out / "index.html", page)
     write_json(out / "summary.json", summary)
     for name in FIGURES:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from llmft.core import flops, fp8
 from llmft.core.config import ConfigError
+from llmft.core.objective import PADFREE_CHUNK, SFT, Objective
 from llmft.core.platform import Platform, choose_attention
 from llmft.core.shape import ModelShape, model_shape
 from llmft.sft.steptime import StepTime, offload_host_gib, step_time
@@ -71,10 +72,6 @@ LORA_AUTOCAST_EXTRA_PER_HIDDEN = 5
 # DDP) 6 fits the measured peaks of the hand-tuned 1.24 B DDP runs, where 10 over-predicted them
 # (bench/results/sft_h200x2_{1b,compile}.json).
 LOGIT_BYTES = {"half": 10, "autocast": 6, "fp32": 12}
-# Padding-free DPO (llmft.sft.padfree) runs the output layer this many tokens at a time: at a 128 k
-# vocabulary a chunk's bf16 logits, their fp32 upcast and its gradient are ~1.3 GiB (against ~8 GiB
-# per 16 k tokens when all are materialised).
-PADFREE_CHUNK = 1024
 # LLaMA-Factory's padded DPO forward keeps more per token and vocabulary entry than sft's loss: the
 # fp32 log-softmax of every position (get_batch_logps) beside the upcast, and its gradient. On one H100
 # 80 GB the 1.24 B DPO plan at 4 pairs (predicted 68.0 GiB with sft's 10 bytes) ran out of memory asking
@@ -279,7 +276,7 @@ def estimate(
     for it and runs any other stage as plain inference), and its fp32 log-probabilities' logits, which
     live beside the policy's. `logits`: the loss needs the logits themselves (a preference loss takes
     log-probabilities of every answer token), so Liger's fused loss saves nothing there.
-    `padding_free` (dpo, llmft.sft.padfree): log-probabilities a chunk of PADFREE_CHUNK tokens at a
+    `padding_free` (dpo, llmft.preference.padfree): log-probabilities a chunk of PADFREE_CHUNK tokens at a
     time, recomputed in the backward pass: one chunk's logits at a time, the reference's included.
     `compiled`: the decoder layers run under torch.compile (with `fp8`, full fine-tuning saves its
     linear layers' inputs in float8)."""
@@ -351,16 +348,30 @@ class Plan:
     compile: bool = False  # torch.compile each decoder layer (llmft.sft.train)
     step: StepTime | None = None  # the estimated step time of this plan (steptime.py)
     fp8: bool = False  # torchao float8 on the decoder's linear layers (llmft.core.fp8)
-    sequences_per_row: int = 1  # a preference pair's two sequences
-    reference: str = "none"  # a preference stage's reference model: none | forward | copy
-    group_by_length: bool = False  # dpo: batches of pairs of similar length (preference.group_by_length)
-    padding_free: bool = False  # dpo: pairs as one row, chunked log-probabilities (llmft.sft.padfree)
+    objective: Objective = SFT  # what a row holds and what LLaMA-Factory trains (llmft.core.objective)
     static_tokens: int = 0  # every micro-batch's flattened row padded to this many tokens (0: off)
     compile_tuning: bool = False  # Inductor tunes each compiled kernel's block sizes (coordinate descent)
 
     @property
     def predicted_peak_gib(self) -> float:
         return self.memory.peak
+
+    @property
+    def sequences_per_row(self) -> int:
+        return self.objective.sequences_per_row
+
+    @property
+    def reference(self) -> str:
+        """The reference model's weights on each GPU: none | forward | copy."""
+        return self.objective.reference
+
+    @property
+    def group_by_length(self) -> bool:
+        return self.objective.group_by_length
+
+    @property
+    def padding_free(self) -> bool:
+        return self.objective.padding_free
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -371,7 +382,17 @@ class Plan:
         return self.tokens_per_micro_batch * self.gradient_accumulation * self.world_size
 
     def to_json(self) -> dict:
-        out = asdict(self)
+        out: dict = {}
+        for key, value in asdict(self).items():
+            if key != "objective":
+                out[key] = value
+            elif self.objective.in_plan:  # what a row holds, where it is not one sft sequence
+                out.update(
+                    sequences_per_row=self.sequences_per_row,
+                    reference=self.reference,
+                    group_by_length=self.group_by_length,
+                    padding_free=self.padding_free,
+                )
         out["memory"] = {k: round(v, 3) for k, v in asdict(self.memory).items()}
         out["memory"].update(
             backward_peak=round(self.memory.backward_peak, 3),
@@ -380,10 +401,7 @@ class Plan:
         )
         out["tokens_per_step"] = self.tokens_per_step
         out["step"] = self.step.to_json() if self.step else None
-        if self.sequences_per_row == 1:
-            # sft's plan reads as before the preference stage existed (its rendered YAML is unchanged)
-            for key in ("sequences_per_row", "reference", "group_by_length", "padding_free"):
-                out.pop(key)
+        if not self.objective.in_plan:  # no reference model to count
             out["memory"].pop("reference")
         return out
 
@@ -500,11 +518,13 @@ class _Space:
     trainable: float
     tuning: flops.Tuning
     fp8: bool = False
-    # a preference stage: sequences per row (a pair's two) and its reference model (none | forward |
-    # copy: see estimate and step_time)
-    seqs: int = 1
-    reference: str = "none"
-    padding_free: bool = False
+    # what a row holds: its sequences, a reference model (none | forward | copy: see estimate and
+    # step_time), the logits its loss keeps
+    objective: Objective = SFT
+
+    @property
+    def seqs(self) -> int:
+        return self.objective.sequences_per_row
 
     @property
     def world(self) -> int:
@@ -560,9 +580,9 @@ class _Space:
             buckets=_bucket_elems(self.buckets(stage)),
             trainable=self.trainable,
             fp8=self.fp8,
-            reference=self.reference,
-            logits=self.seqs > 1,
-            padding_free=self.padding_free,
+            reference=self.objective.reference,
+            logits=self.objective.logits,
+            padding_free=self.objective.padding_free,
             compiled=_compiles(self.sft, stage, self.platform, self.fp8),
         )
 
@@ -581,7 +601,7 @@ class _Space:
             precision=self.sft["precision"],
             tuning=self.tuning,
             fp8=self.fp8,
-            reference=self.reference,
+            reference=self.objective.reference,
         )
 
     def host_need(self, cand: Candidate) -> float | None:
@@ -647,78 +667,17 @@ def _batch_reasons(sft: dict, rows: int, accum: int, seq: int) -> list[str]:
     return out
 
 
-def _preference_cost(cfg: dict) -> tuple[int, str]:
-    """(sequences per row, reference) of a preference stage's config view; (1, none) for sft."""
-    if cfg.get("stage") not in ("dpo", "kto"):
-        return 1, "none"
-    from llmft.sft import preference
-
-    ref = preference.reference_weights(cfg)
-    if ref == "none" and preference.reference(cfg) != "none":
-        ref = "forward"  # LoRA: the policy's own weights with the adapter disabled
-    return preference.sequences_per_row(cfg), ref
-
-
-def _length_grouping(cfg: dict) -> tuple[bool, str]:
-    """preference.group_by_length for a dpo stage's view, with the reason for what `auto` chose."""
-    if cfg.get("stage") != "dpo":
-        return False, ""
-    setting = cfg["preference"]["group_by_length"]
-    if setting != "auto":
-        return bool(setting), ""
-    return False, (
-        "group_by_length auto -> off: on one H200 (1.24 B DPO) the plan with it measured 1.12x a "
-        "hand-tuned LLaMA-Factory DPO, against 1.19x without it in an earlier call (never compared in "
-        "one call); preference.group_by_length: true batches pairs of similar length"
-    )
-
-
-def _padding_free(cfg: dict, platform: Platform) -> tuple[bool, str]:
-    """preference.padding_free for a dpo stage's view, with the reason for what was chosen: the pairs
-    of a micro-batch as one row through varlen attention, log-probabilities without full logits."""
-    if cfg.get("stage") != "dpo":
-        return False, ""
-    setting = cfg["preference"]["padding_free"]
-    fp32 = platform.on_gpu and cfg["sft"]["precision"] == "fp32"  # no FlashAttention kernel in fp32
-    kernel = not platform.on_gpu or "varlen" in platform.attention
-    where = "torch's varlen kernel" if platform.on_gpu else "per-pair SDPA on the CPU"
-    if setting is True:
-        if fp32:
-            raise ConfigError(
-                "config key preference.padding_free: true needs torch's varlen attention, which "
-                "computes in fp16/bf16 only, and sft.precision is fp32: set sft.precision: bf16 or "
-                "preference.padding_free: auto"
-            )
-        if not kernel:
-            raise ConfigError(
-                "config key preference.padding_free: true needs torch's varlen attention "
-                "(torch.nn.attention.varlen), which no node ran (verify_env's attention finding); "
-                "set it to auto or false"
-            )
-        return (
-            True,
-            f"padding_free on: the pairs of a micro-batch as one row ({where}), chunked log-probabilities",
-        )
-    if setting is False:
-        return False, ""
-    if cfg["sft"]["flash_attn"] != "auto":
-        return False, f"padding_free auto -> off: sft.flash_attn is set to {cfg['sft']['flash_attn']!r}"
-    if fp32:
-        return False, "padding_free auto -> off: sft.precision is fp32 (varlen attention is fp16/bf16 only)"
-    if not kernel:
-        return False, "padding_free auto -> off: no node ran torch's varlen attention"
-    return True, (
-        f"padding_free auto -> on: the pairs of a micro-batch as one row without padding ({where}); "
-        "log-probabilities a chunk of tokens at a time, never the whole batch's fp32 logits"
-    )
-
-
-def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelShape | None = None) -> Plan:
-    """Concrete settings for every `auto` in cfg['sft'], checked against the devices' memory. A
-    preference stage's view (preference.view) is planned with its pairs' two sequences and its
-    reference model."""
+def resolve(
+    cfg: dict,
+    model_dir: str | Path,
+    platform: Platform,
+    shape: ModelShape | None = None,
+    objective: Objective = SFT,
+) -> Plan:
+    """Concrete settings for every `auto` in cfg['sft'], checked against the devices' memory, for the
+    stage's training `objective` (sft's by default): the sequences a row holds, a resident reference
+    model, the logits its loss keeps."""
     sft = cfg["sft"]
-    seqs, reference = _preference_cost(cfg)
     shape = shape or model_shape(model_dir)
     world = platform.world_size
     seq = cfg["data"]["cutoff_len"]
@@ -728,12 +687,7 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
     packing, attention, reasons = _packing_and_attention(sft, platform)
     use_fp8, fp8_why = fp8.decide(sft, platform, shape.hidden)
     reasons.append(fp8_why)
-    grouping, grouping_why = _length_grouping(cfg)
-    if grouping_why:
-        reasons.append(grouping_why)
-    padding_free, padding_free_why = _padding_free(cfg, platform)
-    if padding_free_why:
-        reasons.append(padding_free_why)
+    reasons.extend(objective.reasons)
     space = _Space(
         sft=sft,
         shape=shape,
@@ -744,15 +698,13 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
         trainable=float(sft_trainable_params(shape, sft)),
         tuning=flops.tuning_of(sft, shape),  # the config's keys are LLaMA-Factory's names
         fp8=use_fp8,
-        seqs=seqs,
-        reference=reference,
-        padding_free=padding_free,
+        objective=objective,
     )
     fitting, host_refused, smallest = _evaluate(space, usable)
     if not fitting:
         if host_refused:
             raise ConfigError(_host_refusal(shape, platform, min(host_refused)))
-        raise ConfigError(_refusal(cfg, shape, gpu, usable, smallest, seq))
+        raise ConfigError(_refusal(cfg, shape, gpu, usable, smallest, seq, objective))
     estimate_, chosen, memory = _fastest(fitting)
     stage, offload, rows, gc = chosen
     if sft["zero_stage"] == "auto":
@@ -763,14 +715,7 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
     reasons.extend(_batch_reasons(sft, rows, accum, seq))
     compiled = _use_compile(sft, stage, platform, use_fp8)
     if use_fp8 and sft["fp8"] == "auto" and _full_weights(sft) and not compiled:
-        # trained float8 layers pay off compiled only (eager 0.49x bf16): plan this run in bf16
-        plan = resolve({**cfg, "sft": {**sft, "fp8": False}}, model_dir, platform, shape)
-        plan.reasons = [r for r in plan.reasons if r != fp8.OFF_REASON] + [
-            f"sft.fp8: auto -> off: the plan's decoder layers do not compile (ZeRO-{stage}, "
-            f"sft.torch_compile {str(sft['torch_compile']).lower()}), and eager float8 on trained "
-            "weights measured 0.49x bf16 (full 1.24 B, one H200)"
-        ]
-        return plan
+        return _eager_fp8_off(cfg, model_dir, platform, shape, objective, stage)
     static_tokens, static_why = _static_shapes(sft, compiled, use_fp8, packing, attention, rows * seq)
     tuning, tuning_why = _compile_tuning(sft, compiled, use_fp8)
     reasons.extend(r for r in (static_why, tuning_why) if r)
@@ -795,13 +740,23 @@ def resolve(cfg: dict, model_dir: str | Path, platform: Platform, shape: ModelSh
         compile=compiled,
         step=estimate_,
         fp8=use_fp8,
-        sequences_per_row=seqs,
-        reference=reference,
-        group_by_length=grouping,
-        padding_free=padding_free,
+        objective=objective,
         static_tokens=static_tokens,
         compile_tuning=tuning,
     )
+
+
+def _eager_fp8_off(cfg, model_dir, platform, shape, objective, stage: int) -> Plan:
+    """sft.fp8 auto whose plan does not compile: trained float8 layers pay off compiled only (eager
+    0.49x bf16), so the run is planned in bf16, saying why."""
+    sft = cfg["sft"]
+    plan = resolve({**cfg, "sft": {**sft, "fp8": False}}, model_dir, platform, shape, objective)
+    plan.reasons = [r for r in plan.reasons if r != fp8.OFF_REASON] + [
+        f"sft.fp8: auto -> off: the plan's decoder layers do not compile (ZeRO-{stage}, "
+        f"sft.torch_compile {str(sft['torch_compile']).lower()}), and eager float8 on trained "
+        "weights measured 0.49x bf16 (full 1.24 B, one H200)"
+    ]
+    return plan
 
 
 # Measured on one H200, full fine-tuning of the 1.24 B Llama with compiled decoder layers, ZeRO-2,
@@ -957,7 +912,7 @@ def _compiles(sft: dict, stage: int, platform: Platform, use_fp8: bool) -> bool:
     return stage < 3 and _use_compile(sft, stage, platform, use_fp8)
 
 
-def _refusal(cfg, shape, gpu, usable, smallest, seq) -> str:
+def _refusal(cfg, shape, gpu, usable, smallest, seq, objective: Objective = SFT) -> str:
     """Why nothing fits, and which keys to change, most effective first."""
     sft = cfg["sft"]
     peak, (stage, offload, rows, gc) = smallest
@@ -984,16 +939,10 @@ def _refusal(cfg, shape, gpu, usable, smallest, seq) -> str:
         f"a shorter data.cutoff_len (now {seq})",
         "sft.finetuning_type: lora",
     ]
-    what = "sft"
-    seqs, reference = _preference_cost(cfg)
-    if seqs > 1:
-        what = f"the preference stage ({cfg['stage']}: {seqs} sequences per row, reference model {reference})"
-        if reference == "copy":
-            tips.insert(
-                0, "preference.finetuning_type: lora (its reference is the adapter-free model, no copy)"
-            )
+    tips[:0] = objective.tips
     return (
-        f"{what} does not fit: {shape.params / 1e9:.2f} B parameters need at least {peak:.1f} GiB per device "
+        f"{objective.what} does not fit: {shape.params / 1e9:.2f} B parameters need at least {peak:.1f} "
+        "GiB per device "
         f"(ZeRO-{stage}{' + offload' if offload else ''}, micro-batch {rows} x {seq} tokens, gradient "
         f"checkpointing {'on' if gc else 'off'}) but {gpu} leaves {usable:.1f} GiB usable"
         + (f" with {', '.join(fixed)}" if fixed else "")

@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -15,9 +16,10 @@ from llmft.core.config import BUILTIN_MODEL, ConfigError, lora_settings
 from llmft.core.io import read_json, write_json, write_text
 from llmft.core.lf import pretokenize
 from llmft.core.lf.chat_templates import for_config as template_for_config
+from llmft.core.objective import Objective, sft_objective
 from llmft.core.platform import Platform
 from llmft.core.shape import ModelShape, model_shape
-from llmft.sft import preference, tracking
+from llmft.sft import tracking
 from llmft.sft.packing import STAMP_FILE, packed_dir_name, packing_args, source_fingerprint
 from llmft.sft.plan import Plan, describe, resolve
 
@@ -85,41 +87,29 @@ def llamafactory_args(
     work_root: str,
     plan: Plan,
     platform: Platform,
-    ref_model: str | None = None,
 ) -> dict:
-    """The LLaMA-Factory training arguments; `sft.extra` wins over our defaults. A preference stage's
-    config view (preference.view) renders its own stage, datasets and loss arguments."""
+    """The LLaMA-Factory training arguments; `sft.extra` wins over our defaults. The plan's objective
+    (sft's, or another stage's: llmft.core.objective) adds its own stage, datasets and loss arguments."""
     sft = cfg["sft"]
+    objective = plan.objective
     args = _default_args(cfg, base_model, data_dir, plan, platform)
     args.update(_packing_and_kernel_args(plan))
     args.update(_precision_args(sft["precision"], platform.vendor))
     args.update(finetuning_args(sft))
     args.update(_distributed_args(deepspeed_path, platform))
-    if is_preference(cfg):
-        args.update(preference.llamafactory_args(cfg, ref_model))
-        args.update(preference.sampler_args(plan))
+    args.update(objective.trainer_args)
     args.update(sft["extra"])
-    tokenized = _tokenized_path(args, data_dir) if not is_preference(cfg) else _preference_tokenized(data_dir)
+    tokenized = _tokenized_path(args, data_dir) if objective.packs_rows else _row_tokenized(data_dir)
     if tokenized is not None:
         args["tokenized_path"] = tokenized
     digest = hashlib.sha256(json.dumps(args, sort_keys=True, default=str).encode()).hexdigest()
-    args["output_dir"] = f"{work_root}/{work_prefix(cfg)}-{digest[:12]}"
+    args["output_dir"] = f"{work_root}/{objective.name}-{digest[:12]}"
     return args
 
 
-def is_preference(cfg: dict) -> bool:
-    """Whether cfg is a preference stage's view (preference.view), not sft's config."""
-    return cfg.get("stage") in ("dpo", "kto")
-
-
-def work_prefix(cfg: dict) -> str:
-    """The work folder's name before its config hash: sft-<hash> or preference-<hash>."""
-    return "preference" if is_preference(cfg) else "sft"
-
-
-def _preference_tokenized(data_dir: str) -> str | None:
-    """The preference rows prepare_preference tokenized as LLaMA-Factory's pairwise / KTO
-    preprocessing saves them, when it did; else LLaMA-Factory tokenizes them in the job."""
+def _row_tokenized(data_dir: str) -> str | None:
+    """The rows the data stage tokenized as LLaMA-Factory's preprocessing saves them (never packed),
+    when it did; else LLaMA-Factory tokenizes them in the job."""
     path = Path(data_dir) / pretokenize.TOKENIZED_DIR
     return str(path) if path.is_dir() else None
 
@@ -136,8 +126,8 @@ def _default_args(cfg: dict, base_model: str, data_dir: str, plan: Plan, platfor
         "stage": "sft",
         "do_train": True,
         "finetuning_type": sft["finetuning_type"],
-        "dataset": preference.TRAIN_DATASET if is_preference(cfg) else "llmft_train",
-        "eval_dataset": preference.HELDOUT_DATASET if is_preference(cfg) else "llmft_heldout",
+        "dataset": plan.objective.datasets[0],
+        "eval_dataset": plan.objective.datasets[1],
         "dataset_dir": data_dir,
         # Snakemake passes the name it resolved; `auto` here only in a hand-made config.
         "template": template_for_config(cfg, base_model)[0],
@@ -268,14 +258,20 @@ def config_shape(cfg: dict, name: str) -> ModelShape:
     return tiny_shape(cfg["model"]["tiny"]) if name == BUILTIN_MODEL else model_shape(name)
 
 
-def precheck(cfg: dict) -> Plan:
+# A stage's objective on a platform (llmft.core.objective.StageTraining).
+ObjectiveFor = Callable[[Platform], Objective]
+
+
+def precheck(cfg: dict, objective_for: ObjectiveFor = sft_objective) -> Plan:
     """The plan for what the config declares (Platform.declared), made when the workflow is parsed:
     a config that could fit on no node stops before any job. The plan sft trains with is made
-    later, from the nodes' facts (render)."""
+    later, from the nodes' facts (render). `objective_for`: the stage's objective on a platform
+    (another stage's config view, e.g. llmft.preference.stage.view, with its objective)."""
     name = cfg["model"]["name_or_path"]
     shape = config_shape(cfg, name)
     check_finetuning(cfg["sft"], shape)
-    return resolve(cfg, name, Platform.declared(cfg), shape)
+    platform = Platform.declared(cfg)
+    return resolve(cfg, name, platform, shape, objective_for(platform))
 
 
 def run_lineage(cfg: dict, base_model: str) -> dict:
@@ -379,84 +375,10 @@ def decay_ratio(args: dict, sft: dict) -> float | None:
     return sft["decay_ratio"] if reads else None
 
 
-def render(
-    cfg: dict,
-    base_model: str,
-    data_dir: str,
-    out_yaml: str,
-    out_ds: str,
-    work_root: str,
-    platform: Platform,
-    shape: ModelShape | None = None,
-    ref_model: str | None = None,
-):
-    """Plan for `platform`; write llamafactory.yaml (+ the launcher's `llmft:` block) and deepspeed.json.
-    cfg is sft's config or a preference stage's view (preference.view), whose reference model, when
-    it is not the starting model, is `ref_model`."""
-    shape = shape or model_shape(base_model)
-    check_finetuning(cfg["sft"], shape)
-    if is_preference(cfg):
-        log.info(
-            "preference stage: %s, reference model %s, learning rate %g",
-            cfg["stage"],
-            preference.reference(cfg),
-            cfg["sft"]["learning_rate"],
-        )
-    elif cfg["sft"]["finetuning_type"] == "lora" and cfg["sft"]["learning_rate"] < LORA_LOW_LR:
-        log.warning(
-            "sft.learning_rate %g is low for LoRA: the default 1e-5 is the full-SFT recipe; LoRA usually "
-            "trains at about 1e-4 (LLaMA-Factory's LoRA examples)",
-            cfg["sft"]["learning_rate"],
-        )
-    plan = resolve(cfg, base_model, platform, shape)
-    if is_preference(cfg):
-        preference.settle_grouping(cfg, plan, data_dir)
-    log.info("platform: %s (%s)", platform.describe(), platform.source)
-    log.info("%s", describe(plan))
-    delta = data_delta(data_dir)
-    cost = (
-        None
-        if is_preference(cfg)
-        else lineage.run_cost(delta, lineage.training_steps(cfg, plan, platform.world_size))
-    )
-    start = continue_text(cfg, base_model, delta, cost)
-    log.info("%s", start)
-    ds = deepspeed_config(plan, platform)
-    write_json(out_ds, ds or {"zero_optimization": {"stage": 0}, "disabled": True})
-    args = llamafactory_args(
-        cfg, base_model, data_dir, out_ds if ds else None, work_root, plan, platform, ref_model
-    )
-    args["llmft"] = {
-        "attention": plan.attention,
-        "divergence_factor": cfg["sft"]["divergence_factor"],
-        "requeue_on_preempt": cfg["sft"]["requeue_on_preempt"],
-        "precision": cfg["sft"]["precision"],
-        "finetuning_type": cfg["sft"]["finetuning_type"],
-        "cutoff_len": cfg["data"]["cutoff_len"],
-        "compile_layers": plan.compile,
-        "liger_loss_only": plan.liger and plan.compile,
-        "plan": plan.to_json(),
-        "platform": platform.to_json(),
-        # the run's folder, not one derived from where this YAML is written: the same config renders
-        # the same YAML wherever it is written (a login node's preview, the workflow's rule)
-        "tracking": tracking.settings(cfg["sft"]["tracking"], f"results/{cfg['run']}/tracking", cfg["run"]),
-        # parent, started_from, base_model, chain: what the page and summary.json say this run grew from
-        "lineage": run_lineage(cfg, base_model),
-        # this run's tokens and a full retrain's as the trainer feeds them (lineage.run_cost)
-        "cost": cost,
-    }
-    if plan.static_tokens:  # llmft.sft.train pads every flattened micro-batch to this many tokens
-        args["llmft"]["static_tokens"] = plan.static_tokens
-    if plan.compile_tuning:  # llmft.sft.train turns on Inductor's coordinate-descent tuning
-        args["llmft"]["compile_tuning"] = True
-    if plan.padding_free:  # llmft.sft.train gives LLaMA-Factory's DPO trainer llmft.sft.padfree's forward
-        args["llmft"]["padding_free"] = True
-    if plan.fp8:  # llmft.sft.train converts the loaded model (LLaMA-Factory's own fp8 flag is refused)
-        args["llmft"]["fp8"] = {"recipe": fp8.RECIPE, "frozen_cast_once": fp8.cast_once(plan.zero_stage)}
-    decay = decay_ratio(args, cfg["sft"])
-    if decay is not None:  # llmft.sft.train turns it into warmup_stable_decay's decay steps
-        args["llmft"]["decay_ratio"] = decay
-    header = (
+def _yaml_header(platform: Platform, plan: Plan, decay: float | None, start: str) -> str:
+    """The comment lines above the rendered YAML: the nodes, the plan, FP8 and the schedule's decay,
+    where training starts, and the `llmft:` block's use."""
+    return (
         "# Rendered by llmft from config/config.yaml: edit the config, not this file.\n"
         f"# planned for the nodes' facts, {platform.source}:\n"
         f"#   {platform.describe()}\n"
@@ -480,5 +402,81 @@ def render(
         + "# The `llmft:` block is read by llmft's launcher (python -m llmft sft) and removed before\n"
         "# LLaMA-Factory parses the rest; delete it to run this file with plain llamafactory-cli.\n"
     )
+
+
+def render(
+    cfg: dict,
+    base_model: str,
+    data_dir: str,
+    out_yaml: str,
+    out_ds: str,
+    work_root: str,
+    platform: Platform,
+    shape: ModelShape | None = None,
+    objective_for: ObjectiveFor = sft_objective,
+    check_data: Callable[[Objective, str], None] | None = None,
+):
+    """Plan for `platform`; write llamafactory.yaml (+ the launcher's `llmft:` block) and deepspeed.json.
+    cfg is sft's config or another stage's view of it (llmft.preference.stage.view), trained for
+    `objective_for(platform)`; `check_data(objective, data_dir)` refuses data the planned objective
+    cannot train on."""
+    shape = shape or model_shape(base_model)
+    check_finetuning(cfg["sft"], shape)
+    objective = objective_for(platform)
+    if objective.announce:
+        log.info("%s, learning rate %g", objective.announce, cfg["sft"]["learning_rate"])
+    elif cfg["sft"]["finetuning_type"] == "lora" and cfg["sft"]["learning_rate"] < LORA_LOW_LR:
+        log.warning(
+            "sft.learning_rate %g is low for LoRA: the default 1e-5 is the full-SFT recipe; LoRA usually "
+            "trains at about 1e-4 (LLaMA-Factory's LoRA examples)",
+            cfg["sft"]["learning_rate"],
+        )
+    plan = resolve(cfg, base_model, platform, shape, objective)
+    if check_data is not None:
+        check_data(objective, data_dir)
+    log.info("platform: %s (%s)", platform.describe(), platform.source)
+    log.info("%s", describe(plan))
+    delta = data_delta(data_dir)
+    cost = (
+        lineage.run_cost(delta, lineage.training_steps(cfg, plan, platform.world_size))
+        if objective.continues
+        else None
+    )
+    start = continue_text(cfg, base_model, delta, cost)
+    log.info("%s", start)
+    ds = deepspeed_config(plan, platform)
+    write_json(out_ds, ds or {"zero_optimization": {"stage": 0}, "disabled": True})
+    args = llamafactory_args(cfg, base_model, data_dir, out_ds if ds else None, work_root, plan, platform)
+    args["llmft"] = {
+        "attention": plan.attention,
+        "divergence_factor": cfg["sft"]["divergence_factor"],
+        "requeue_on_preempt": cfg["sft"]["requeue_on_preempt"],
+        "precision": cfg["sft"]["precision"],
+        "finetuning_type": cfg["sft"]["finetuning_type"],
+        "cutoff_len": cfg["data"]["cutoff_len"],
+        "compile_layers": plan.compile,
+        "liger_loss_only": plan.liger and plan.compile,
+        "plan": plan.to_json(),
+        "platform": platform.to_json(),
+        # the run's folder, not one derived from where this YAML is written: the same config renders
+        # the same YAML wherever it is written (a login node's preview, the workflow's rule)
+        "tracking": tracking.settings(cfg["sft"]["tracking"], f"results/{cfg['run']}/tracking", cfg["run"]),
+        # parent, started_from, base_model, chain: what the page and summary.json say this run grew from
+        "lineage": run_lineage(cfg, base_model),
+        # this run's tokens and a full retrain's as the trainer feeds them (lineage.run_cost)
+        "cost": cost,
+    }
+    if plan.static_tokens:  # llmft.sft.train pads every flattened micro-batch to this many tokens
+        args["llmft"]["static_tokens"] = plan.static_tokens
+    if plan.compile_tuning:  # llmft.sft.train turns on Inductor's coordinate-descent tuning
+        args["llmft"]["compile_tuning"] = True
+    if plan.padding_free:  # the training worker installs the objective's padding-free forward
+        args["llmft"]["padding_free"] = True
+    if plan.fp8:  # llmft.sft.train converts the loaded model (LLaMA-Factory's own fp8 flag is refused)
+        args["llmft"]["fp8"] = {"recipe": fp8.RECIPE, "frozen_cast_once": fp8.cast_once(plan.zero_stage)}
+    decay = decay_ratio(args, cfg["sft"])
+    if decay is not None:  # llmft.sft.train turns it into warmup_stable_decay's decay steps
+        args["llmft"]["decay_ratio"] = decay
+    header = _yaml_header(platform, plan, decay, start)
     write_text(out_yaml, header + yaml.safe_dump(args, sort_keys=False))
     return args

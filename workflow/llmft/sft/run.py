@@ -65,8 +65,9 @@ def _ignore_usr1() -> None:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
-def launch(cfg: dict, yaml_path: str) -> int:
-    """Run this node's torchrun over llmft.sft.train; forward stop signals; requeue after preemption.
+def launch(cfg: dict, yaml_path: str, worker: str = "llmft.sft.train") -> int:
+    """Run this node's torchrun over `worker` (llmft.sft.train, or llmft.worker: it with the trainer
+    patches other stages supply); forward stop signals; requeue after preemption.
 
     One launcher per node and work folder at a time (faults.WorkLock); a second is refused. The
     launcher owns its ranks: however it dies, torchrun ends them, and the lock is held until it has.
@@ -87,14 +88,20 @@ def launch(cfg: dict, yaml_path: str) -> int:
     work.mkdir(parents=True, exist_ok=True)
     try:
         with faults.WorkLock(work, alloc.node_rank) as lock:
-            return _launch_locked(cfg, yaml_path, args, work, alloc, lock)
+            return _launch_locked(cfg, yaml_path, args, work, alloc, lock, worker)
     except faults.WorkBusy as exc:
         print(f"[llmft] {exc}", flush=True)
         return faults.EXIT_BUSY
 
 
 def _launch_locked(
-    cfg: dict, yaml_path: str, args: dict, work: Path, alloc: slurm.Allocation, lock: faults.WorkLock
+    cfg: dict,
+    yaml_path: str,
+    args: dict,
+    work: Path,
+    alloc: slurm.Allocation,
+    lock: faults.WorkLock,
+    worker: str = "llmft.sft.train",
 ) -> int:
     ours = args.get("llmft") or {}
     platform = Platform.from_json(ours["platform"])
@@ -121,7 +128,7 @@ def _launch_locked(
     # signal's reach, gets SIGTERM when this launcher dies (it then ends its workers), and holds the
     # work folder's lock (an inherited descriptor) until it exits: no rerun starts beside them.
     proc = subprocess.Popen(
-        torchrun_command(alloc, platform.processes_per_node, "llmft.sft.train", yaml_path),
+        torchrun_command(alloc, platform.processes_per_node, worker, yaml_path),
         env=env,
         preexec_fn=dies_with_this_process(signal.SIGTERM, then=_ignore_usr1),
         start_new_session=owns_its_children(),

@@ -19,7 +19,8 @@ block read here and removed before LLaMA-Factory parses the rest:
                                         # of the steps (llmft.core.schedule)
       liger_loss_only: false            # Liger's fused linear + cross-entropy alone
                                         # (with Liger, its fused loss runs through llmft.sft.fusedce)
-      padding_free: true                # dpo only, when planned: llmft.sft.padfree's forward
+      padding_free: true                # when planned: the objective's padding-free forward, a patch
+                                        # the worker is given (llmft.worker: llmft.preference.padfree)
       tracking: {backends: [tensorboard], dir: results/<run>/tracking, run: <run>}  # tracking.py
 
 Exit codes: 0 done, EXIT_DIVERGED (with llmft_divergence.json), EXIT_PREEMPTED (after saving a
@@ -32,6 +33,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -145,24 +147,36 @@ def install_fp8(recipe: str, output_dir: Path, rank: int, frozen_cast_once: bool
     workflow.load_model = load_model
 
 
-def main(argv: list[str] | None = None) -> int:
+# `llmft:` keys whose trainer patch another stage supplies (llmft.worker passes them to main).
+PATCHED_KEYS = ("padding_free",)
+
+
+def main(argv: list[str] | None = None, patches: dict[str, Callable[[], None]] | None = None) -> int:
+    """Train the rendered YAML `argv[0]`; `patches`: for a key of the `llmft:` block, what installs it
+    (another stage's trainer patch, e.g. the preference stage's padding-free forward)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m llmft.sft.train <rendered llamafactory.yaml>", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     args, ours = split_args(argv[0])
+    patches = patches or {}
+    missing = [key for key in PATCHED_KEYS if ours.get(key) and key not in patches]
+    if missing:
+        print(f"llmft: {argv[0]} asks for {missing} (llmft:), which only `python -m llmft.worker` installs",
+              file=sys.stderr)  # fmt: skip
+        return 2
     with hidden(*UNUSED, *(() if ours.get("fp8") else ("torchao",))):
-        return _train(args, ours)
+        return _train(args, ours, patches)
 
 
-def _train(args: dict, ours: dict) -> int:
+def _train(args: dict, ours: dict, patches: dict[str, Callable[[], None]]) -> int:
     output_dir = Path(args["output_dir"])
     saver = PreemptionSaver(output_dir / STOP_REQUEST_FILE)
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(sig, lambda signum, _frame: saver.request(signal.Signals(signum).name))
 
-    _install(args, ours, output_dir)
+    _install(args, ours, output_dir, patches)
     cpu_resume_fix()
     try:
         tracking.set_up(ours.get("tracking") or {}, output_dir, int(os.environ.get("RANK", "0")))
@@ -188,9 +202,10 @@ def _train(args: dict, ours: dict) -> int:
     return _finish(callbacks, 0)
 
 
-def _install(args: dict, ours: dict, output_dir: Path) -> None:
+def _install(args: dict, ours: dict, output_dir: Path, patches: dict[str, Callable[[], None]]) -> None:
     """What the rendered llmft block asks for, patched into LLaMA-Factory, transformers and torch
-    before run_exp: varlen attention, padding-free DPO, Liger's loss, FP8, the schedule's decay."""
+    before run_exp: varlen attention, other stages' `patches` (llmft.worker), Liger's loss, FP8, the
+    schedule's decay."""
     if ours.get("attention") == "varlen":
         import torch
         from llmft.core import varlen
@@ -203,10 +218,9 @@ def _install(args: dict, ours: dict, output_dir: Path) -> None:
             varlen.install()
             if ours.get("static_tokens"):  # the collator reads it, in this process or its workers
                 os.environ[varlen.PAD_TO_ENV] = str(int(ours["static_tokens"]))
-    if ours.get("padding_free"):
-        from llmft.sft import padfree
-
-        padfree.install()
+    for key, install in patches.items():  # other stages' trainer patches (llmft.worker)
+        if ours.get(key):
+            install()
     if ours.get("liger_loss_only"):
         liger_loss_only(args["model_name_or_path"])
     if ours.get("liger_loss_only") or args.get("enable_liger_kernel"):

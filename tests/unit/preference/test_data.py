@@ -1,4 +1,4 @@
-"""Preference data (data/preference.py): LLaMA-Factory's pair and KTO formats read as its converters
+"""Preference data (preference/data.py): LLaMA-Factory's pair and KTO formats read as its converters
 read them, bad rows named with file, row and field, dedup, the stable split, atomic outputs, and the
 tokenized data equal to LLaMA-Factory's own pairwise / KTO preprocessing row by row."""
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 from datasets import load_from_disk
-from llmft.data import preference as pref
-from llmft.data.sources import DataError, RowError, validate
+from llmft.core.sources import DataError, RowError, validate
+from llmft.preference import data as pref
 
 from tests.conftest import real_tokenizer
 from tests.lfref import dataset_attr, lf_convert, llamafactory_preprocess

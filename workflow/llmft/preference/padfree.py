@@ -20,7 +20,7 @@ the log-softmax, for the policy and again for the reference model.
   its method returns them. `chosen_logits` / `rejected_logits` feed only its `logits/*` metrics:
   here they are each real token's mean logit (LLaMA-Factory averages padding positions too).
 
-LD-DPO (`ld_alpha`) keeps LLaMA-Factory's method. tests/unit/sft/test_padfree.py compares both
+LD-DPO (`ld_alpha`) keeps LLaMA-Factory's method. tests/unit/preference/test_padfree.py compares both
 methods' outputs and gradients on a tiny model.
 """
 
@@ -29,10 +29,10 @@ from __future__ import annotations
 import logging
 
 import torch
+from llmft.core.objective import PADFREE_CHUNK as CHUNK_TOKENS
 from llmft.core.varlen import IGNORE_INDEX, PAD_MULTIPLE
-from llmft.sft.plan import PADFREE_CHUNK as CHUNK_TOKENS
 
-log = logging.getLogger("llmft.sft.padfree")
+log = logging.getLogger("llmft.preference.padfree")
 
 
 def flatten_pairs(

@@ -4,7 +4,7 @@ LLaMA-Factory arguments."""
 import pytest
 from llmft.core.config import ConfigError, validate
 from llmft.core.platform import Platform
-from llmft.sft import preference
+from llmft.preference import stage as preference
 from llmft.sft.plan import GIB, estimate, resolve
 from llmft.sft.render import precheck, render, tiny_shape
 from llmft.sft.steptime import step_time
@@ -24,7 +24,18 @@ def gpu_cfg(gpus=1, gpu="h200", sft=None, **pref):
 
 def plan(cfg, model_dir):
     view = preference.view(cfg)
-    return resolve(view, model_dir, Platform.declared(view))
+    return pref_resolve(view, model_dir, Platform.declared(view))
+
+
+def pref_resolve(view, model_dir, platform, shape=None):
+    """sft's planner for the preference stage's view, with its objective on `platform`."""
+    return resolve(view, model_dir, platform, shape, preference.objective(view, platform))
+
+
+def pref_render(view, *args, ref_model=None, **kwargs):
+    """sft's renderer for the preference stage's view, with its objective and data check."""
+    objective_for = lambda platform: preference.objective(view, platform, ref_model)  # noqa: E731
+    return render(view, *args, objective_for=objective_for, check_data=preference.check_data, **kwargs)
 
 
 def test_reference_copy_is_16_bit_weights_sharded_only_by_zero3(model):
@@ -104,8 +115,8 @@ def test_auto_batch_counts_both_sequences_of_a_pair(model):
 @pytest.mark.reliability(
     fault="a preference config whose policy and reference model cannot fit",
     seen="refused by the check the workflow makes when it builds the DAG (render.precheck of the "
-    "preference stage's view, as workflow/rules/common.smk calls it), naming the reference model and "
-    "the keys to change",
+    "preference stage's view and objective, as workflow/rules/preference_helpers.smk calls it), naming the "
+    "reference model and the keys to change",
     steps_lost="none (no job starts)",
     data_lost="none",
 )
@@ -113,7 +124,8 @@ def test_a_preference_stage_that_cannot_fit_is_refused_naming_the_reference(mode
     cfg = gpu_cfg(gpu="h100", sft={"zero_stage": 0, "gradient_checkpointing": False})
     cfg["model"]["name_or_path"] = str(model("8b"))
     with pytest.raises(ConfigError) as err:
-        precheck(preference.view(cfg))
+        staged = preference.training(cfg)
+        precheck(staged.cfg, staged.objective_for)
     msg = str(err.value)
     assert "the preference stage (dpo: 2 sequences per row, reference model copy) does not fit" in msg
     assert "preference.finetuning_type: lora" in msg
@@ -167,7 +179,7 @@ def _rendered(tmp_path, **pref):
     view = preference.view(cfg)
     shape = tiny_shape(cfg["model"]["tiny"])
     out = tmp_path / "p"
-    return render(
+    return pref_render(
         view, "results/r/sft/model", "results/r/preference/data", str(out / "y.yaml"), str(out / "ds.json"),
         "results/r/work", Platform.declared(view), shape=shape, ref_model="results/r/base_model",
     )  # fmt: skip
@@ -230,7 +242,7 @@ def test_pairs_are_batched_by_length_when_asked_and_their_lengths_were_stored(mo
     for pref, grouped in (({}, False), ({"group_by_length": True}, True)):  # the CPU demo
         cfg = validate({"preference": pref})
         view = preference.view(cfg)
-        cpu = resolve(view, "tiny", Platform.declared(view), tiny_shape(cfg["model"]["tiny"]))
+        cpu = pref_resolve(view, "tiny", Platform.declared(view), tiny_shape(cfg["model"]["tiny"]))
         assert cpu.group_by_length is grouped
     # sft's plan and YAML are unchanged by the key
     sft = gpu_cfg(sft={"packing": "off"})
@@ -240,7 +252,7 @@ def test_pairs_are_batched_by_length_when_asked_and_their_lengths_were_stored(mo
         cfg = gpu_cfg(**pref)
         view = preference.view(cfg)
         out = tmp_path / "out"
-        return render(
+        return pref_render(
             view, one_b, data_dir, str(out / "y.yaml"), str(out / "ds.json"), "work", Platform.declared(view)
         )
 
@@ -288,28 +300,28 @@ def test_dpo_runs_padding_free_where_the_varlen_kernel_ran(model, tmp_path):
     cfg = gpu_cfg()
     view = preference.view(cfg)
     no_kernel = replace(Platform.declared(view), attention=("sdpa",))
-    assert not resolve(view, one_b, no_kernel).padding_free
+    assert not pref_resolve(view, one_b, no_kernel).padding_free
     forced = preference.view(gpu_cfg(padding_free=True))
     with pytest.raises(ConfigError, match="config key preference.padding_free: true needs torch's varlen"):
-        resolve(forced, one_b, no_kernel)
+        pref_resolve(forced, one_b, no_kernel)
     # fp32 on a GPU: the varlen kernel computes in fp16/bf16 only
     fp32 = preference.view(gpu_cfg(sft={"precision": "fp32"}))
-    assert not resolve(fp32, one_b, Platform.declared(fp32)).padding_free
+    assert not pref_resolve(fp32, one_b, Platform.declared(fp32)).padding_free
     fp32_forced = preference.view(gpu_cfg(padding_free=True, sft={"precision": "fp32"}))
     refusal = "padding_free: true needs torch's varlen attention, which computes"
     with pytest.raises(ConfigError, match=refusal):
-        resolve(fp32_forced, one_b, Platform.declared(fp32_forced))
+        pref_resolve(fp32_forced, one_b, Platform.declared(fp32_forced))
     cpu_cfg = validate({"preference": {}})
     cpu_view = preference.view(cpu_cfg)
-    cpu = resolve(cpu_view, "tiny", Platform.declared(cpu_view), tiny_shape(cpu_cfg["model"]["tiny"]))
+    cpu = pref_resolve(cpu_view, "tiny", Platform.declared(cpu_view), tiny_shape(cpu_cfg["model"]["tiny"]))
     assert cpu.padding_free  # the CPU's per-sequence SDPA: the demo and the tests run this path
     sft = gpu_cfg(sft={"packing": "off"})
     assert "padding_free" not in resolve(sft, one_b, Platform.declared(sft)).to_json()
     out = tmp_path / "out"
-    args = render(view, one_b, _tokenized_pairs(tmp_path / "d", lengths=False), str(out / "y.yaml"),
+    args = pref_render(view, one_b, _tokenized_pairs(tmp_path / "d", lengths=False), str(out / "y.yaml"),
                   str(out / "ds.json"), "work", Platform.declared(view))  # fmt: skip
     assert args["llmft"]["padding_free"] is True and args["llmft"]["plan"]["padding_free"] is True
     off = preference.view(gpu_cfg(padding_free=False))
-    args = render(off, one_b, _tokenized_pairs(tmp_path / "e", lengths=False), str(out / "z.yaml"),
+    args = pref_render(off, one_b, _tokenized_pairs(tmp_path / "e", lengths=False), str(out / "z.yaml"),
                   str(out / "ds2.json"), "work", Platform.declared(off))  # fmt: skip
     assert "padding_free" not in args["llmft"]

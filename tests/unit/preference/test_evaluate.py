@@ -1,8 +1,8 @@
-"""Preference scores from log-probabilities (evaluate/preference.py), counted by hand."""
+"""Preference scores from log-probabilities (preference/evaluate.py), counted by hand."""
 
 import pytest
 from llmft.core.io import write_jsonl
-from llmft.evaluate.preference import answer_rows, score, scores
+from llmft.preference.evaluate import answer_rows, score, scores
 
 
 def pair(chosen, rejected, ct=2, rt=2):

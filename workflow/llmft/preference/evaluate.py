@@ -25,11 +25,19 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
+from llmft.core.heldout import heldout_fingerprint, heldout_rows
 from llmft.core.io import read_json, read_jsonl, write_json, write_jsonl
 
 log = logging.getLogger("llmft.evaluate")
+
+# evaluate's loss pass (llmft.evaluate.run.answer_nll), given by the CLI: (cfg, model folder, rows in
+# messages form, threads) -> {row index: (summed NLL of its last message, its tokens)}.
+ScoreAnswers = Callable[[dict, str, list, int], dict]
+# evaluate's generation pass (llmft.evaluate.run.evaluate), given by the CLI.
+Generate = Callable[..., dict]
 
 # LLaMA-Factory's sharegpt role names -> the canonical message roles (conversation.py).
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -63,38 +71,17 @@ def logps(
     out: str,
     threads: int = 0,
     max_rows: int | str | None = None,
+    *,
+    score_answers: ScoreAnswers,
 ) -> list[float]:
     """Summed answer log-probabilities of every answer row under `model_dir` (evaluate's loss pass,
-    no generation), written to `out` with the row's answer length and tag; beside it `rows.json`:
-    how many held-out rows were scored and their fingerprint (the nightly gate compares two models'
-    scores only on the same rows). `max_rows`: the first N rows, "all", None: eval.max_rows."""
-    from llmft.core.lf.chat_templates import for_config as template_for_config
-    from llmft.core.modelfiles import safetensors_stats
-    from llmft.evaluate.run import (
-        _SetupClock,
-        encode,
-        heldout_fingerprint,
-        heldout_rows,
-        plan_eval,
-        shard_jobs,
-    )
-    from llmft.evaluate.worker import run_all
-
+    `score_answers`: llmft.evaluate.run.answer_nll; no generation), written to `out` with the row's
+    answer length and tag; beside it `rows.json`: how many held-out rows were scored and their
+    fingerprint (the nightly gate compares two models' scores only on the same rows). `max_rows`:
+    the first N rows, "all", None: eval.max_rows."""
     pref_rows = heldout_rows(heldout, cfg["eval"]["max_rows"], max_rows)
     kind, rows = answer_rows(pref_rows)
-    clock = _SetupClock()
-    devices, n, pool = plan_eval(0, safetensors_stats(model_dir)["weight_bytes"], clock)
-    template_name = template_for_config(cfg, model_dir)[0]
-    tokenizer, encoded = encode(rows, model_dir, template_name)
-    jobs = shard_jobs(cfg["eval"], model_dir, tokenizer, encoded, devices, n, threads)
-    for job in jobs:
-        job.gen_batches = []
-    try:
-        results = run_all(jobs, pool)
-    finally:
-        if pool is not None:
-            pool.shutdown()
-    nll = {i: v for r in results for i, v in r["row_nll"].items()}
+    nll = score_answers(cfg, model_dir, rows, threads)
     values = [-nll[i][0] for i in range(len(rows))]
     records = []
     for i, row in enumerate(pref_rows):
@@ -234,12 +221,19 @@ def write_prompts(heldout: str, out: str) -> None:
 
 
 def evaluate_model(
-    cfg: dict, model_dir: str, heldout: str, out_dir: str, label: str, threads: int = 0
+    cfg: dict,
+    model_dir: str,
+    heldout: str,
+    out_dir: str,
+    label: str,
+    threads: int = 0,
+    *,
+    score_answers: ScoreAnswers,
+    generate: Generate,
 ) -> None:
-    """One model's preference evaluation: log-probabilities, then generation metrics on the prompts."""
-    from llmft.evaluate.run import evaluate
-
+    """One model's preference evaluation: log-probabilities, then generation metrics on the prompts
+    (evaluate's passes, given by the CLI: llmft.evaluate.run.answer_nll and evaluate)."""
     out = Path(out_dir)
-    logps(cfg, model_dir, heldout, str(out / "logps.jsonl"), threads)
+    logps(cfg, model_dir, heldout, str(out / "logps.jsonl"), threads, score_answers=score_answers)
     write_prompts(heldout, str(out / "prompts.jsonl"))
-    evaluate(cfg, model_dir, str(out / "prompts.jsonl"), out_dir, label=label, threads=threads)
+    generate(cfg, model_dir, str(out / "prompts.jsonl"), out_dir, label=label, threads=threads)

@@ -1,5 +1,6 @@
-"""Padding-free DPO (llmft.sft.padfree) against LLaMA-Factory's own CustomDPOTrainer.concatenated_forward:
-the same log-probabilities, lengths and gradients on a tiny Llama, for right and left padding."""
+"""Padding-free DPO (llmft.preference.padfree) against LLaMA-Factory's own
+CustomDPOTrainer.concatenated_forward: the same log-probabilities, lengths and gradients on a tiny
+Llama, for right and left padding."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def _trainer(loss_type: str):
 @pytest.mark.parametrize("loss_type", ["sigmoid", "simpo"])
 def test_same_logps_and_gradients_as_llamafactory(left, loss_type):
     from llamafactory.train.dpo.trainer import CustomDPOTrainer
-    from llmft.sft import padfree
+    from llmft.preference import padfree
 
     theirs_model = _model()
     ours_model = copy.deepcopy(theirs_model)
@@ -77,7 +78,7 @@ def test_same_logps_and_gradients_as_llamafactory(left, loss_type):
 
 
 def test_flatten_pairs_targets_and_sequences():
-    from llmft.sft import padfree
+    from llmft.preference import padfree
 
     batch = _batch(left=False)
     ids, pos, cu, longest, targets, index = padfree.flatten_pairs(**batch)
@@ -92,7 +93,7 @@ def test_flatten_pairs_targets_and_sequences():
 
 def test_chunks_change_nothing():
     """Chunked log-probabilities (checkpointed, recomputed in backward) equal one chunk's."""
-    from llmft.sft import padfree
+    from llmft.preference import padfree
 
     torch.manual_seed(2)
     head = torch.nn.Linear(8, 31, bias=False)

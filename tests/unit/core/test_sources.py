@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from datasets import Dataset, DatasetDict
+from llmft.core import sources as ds
+from llmft.core.sources import FileError, RowError, iter_raw, validate
 from llmft.core.text import clean_text, normalise
-from llmft.data import sources as ds
-from llmft.data.sources import FileError, RowError, iter_raw, validate
 
 ALPACA = [
     {"instruction": "Name a fruit.", "input": "", "output": "apple"},

@@ -1,7 +1,7 @@
 """The preference stage on the run's page and in summary.json.
 
 The page leads with comparisons that can fail, each model scored as it is on the held-out pairs
-(evaluate/preference.py says how each is counted): likelihood accuracy and likelihood margin (no
+(preference/evaluate.py says how each is counted): likelihood accuracy and likelihood margin (no
 reference model), the reward margin of every model that is not the reference, and the chosen answers'
 loss, for base, sft and the preference-tuned model side by side with the tuned model's change from the
 model the stage started from. The reference ranks no pair against itself (accuracy 0, margin 0 by
@@ -16,15 +16,18 @@ import logging
 from pathlib import Path
 
 import yaml
+from llmft.core.config import PREFERENCE_METRICS
+from llmft.core.draw import esc, fmt, table
 from llmft.core.io import read_json
-from llmft.evaluate.preference import gate_block, scores
-from llmft.report.draw import esc, fmt, table
-from llmft.sft import preference as stage
+from llmft.preference import stage
+from llmft.preference.evaluate import gate_block, scores
 
 log = logging.getLogger("llmft.report")
 
 # summary.json's model names -> the folders of results/<run>/preference/eval/.
 MODELS = {"base": "base", "sft": "tuned", "preference": "preference"}
+# The nightly metrics this section's gate compares (report.page asks gate_blocks for them).
+METRICS = PREFERENCE_METRICS
 GENERATION = ("exact_match", "rouge_l", "eval_loss")
 # The page's comparisons, in order; reward_margin is left blank for the reference model.
 COMPARED = (
@@ -209,3 +212,12 @@ exact_match, rouge_l: greedy answers to the held-out prompts against the chosen 
 {accuracy}<p class="muted">Training: {esc(train.get("steps"))} steps{esc(rate)}, loss
 {esc(fmt(first, DIGITS))} -&gt; {esc(fmt(final, DIGITS))}{esc(moved)}{esc(held)}{esc(speed)}.</p>
 """
+
+
+def add_to_summary(summary: dict, block: dict) -> None:
+    """The section's block in summary.json. A preference nightly.metric of a night without a promoted
+    model is read from `tuned`: the run's final model, the preference-tuned one (on the page's
+    eval.max_rows pairs)."""
+    summary["preference"] = block
+    for m in METRICS:
+        summary["tuned"][m] = block["models"].get("preference", {}).get(m)

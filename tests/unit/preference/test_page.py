@@ -1,8 +1,8 @@
-"""The preference section's warning of a stage that hardly moved, at its thresholds (report/preference.py);
+"""The preference section's warning of a stage that hardly moved, at its thresholds (preference/page.py);
 the pipeline's own pages are checked in tests/workflow/test_preference.py."""
 
 import pytest
-from llmft.report.preference import hardly_moved, section
+from llmft.preference.page import hardly_moved, section
 
 
 def block(first, final, before, after, start="sft"):

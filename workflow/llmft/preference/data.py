@@ -32,7 +32,7 @@ KTO rows are encoded again in their split's order: the KL pairs depend on batch 
 are held in memory (preference sets are small next to SFT corpora).
 
 Identity and split: a row's dedup key is its normalised content (prompt + chosen + rejected, or prompt +
-completion + tag); its side of the split is decided by its prompt's content with prepare.is_heldout,
+completion + tag); its side of the split is decided by its prompt's content with core.heldout.is_heldout,
 so every pair of one prompt sits on one side, and adding rows never moves a row across the split.
 """
 
@@ -51,12 +51,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from llmft.core.dedup import SeenKeys
+from llmft.core.heldout import is_heldout
 from llmft.core.io import write_json
 from llmft.core.lf import lfdataset
-from llmft.core.text import normalise
-from llmft.data.dedup import SeenKeys
-from llmft.data.prepare import is_heldout
-from llmft.data.sources import (
+from llmft.core.sources import (
     BAD_FUNCTION_CALL,
     BAD_TOOLS,
     MISSING,
@@ -72,9 +71,10 @@ from llmft.data.sources import (
     iter_raw,
     validate,
 )
-from llmft.sft.preference import LENGTH_COLUMN
+from llmft.core.text import normalise
+from llmft.preference.stage import LENGTH_COLUMN
 
-log = logging.getLogger("llmft.data.preference")
+log = logging.getLogger("llmft.preference.data")
 
 PAIRS, KTO = "pairs", "kto"
 TRAIN_NAME, HELDOUT_NAME = "llmft_pref_train", "llmft_pref_heldout"
@@ -99,7 +99,7 @@ def _question(rng: random.Random) -> tuple[str, str, str, str, str]:
     """(task, instruction, input, right answer, wrong answer): a word's category or the number of
     words in a list, asked in words the SFT demo's data never uses, so the preference stage teaches
     something sft did not."""
-    from llmft.core.assets import CATEGORIES, NUMBER_WORDS, WORDS
+    from llmft.core.words import CATEGORIES, NUMBER_WORDS, WORDS
 
     if rng.random() < 0.5:
         word = rng.choice(WORDS)

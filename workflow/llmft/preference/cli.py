@@ -1,0 +1,90 @@
+"""The preference stage's CLI commands, which llmft.__main__ collects: prepare-preference,
+evaluate-preference, and its training view for render-sft / plan --stage preference (TRAINING)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from llmft.core.cli import add_max_rows, config_of, read_sources, template_for
+from llmft.core.config import ConfigError
+from llmft.core.imports import UNUSED, UNUSED_BY_INFERENCE
+from llmft.preference import stage
+
+# render-sft and plan's --stage: the config view and objective sft's planner and renderer take.
+TRAINING = {"preference": stage.training}
+
+
+def pages() -> tuple:
+    """The stage's part of the run's page (report's build_report takes it)."""
+    from llmft.preference import page
+
+    return (page,)
+
+
+def cmd_prepare_preference(args) -> int:
+    from llmft.preference.data import prepare_preference
+
+    cfg = config_of(args)
+    if not cfg.get("preference"):
+        raise ConfigError("config key preference: not set; prepare-preference needs a preference section")
+    data = cfg["preference"]["data"]
+    sources = read_sources(data["sources"], "preference.data.sources", {})
+    # Texts are cleaned and rows capped as for the SFT data.
+    opts = {**data, "clean_text": cfg["data"]["clean_text"], "max_row_bytes": cfg["data"]["max_row_bytes"]}
+    opts["method"] = cfg["preference"]["method"]
+    stats = prepare_preference(sources, args.out_dir, args.tokenizer, template_for(cfg, args.tokenizer), opts)
+    print(json.dumps({k: stats[k] for k in ("kind", "train_rows", "heldout_rows", "invalid", "too_long")}))
+    return 0
+
+
+def cmd_evaluate_preference(args, evaluation: Callable[[], tuple]) -> int:
+    """`evaluation()`: evaluate's loss and generation passes (answer_nll, evaluate), which the CLI
+    gives the stage: it imports no other stage."""
+    from llmft.preference.evaluate import evaluate_model, logps
+
+    cfg = config_of(args)
+    score_answers, generate = evaluation()
+    if args.logps_only:  # the nightly gate's pass: log-probabilities only, no generation
+        out = str(Path(args.out_dir) / "logps.jsonl")
+        logps(cfg, args.model, args.heldout, out, args.threads, args.max_rows, score_answers=score_answers)
+        return 0
+    evaluate_model(cfg, args.model, args.heldout, args.out_dir, args.label, args.threads,
+                   score_answers=score_answers, generate=generate)  # fmt: skip
+    return 0
+
+
+def register(add, evaluation: Callable[[], tuple]) -> dict:
+    """Add the stage's commands through llmft.core.cli.adder's `add` (`evaluation`: see
+    cmd_evaluate_preference); return the packages each command's libraries would import for nothing
+    there (llmft.core.imports.hidden)."""
+    evaluate_preference = functools.partial(cmd_evaluate_preference, evaluation=evaluation)
+    add(
+        "prepare-preference",
+        cmd_prepare_preference,
+        "tokenizer=the model folder whose tokenizer tokenizes the rows",
+        "out-dir=the folder for train/heldout pairs (or KTO rows), tokenized rows and stats.json",
+        help="check, dedup, split and tokenize the preference.data sources (pairs or KTO rows)",
+    )
+    p = add(
+        "evaluate-preference",
+        evaluate_preference,
+        "model=the model folder to score",
+        "heldout=the preference stage's held-out pairs or KTO rows (JSONL)",
+        "out-dir=the folder for logps.jsonl, metrics.json and predictions.jsonl",
+        "label=base, tuned (sft) or preference",
+        help="a model's log-probabilities of the held-out preference answers, and generation metrics",
+    )
+    p.add_argument("--threads", type=int, default=0, help="CPU threads per process (0 = torch default)")
+    p.add_argument(
+        "--logps-only",
+        action="store_true",
+        help="log-probabilities only (logps.jsonl, rows.json), no generation: the nightly gate's pass",
+    )
+    add_max_rows(p)
+    return {
+        cmd_prepare_preference: UNUSED + ("torchao",),
+        evaluate_preference: UNUSED_BY_INFERENCE,
+    }
