@@ -33,12 +33,12 @@ def data_cache(ecfg: dict) -> Path:
 
 
 def task_manager(ecfg: dict, base_dir: Path):
-    for folder in include_paths(ecfg, base_dir):
+    include = include_paths(ecfg, base_dir)
+    for folder in include:
         if not Path(folder).is_dir():
             raise ConfigError(f"config key eval.benchmark_include_path: {folder} is not a folder")
     from lm_eval.tasks import TaskManager
 
-    include = include_paths(ecfg, base_dir)
     if include:  # indexing lm-eval's own ~14 000 task YAMLs costs each process tens of CPU seconds
         local = TaskManager(include_path=include, include_defaults=False)
         if all(_whole(local.task_index, bench["task"]) for bench in ecfg["benchmarks"]):
