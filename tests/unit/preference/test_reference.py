@@ -23,15 +23,33 @@ VOCAB = 97
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """The demo's tiny model: builtin:tiny's builder at its default shape (random init)."""
+    from llmft.core.assets import build_tiny_model
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      pad_token_id=0)  # fmt: skip
-    folder = tmp_path_factory.mktemp("ref_model")
-    LlamaForCausalLM(cfg).save_pretrained(folder)
+    folder = tmp_path_factory.mktemp("ref_model") / "model"
+    build_tiny_model(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def demo_data(model_dir, tmp_path_factory):
+    """prepare_preference's DPO pairs and KTO rows of the builtin tasks, tokenized for the demo's
+    model, and the config evaluate reads them with."""
+    from llmft.core.config import validate
+    from llmft.core.lf.chat_templates import for_config
+    from llmft.preference.data import prepare_preference
+
+    root = tmp_path_factory.mktemp("ref_data")
+    cfg = validate({"preference": {}})
+    template = for_config(cfg, model_dir)[0]
+    opts = {"cutoff_len": 96, "heldout_fraction": 0.3, "split_salt": "s", "invalid_rows": "fail",
+            "max_dropped_fraction": 0.5, "clean_text": False, "max_row_bytes": None,
+            "synthetic_rows": 40}  # fmt: skip
+    for kind, source in (("dpo", "builtin:synthetic_pairs"), ("kto", "builtin:synthetic_kto")):
+        prepare_preference(
+            [{"path": source}], root / kind, str(model_dir), template, {**opts, "method": kind}
+        )
+    return root, cfg
 
 
 def _sequence(gen, n, prompt):
@@ -225,6 +243,21 @@ def test_a_second_pass_computes_only_new_or_changed_sequences(model_dir, tmp_pat
     assert (unchanged["computed"], unchanged["reused"]) == (0, 16)
 
 
+def test_two_processes_share_the_shards(model_dir, tmp_path):
+    """Data parallel: shards dealt over two processes (one per GPU; here two CPU processes), the
+    values those of one process."""
+    from llmft.preference import reference
+
+    rows = _rows("dpo", 5, seed=7)
+    data = _write_data(tmp_path / "data", rows[:4], rows[4:])
+    two = _pass(model_dir, data, tmp_path / "two", processes=2, shard_sequences=4)
+    one = _pass(model_dir, data, tmp_path / "one", processes=1, shard_sequences=4)
+    assert (two["computed"], len(two["shards"])) == (10, 3) and two["shards"] == one["shards"]
+    a = reference.load_record(tmp_path / "two/reference.json")
+    b = reference.load_record(tmp_path / "one/reference.json")
+    assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], abs=1e-5) for k in a)
+
+
 KILLED_AFTER_FIRST_SHARD = textwrap.dedent(
     """
     import os, signal, sys
@@ -260,3 +293,35 @@ def test_a_killed_pass_resumes_from_its_last_shard(model_dir, tmp_path):
     assert (record["sequences"], record["reused"], record["computed"]) == (12, 3, 9)
     assert len(record["shards"]) == 4 and shards[0].name in record["shards"]
     assert reference.read_sequences(data)[0] == "dpo"
+
+
+@pytest.mark.parametrize("kind", ["dpo", "kto"])
+def test_the_gates_reference_scores_from_the_store_are_evaluates(kind, model_dir, demo_data, tmp_path):
+    """evaluate-preference --logps-only --reference-cache (the gate's reference models): the held-out
+    rows' log-probabilities from the reference store equal evaluate's own pass on the same rows, with
+    the same answer tokens, prompts and row fingerprint; a second pass computes nothing."""
+    from llmft.core.io import read_json, read_jsonl
+    from llmft.evaluate.run import answer_nll
+    from llmft.preference import evaluate, reference
+
+    root, cfg = demo_data
+    heldout = str(root / kind / "heldout.jsonl")
+    evaluate.logps(cfg, str(model_dir), heldout, str(tmp_path / "theirs/logps.jsonl"), max_rows=5,
+                   score_answers=answer_nll)  # fmt: skip
+    out = tmp_path / "ours/logps.jsonl"
+    kw = {"store_root": str(tmp_path / "store"), "processes": 1}
+    ours = reference.heldout_logps(str(model_dir), str(root / kind), str(out), 5, "fp32", **kw)
+    theirs = read_jsonl(tmp_path / "theirs/logps.jsonl")
+    assert len(ours) == len(theirs) == 5 and read_jsonl(out) == ours
+    values = ("chosen", "rejected") if kind == "dpo" else ("logp",)
+    same = (
+        ("chosen_tokens", "rejected_tokens", "prompt") if kind == "dpo" else ("tokens", "kto_tag", "prompt")
+    )
+    for a, b in zip(ours, theirs, strict=True):
+        assert all(a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-4) for k in values), (a, b)
+        assert all(a[k] == b[k] for k in (*same, "index", "kind")), (a, b)
+    assert read_json(out.parent / "rows.json") == read_json(tmp_path / "theirs/rows.json")
+    # the gate needs no KL rows: 5 pairs' 10 sequences, or 5 KTO rows
+    assert read_json(out.parent / "reference.json")["computed"] == (10 if kind == "dpo" else 5)
+    reference.heldout_logps(str(model_dir), str(root / kind), str(out), 5, "fp32", **kw)
+    assert read_json(out.parent / "reference.json")["computed"] == 0

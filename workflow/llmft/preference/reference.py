@@ -104,9 +104,8 @@ def sequence_key(ids, labels) -> str:
     return h.hexdigest()
 
 
-def read_sequences(data_dir: str | Path) -> tuple[str, dict[str, tuple[list, list]]]:
-    """(dpo | kto, {key: (input ids, labels)}) of every sequence of prepare_preference's tokenized
-    train and held-out splits (one entry per distinct sequence)."""
+def tokenized_splits(data_dir: str | Path):
+    """(dpo | kto, prepare_preference's tokenized DatasetDict)."""
     import datasets
     from llmft.core.lf.pretokenize import TOKENIZED_DIR
 
@@ -116,12 +115,21 @@ def read_sequences(data_dir: str | Path) -> tuple[str, dict[str, tuple[list, lis
     except (FileNotFoundError, ValueError) as exc:
         raise ReferenceError(f"{path}: no tokenized preference data ({exc}); run prepare_preference") from exc
     columns = set(splits[SPLITS[0]].column_names)
-    kind = "dpo" if "chosen_input_ids" in columns else "kto"
+    return ("dpo" if "chosen_input_ids" in columns else "kto"), splits
+
+
+def read_sequences(
+    data_dir: str | Path, splits: tuple[str, ...] = SPLITS, max_rows: int | None = None, kl: bool = True
+) -> tuple[str, dict[str, tuple[list, list]]]:
+    """(dpo | kto, {key: (input ids, labels)}) of every sequence of prepare_preference's tokenized
+    `splits` (each the first `max_rows` rows, None: all; `kl` False: not KTO's KL rows), one entry per
+    distinct sequence."""
+    kind, data = tokenized_splits(data_dir)
     out: dict[str, tuple[list, list]] = {}
-    for split in SPLITS:
-        data = splits[split]
-        for ids_col, labels_col in SIDES[kind]:
-            for ids, labels in zip(data[ids_col], data[labels_col], strict=True):
+    for split in splits:
+        rows = data[split] if max_rows is None else data[split].select(range(min(max_rows, len(data[split]))))
+        for ids_col, labels_col in SIDES[kind][: 1 if kind == "kto" and not kl else 2]:
+            for ids, labels in zip(rows[ids_col], rows[labels_col], strict=True):
                 out.setdefault(sequence_key(ids, labels), (ids, labels))
     return kind, out
 
@@ -310,13 +318,17 @@ def reference_pass(
     processes: int = 0,
     shard_sequences: int = SHARD_SEQUENCES,
     batch_budget: int = 0,
+    splits: tuple[str, ...] = SPLITS,
+    max_rows: int | None = None,
+    kl: bool = True,
 ) -> dict:
     """The reference model's log-probabilities of every sequence of `data_dir`'s tokenized pairs (or
-    KTO rows) into the store, computing only those it lacks; the run's record written to `out`."""
+    KTO rows; `splits`, each its first `max_rows` rows; `kl` False: not KTO's KL rows) into the store,
+    computing only those it lacks; the run's record written to `out`."""
     start = time.monotonic()
     model = model_fingerprint(model_dir)
     store = Store(store_root, model, dtype)
-    kind, sequences = read_sequences(data_dir)
+    kind, sequences = read_sequences(data_dir, splits, max_rows, kl)
     have = store.load()
     missing = [(key, ids, labels) for key, (ids, labels) in sequences.items() if key not in have]
     jobs = [missing[i : i + shard_sequences] for i in range(0, len(missing), shard_sequences)]
@@ -386,3 +398,43 @@ def load_record(record_path: str | Path, model_dir: str | None = None) -> dict[s
             raise ReferenceError(f"reference shard {store.shards / name} (record {path}): {problem}")
         values.update(zip(data["keys"], data["logps"], strict=True))
     return values
+
+
+def heldout_logps(
+    model_dir: str, data_dir: str, out: str, max_rows: int | str | None, dtype: str, **kw
+) -> list[dict]:
+    """The nightly gate's log-probabilities of a reference model on the first `max_rows` held-out
+    pairs (or KTO rows; "all" or None: every one), from the store (computing only the sequences it
+    lacks), written as evaluate-preference --logps-only writes them: logps.jsonl (a record per row:
+    chosen/rejected or logp, their answer tokens) and rows.json (their count and fingerprint), beside
+    the pass's own record (reference.json)."""
+    from llmft.core.heldout import heldout_fingerprint
+    from llmft.core.io import read_jsonl, write_jsonl
+    from llmft.preference.evaluate import answer_rows
+
+    limit = None if max_rows in (None, "all") else int(max_rows)
+    folder = Path(out).parent
+    record = str(folder / RECORD)
+    reference_pass(model_dir, data_dir, record, dtype, splits=("validation",), max_rows=limit, kl=False, **kw)
+    values = load_record(folder / RECORD, model_dir)
+    kind, data = tokenized_splits(data_dir)
+    heldout = read_jsonl(Path(data_dir) / "heldout.jsonl")[:limit]
+    rows = data["validation"].select(range(len(heldout)))
+    prompts = [r["messages"][-2]["content"] for r in answer_rows(heldout)[1]][:: 2 if kind == "dpo" else 1]
+
+    def logp(ids, labels) -> tuple[float, int]:
+        return values[sequence_key(ids, labels)], sum(label != IGNORE_INDEX for label in labels)
+
+    records = []
+    for i, row in enumerate(rows):
+        if kind == "dpo":
+            (c, ct), (r, rt) = (logp(row[a], row[b]) for a, b in SIDES["dpo"])
+            rec = {"chosen": c, "rejected": r, "chosen_tokens": ct, "rejected_tokens": rt}
+        else:
+            v, t = logp(row["input_ids"], row["labels"])
+            rec = {"logp": v, "tokens": t, "kto_tag": bool(heldout[i]["kto_tag"])}
+        records.append({**rec, "index": i, "kind": kind, "prompt": prompts[i]})
+    write_jsonl(out, records)
+    write_json(folder / "rows.json", {"model": str(model_dir), "kind": kind, "rows": len(records),
+                                      "heldout_fingerprint": heldout_fingerprint(heldout)})  # fmt: skip
+    return records
