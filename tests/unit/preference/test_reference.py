@@ -258,6 +258,20 @@ def test_two_processes_share_the_shards(model_dir, tmp_path):
     assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], abs=1e-5) for k in a)
 
 
+def test_the_padded_forward_where_varlen_cannot_run_gives_the_same_values(model_dir):
+    """fp32 on a GPU or a node without torch's varlen kernel: LLaMA-Factory's padded forward, the
+    same sums as the padding-free one."""
+    from llmft.preference import reference
+
+    model = reference.load_model(str(model_dir), "fp32", "cpu")
+    shard = [(str(i), ids, labels) for i, r in enumerate(_rows("dpo", 4, seed=8))
+             for ids, labels in ((r["chosen_input_ids"], r["chosen_labels"]),)]  # fmt: skip
+    free = reference.compute_shard(model, shard, "cpu", 40, 0, padfree=True)
+    padded = reference.compute_shard(model, shard, "cpu", 40, 0, padfree=False)
+    assert padded == pytest.approx(free, rel=1e-5, abs=1e-4) and len(free) == 4
+    assert reference.padfree_runs("cpu", "fp32") and not reference.padfree_runs("cuda:0", "fp32")
+
+
 KILLED_AFTER_FIRST_SHARD = textwrap.dedent(
     """
     import os, signal, sys

@@ -354,6 +354,8 @@ def test_cached_reference_logps_plan_no_reference_model_and_auto_caches_on_gpus(
         preference.view(gpu_cfg(reference_logps="auto", finetuning_type="lora"))
     )
     assert lora[0] == "cached" and "frozen weights" not in lora[1]
+    qlora = gpu_cfg(reference_logps="auto", sft={"finetuning_type": "lora", "quantization_bit": 4})
+    assert preference.reference_logps(preference.view(qlora))[0] == "resident"
     cpu_cfg = validate({"preference": {}})
     assert preference.reference_logps(cpu_cfg)[0] == "resident"
     assert "CPU processes" in preference.reference_logps(cpu_cfg)[1]

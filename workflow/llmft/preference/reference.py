@@ -19,7 +19,8 @@ whose fingerprints or checksum do not match is named in the log, set aside (`.re
 used. The run's record (results/<run>/preference/reference/reference.json) names the model, the
 shards that hold its sequences, and what was computed and reused; the training step reads it.
 
-The forward is the padding-free one training uses (padfree.packed_logps), in inference mode, batches
+The forward is the padding-free one training uses (padfree.packed_logps; LLaMA-Factory's padded one
+where torch's varlen kernel cannot run: fp32 on a GPU, a node without it), in inference mode, batches
 of at most a token budget; one process per GPU (data parallel over shards), one on CPU.
 """
 
@@ -229,9 +230,10 @@ def load_model(model_dir: str, dtype: str, device: str):
     return model.to(device).eval()
 
 
-def batch_tokens(model, device: str) -> int:
+def batch_tokens(model, device: str, padfree: bool = True) -> int:
     """The token budget of one forward batch: what the device's free memory holds beside the weights
-    (a share of it), or CPU_BATCH_TOKENS on a CPU."""
+    (a share of it; the padded forward's fp32 logits and log-softmax too), or CPU_BATCH_TOKENS on a
+    CPU."""
     import torch
 
     if not device.startswith("cuda"):
@@ -240,19 +242,43 @@ def batch_tokens(model, device: str) -> int:
     cfg = model.config
     # fp32 upper bound of one layer's live tensors per token: residual, norms, q/k/v/o, the MLP's three
     per_token = 4 * (8 * cfg.hidden_size + 3 * getattr(cfg, "intermediate_size", 4 * cfg.hidden_size))
+    per_token += 0 if padfree else 10 * cfg.vocab_size  # 16-bit logits, their fp32 log-softmax
     return max(1024, min(MAX_BATCH_TOKENS, int(0.5 * free / per_token) // 1024 * 1024))
 
 
-def compute_shard(model, shard: list[tuple[str, list, list]], device: str, budget: int, pad_id: int) -> list:
-    """The summed label log-probability of each sequence of `shard`, in its order."""
+def padfree_runs(device: str, dtype: str) -> bool:
+    """Whether the padding-free forward runs here: on a CPU (per-sequence SDPA), or on a GPU with
+    torch's varlen kernel, which computes in fp16/bf16 only."""
+    from llmft.core import varlen
+
+    return not device.startswith("cuda") or (varlen.available() and dtype != "fp32")
+
+
+def padded_logps(model, batch: dict):
+    """Per-sequence sums of label log-probabilities the way LLaMA-Factory's padded forward computes
+    them (every position's fp32 logits): where the padding-free forward cannot run."""
+    import torch
+
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+    ).logits
+    labels = batch["labels"][:, 1:]
+    logps = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, labels.clamp(min=0).unsqueeze(-1))
+    return (logps.squeeze(-1) * (labels != IGNORE_INDEX)).sum(-1)
+
+
+def compute_shard(model, shard: list, device: str, budget: int, pad_id: int, padfree: bool = True) -> list:
+    """The summed label log-probability of each sequence of `shard` ((key, ids, labels) each), in its
+    order: padding-free (padfree.packed_logps, as training), or padded where that cannot run."""
     import torch
     from llmft.preference.padfree import packed_logps
 
     values: dict[str, float] = {}
     with torch.inference_mode():
         for batch in batches(shard, budget):
-            out = packed_logps(model, padded(batch, device), pad_id)["logps"].float().cpu().tolist()
-            values.update((key, v) for (key, _, _), v in zip(batch, out, strict=True))
+            rows = padded(batch, device)
+            out = packed_logps(model, rows, pad_id)["logps"] if padfree else padded_logps(model, rows)
+            values.update((key, v) for (key, _, _), v in zip(batch, out.float().cpu().tolist(), strict=True))
     return [values[key] for key, _, _ in shard]
 
 
@@ -263,11 +289,12 @@ def work(rank: int, jobs: list, model_dir: str, dtype: str, store: Store, budget
 
     device = f"cuda:{rank}" if torch.cuda.is_available() else "cpu"
     model = load_model(model_dir, dtype, device)
-    budget = budget or batch_tokens(model, device)
+    padfree = padfree_runs(device, dtype)
+    budget = budget or batch_tokens(model, device, padfree)
     pad_id = model.config.pad_token_id or 0
     done = 0
     for shard in jobs:
-        logps = compute_shard(model, shard, device, budget, pad_id)
+        logps = compute_shard(model, shard, device, budget, pad_id, padfree)
         name = write_shard(store, [key for key, _, _ in shard], logps)
         done += len(shard)
         log.info("rank %d: shard %s, %d sequences", rank, name, len(shard))

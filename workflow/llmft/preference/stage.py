@@ -174,13 +174,21 @@ def reference_logps(cfg: dict) -> tuple[str, str]:
             "reference model"
         )  # fmt: skip
         return "none", why
+    quantized = finetuning_type(cfg) == "lora" and cfg["sft"]["quantization_bit"] != "none"
     if setting == "cached":
         return "cached", (
             "reference_logps cached: the reference step's log-probabilities of every sequence "
             "(results/cache/reference/), no reference model loaded or run in training"
+            + ("; the reference is the unquantized model, not the quantized base" if quantized else "")
         )
     if setting == "resident":
         return "resident", ""
+    if quantized:
+        return "resident", (
+            f"reference_logps auto -> resident: sft.quantization_bit {cfg['sft']['quantization_bit']}, "
+            "so the resident reference is the quantized base (no extra weights); the reference step "
+            "would score the unquantized model"
+        )
     hw = cfg["hardware"]
     if hw["gpus_per_node"] == 0 or hw["vendor"] == "cpu":
         return "resident", (
