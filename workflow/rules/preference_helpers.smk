@@ -78,6 +78,27 @@ def preference_reference(wildcards):
     return {}
 
 
+# preference.reference_logps: cached (auto: on GPUs) puts the reference step in the DAG; training
+# then loads no reference model.
+PREF_CACHED = PREF is not None and preference_stage.reference_logps(CFG)[0] == "cached"
+
+
+def preference_reference_model(wildcards):
+    """The reference model's folder: the base model (reference: base) or the starting model."""
+    if preference_stage.reference(CFG) == "base":
+        return base_model_dir(wildcards)
+    return preference_start(wildcards)
+
+
+def preference_reference_record(wildcards):
+    """The reference step's record, an input of the stage's render and training when cached."""
+    if not PREF_CACHED:
+        return {}
+    return {
+        "reference_record": preference_stage.REFERENCE_RECORD.format(run=wildcards.run)
+    }
+
+
 def preference_ref_arg(wildcards, input):
     """render-sft's reference-model words, quoted by the rule's {params.ref:q}; none without one."""
     return ["--ref-model", input.ref] if "ref" in input.keys() else []
@@ -162,6 +183,20 @@ def pref_gate_model_path(wildcards, input):
     if wildcards.side == "promoted_reference":
         return f"{promoted}/sft/model"
     return input.model
+
+
+def pref_gate_cache_keys():
+    """The gate's extra config keys when its reference models' scores come from the reference store:
+    the precision the store is kept in."""
+    return ("sft.precision",) if PREF_CACHED else ()
+
+
+def pref_gate_cache_words(wildcards):
+    """evaluate-preference's words for a reference model's side with cached reference log-probabilities
+    (quoted by the rule's {params.cache:q}): read from the shared reference store."""
+    if PREF_CACHED and wildcards.side.endswith("_reference"):
+        return ["--reference-cache", "results/cache/reference"]
+    return []
 
 
 def preference_gate_inputs(wildcards):
