@@ -32,11 +32,19 @@ def broken(monkeypatch, fault: str) -> None:
     module.break_trainer(Trainer, fault)
 
 
-def test_accumulation_parity_passes_on_this_stack(tmp_path):
-    r = q.accumulation_parity(tmp_path, "cpu")
+def test_accumulation_parity_passes_on_this_stack_on_one_process_and_over_two_ranks(tmp_path):
+    r = q.accumulation_parity(tmp_path, "cpu", ranks=2)
     assert r["ok"], r["message"]
     assert max(r["worst"].values()) <= q.ACCUMULATION_TOLERANCE
-    assert len(r["runs"]["one_batch"]) == len(r["runs"]["accumulated"]) == q.ACCUMULATION_STEPS
+    assert list(r["runs"]) == ["one_batch", "accumulated", "2_ranks"]  # 2 ranks: torchrun over gloo
+    assert all(len(run) == q.ACCUMULATION_STEPS for run in r["runs"].values())
+    assert "and over 2 ranks (2 micro-batches of 1 each)" in r["message"]
+
+
+def test_the_ranks_are_the_plan_s_and_a_step_s_rows_a_multiple_of_them():
+    assert q.plan_ranks(validate({"hardware": {"gpus_per_node": 0, "processes_per_node": 2}})) == 2
+    assert q.plan_ranks(validate({"hardware": {"gpus_per_node": 8, "processes_per_node": 0}})) == 8
+    assert [q.accumulation_rows(r) for r in (1, 2, 3, 8)] == [4, 4, 6, 8]
 
 
 def test_accumulation_parity_fails_when_micro_batch_gradients_are_dropped(tmp_path, monkeypatch):
@@ -45,7 +53,7 @@ def test_accumulation_parity_fails_when_micro_batch_gradients_are_dropped(tmp_pa
     assert not r["ok"]
     # the loss is still reported for every micro-batch; the gradient norm shows the dropped ones
     assert r["worst"]["loss"] <= q.ACCUMULATION_TOLERANCE < r["worst"]["grad_norm"]
-    assert "gradient norm by" in r["message"] and "step 1:" in r["message"]
+    assert "gradient norm by" in r["message"] and "accumulated: step 1 loss" in r["message"]
 
 
 def test_resume_parity_passes_on_this_stack(tmp_path):

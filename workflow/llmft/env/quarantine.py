@@ -4,10 +4,11 @@ promoted run's (nightly.on_stack_change: quarantine; the decision is llmft.core.
 Four checks, in a child process (`python -m llmft.env.quarantine`), before any training:
 
 1. accumulation parity: LLaMA-Factory's SFT trainer (CustomSeq2SeqTrainer over transformers'
-   Trainer, as sft runs it) trains the same rows of unequal lengths as one micro-batch of N and as N
-   micro-batches of 1 with gradient accumulation: every optimizer step's loss and gradient norm must
-   agree within ACCUMULATION_TOLERANCE (per-token loss normalisation across micro-batches, the
-   gradients of every micro-batch summed);
+   Trainer, as sft runs it) trains the same rows of unequal lengths as one micro-batch of N, as N
+   micro-batches of 1 with gradient accumulation, and, where the plan trains on several processes
+   per node, spread over that many ranks (torchrun, DDP): every optimizer step's loss and gradient
+   norm must agree within ACCUMULATION_TOLERANCE (per-token loss normalisation across micro-batches
+   and ranks, the gradients of every micro-batch summed);
 2. resume parity: K steps, a checkpoint, a new trainer resumed from it for K more, against 2K
    steps straight: the same loss and learning rate at every step, and the optimizer's step count;
 3. the numerics canary (llmft.env.canary) for every precision the plan uses (its bf16/fp32 leg and
@@ -103,6 +104,9 @@ def _trainer(out: Path, rows: list[dict], device: str, **args):
         dataloader_num_workers=0,
         save_strategy="no",
         use_cpu=device == "cpu",
+        # the rows in order: a step's rows are the same however they are split into micro-batches
+        # and ranks (a random sampler and a distributed one shuffle differently)
+        train_sampling_strategy="sequential",
     )
     settings.update(args)
     return CustomSeq2SeqTrainer(
@@ -131,11 +135,67 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 
 
-def accumulation_parity(scratch: Path, device: str) -> dict:
-    """Check 1: the same rows as one micro-batch of N and as N micro-batches of 1 (gradient
-    accumulation N): each step's loss and gradient norm."""
+def plan_ranks(cfg: dict) -> int:
+    """The training processes per node the plan uses (hardware.processes_per_node; 0: one per GPU)."""
+    hw = cfg["hardware"]
+    return max(1, int(hw["processes_per_node"] or hw["gpus_per_node"] or 1))
+
+
+def accumulation_rows(ranks: int) -> int:
+    """N, the rows of one optimizer step: at least ACCUMULATION_ROWS, a multiple of the ranks."""
+    return ranks * -(-ACCUMULATION_ROWS // ranks)
+
+
+def _ranks_run(scratch: Path, device: str, ranks: int, n: int, env: dict, timeout_s: float) -> list[dict]:
+    """The N rows of each step spread over `ranks` processes (torchrun, as sft launches its ranks; gloo
+    on CPU, NCCL/RCCL on GPUs), each accumulating N / ranks micro-batches of 1; rank 0's steps."""
+    out = scratch / "accumulation_ranks.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    cmd += ["--monitor_interval=0.1", "-m", "llmft.env.quarantine", "--ranks-part", str(out)]
+    cmd += ["--device", device, "--rows", str(n)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(f"{ranks} ranks (torchrun exit {proc.returncode}): {proc.stderr.strip()[-600:]}")
+    return read_json(out)
+
+
+def ranks_part(out: str, device: str, n: int) -> None:
+    """One rank of _ranks_run: N / world size micro-batches of 1 per step; rank 0 writes its steps."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rows = _rows(n * ACCUMULATION_STEPS, seed=1)
+    trainer = _trainer(
+        Path(out).parent / "accumulation_ranks",
+        rows,
+        device,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=n // world,
+        max_steps=ACCUMULATION_STEPS,
+        ddp_backend="gloo" if device == "cpu" else "nccl",
+    )
+    trainer.train()
+    if int(os.environ.get("RANK", "0")) == 0:
+        write_json(out, _steps(trainer))
+
+
+def _worst(runs: dict, keys=("loss", "grad_norm")) -> dict:
+    """The largest relative difference of each key between every run and the first, step by step."""
+    ref, *others = runs.values()
+    worst = dict.fromkeys(keys, 0.0)
+    for other in others:
+        if len(other) != len(ref):
+            return dict.fromkeys(keys, math.inf)
+        for a, b in zip(other, ref, strict=True):
+            for key in keys:
+                worst[key] = max(worst[key], _rel(a.get(key, math.nan), b.get(key, math.nan)))
+    return worst
+
+
+def accumulation_parity(scratch: Path, device: str, ranks: int = 1, env: dict | None = None) -> dict:
+    """Check 1: the same rows as one micro-batch of N, as N micro-batches of 1 (gradient accumulation
+    N), and, when the plan trains on several ranks, spread over them (N / ranks micro-batches of 1
+    each): every step's loss and gradient norm."""
     t0 = time.monotonic()
-    n, steps = ACCUMULATION_ROWS, ACCUMULATION_STEPS
+    n, steps = accumulation_rows(ranks), ACCUMULATION_STEPS
     rows = _rows(n * steps, seed=1)
     runs = {}
     for name, batch, accumulate in (("one_batch", n, 1), ("accumulated", 1, n)):
@@ -149,25 +209,28 @@ def accumulation_parity(scratch: Path, device: str) -> dict:
         )
         trainer.train()
         runs[name] = _steps(trainer)
-    one, acc = runs["one_batch"], runs["accumulated"]
-    worst = {"loss": 0.0, "grad_norm": 0.0}
-    for a, b in zip(acc, one, strict=False):
-        for key in worst:
-            worst[key] = max(worst[key], _rel(a.get(key, math.nan), b.get(key, math.nan)))
-    ok = len(one) == len(acc) == steps and max(worst.values()) <= ACCUMULATION_TOLERANCE
-    shown = ", ".join(
-        f"step {a['step']}: loss {a['loss']:.6f} vs {b['loss']:.6f}, "
-        f"gradient norm {a.get('grad_norm', math.nan):.6f} vs {b.get('grad_norm', math.nan):.6f}"
-        for a, b in zip(acc, one, strict=False)
+    if ranks > 1:
+        runs[f"{ranks}_ranks"] = _ranks_run(scratch, device, ranks, n, env or dict(os.environ), 600)
+    worst = _worst(runs)
+    ok = len(runs["one_batch"]) == steps and max(worst.values()) <= ACCUMULATION_TOLERANCE
+    shown = "; ".join(
+        f"{name}: "
+        + ", ".join(
+            f"step {s['step']} loss {s['loss']:.6f} gradient norm {s.get('grad_norm', math.nan):.6f}"
+            for s in r
+        )
+        for name, r in runs.items()
     )
+    spread = f", and over {ranks} ranks ({n // ranks} micro-batches of 1 each)" if ranks > 1 else ""
     return {
         "ok": ok,
         "message": (
-            f"{n} micro-batches of 1 vs 1 micro-batch of {n} over {steps} steps: loss off by "
+            f"{n} micro-batches of 1{spread} vs 1 micro-batch of {n} over {steps} steps: loss off by "
             f"{worst['loss']:.2e}, gradient norm by {worst['grad_norm']:.2e} at most "
             f"(tolerance {ACCUMULATION_TOLERANCE:.0e} relative); {shown}"
         ),
         "tolerance": ACCUMULATION_TOLERANCE,
+        "ranks": ranks,
         "worst": worst,
         "runs": runs,
         "seconds": round(time.monotonic() - t0, 2),
@@ -350,7 +413,7 @@ def run_checks(facts: dict, cfg: dict, promoted: Path, scratch: Path, step=lambd
     env = {k: v for k, v in os.environ.items() if k not in RANK_ENV}
     checks: dict[str, dict] = {}
     parts = {
-        "accumulation": lambda: accumulation_parity(scratch, device),
+        "accumulation": lambda: accumulation_parity(scratch, device, plan_ranks(cfg), env),
         "resume": lambda: resume_parity(scratch, device),
         "canary": lambda: canary_check(facts, cfg, device),
         "eval_drift": lambda: eval_drift(
@@ -419,14 +482,22 @@ def node_quarantine(
 def main(argv: list[str] | None = None) -> int:
     """`python -m llmft.env.quarantine --facts F --promoted RUN_DIR --config-json C --out O`."""
     ap = argparse.ArgumentParser(prog="python -m llmft.env.quarantine")
-    ap.add_argument("--facts", required=True)
-    ap.add_argument("--promoted", required=True, help="the promoted run's folder (results/<run>)")
-    ap.add_argument("--config-json", required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--facts")
+    ap.add_argument("--promoted", help="the promoted run's folder (results/<run>)")
+    ap.add_argument("--config-json")
+    ap.add_argument("--out")
     ap.add_argument("--progress", help="append each check's name here before it runs")
+    ap.add_argument("--ranks-part", help="one rank of accumulation parity across ranks (torchrun)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--rows", type=int, default=ACCUMULATION_ROWS)
     args = ap.parse_args(argv)
     from llmft.core.config import validate
     from llmft.core.imports import UNUSED, hidden
+
+    if args.ranks_part:
+        with hidden(*UNUSED):
+            ranks_part(args.ranks_part, args.device, args.rows)
+        return 0
 
     def step(name: str) -> None:
         if args.progress:

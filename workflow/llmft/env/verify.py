@@ -436,7 +436,8 @@ def _report(cfg, out_path, alloc, vendor, nodes, coll, t0, timeout_s) -> int:
     findings, thresholds = judge_run(nodes, coll, cfg, vendor, alloc.nnodes)
     quarantine = _quarantine(cfg, nodes)
     if quarantine is not None:
-        findings.append(Finding("quarantine", quarantine["ok"], quarantine["message"], QUARANTINE_FIX))
+        fix = "" if quarantine["ok"] else QUARANTINE_FIX
+        findings.append(Finding("quarantine", quarantine["ok"], quarantine["message"], fix))
     ok = all(f.ok for f in findings)
     for facts in nodes:  # each node's stack fingerprint, then the run's (llmft.core.stack)
         facts["stack_fingerprint"] = stack_fp.fingerprint(facts)

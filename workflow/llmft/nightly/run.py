@@ -257,10 +257,8 @@ def nightly(
                 write_json(state_path, state)
                 print(f"[nightly] run {run} refused before any training: {night['reason']}", file=sys.stderr)
                 return 2
-            if rc != 0:
-                error = _config_error(log_path)
-                why = f"snakemake exited {rc}" + (f": {error}" if error else "")
-                night.update(status="failed", reason=f"{why}; see results/nightly/{run}.log")
+            if rc != 0 or not (results / run / "report" / "summary.json").exists():
+                night.update(status="failed", reason=_failure(rc, run, log_path))
                 _record(state, night)
                 write_json(state_path, state)
                 print(f"[nightly] run {run} FAILED: {night['reason']}", file=sys.stderr)
@@ -366,6 +364,21 @@ def _train(cmd: list[str], run: str, start: dict, log_path: Path) -> int:
         log.write("".join(line + "\n" for line in lines))
     print("\n".join(lines), flush=True)
     return _run_logged(cmd, log_path)
+
+
+def _failure(rc: int, run: str, log_path: Path) -> str:
+    """Why a night failed: snakemake's exit code (with the config error it stopped on), or, when it
+    exited 0 without the run's summary.json (a target or --until among the snakemake arguments
+    stopped it before the report), that; nothing is judged either way."""
+    if rc == 0:
+        return (
+            f"snakemake exited 0 without results/{run}/report/summary.json (a target or --until among "
+            "the snakemake arguments stops before the report): nothing to judge; "
+            f"see results/nightly/{run}.log"
+        )
+    error = _config_error(log_path)
+    why = f"snakemake exited {rc}" + (f": {error}" if error else "")
+    return f"{why}; see results/nightly/{run}.log"
 
 
 def _config_error(log_path: Path) -> str | None:
