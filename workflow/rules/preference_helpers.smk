@@ -3,7 +3,7 @@
 # Planned and rendered like sft from the nodes' facts, through sft's own planner and renderer on the
 # stage's view of the config and its training objective (llmft.preference.stage), then trained by
 # sft's three steps on the same partition and launcher.
-from llmft.core.config import PREFERENCE_METRICS
+from llmft.core.config import is_preference_metric
 from llmft.preference import stage as preference_stage
 from llmft.preference.page import reference_model as pref_reference_model
 
@@ -110,15 +110,14 @@ def preference_eval_inputs(wildcards):
 
 
 # -- the nightly gate on a preference metric (evaluate_preference_gate) --------------------------------
-PREF_GATE = (
-    bool(CFG["nightly"]["compare_with"])
-    and CFG["nightly"]["metric"] in PREFERENCE_METRICS
+PREF_GATE = bool(CFG["nightly"]["compare_with"]) and is_preference_metric(
+    CFG["nightly"]["metric"]
 )
 if PREF_GATE:
 
     # The promoted run's preference model is scored on this run's pairs: a run without one (trained
     # before the preference section was set) cannot be compared on the metric. Once scored it is not
-    # read again (the night re-renders the page after retention).
+    # read again (a later `snakemake --forcerun report` of this run, after retention deleted it).
     _promoted_pref = Path(CFG["nightly"]["compare_with"]) / "preference" / "model"
     _scored = Path(f"results/{RUN}/preference/gate/promoted/logps.jsonl")
     if not _promoted_pref.is_dir() and not _scored.is_file():
