@@ -137,6 +137,18 @@ def continue_keys(*keys):
     return keys if LINEAGE else ()
 
 
+def quarantine_keys():
+    """The nightly keys verify_env's stack quarantine reads, only in a night's run (one with
+    nightly.compare_with): other runs' verify_env params stay as they were."""
+    if not CFG["nightly"]["compare_with"]:
+        return ()
+    return (
+        "nightly.compare_with",
+        "nightly.on_stack_change",
+        "nightly.quarantine_passed",
+    )
+
+
 def parent_marker():
     """What of the parent a continued run's data depends on: its data fingerprint (a parent that
     prepared other rows changes which rows are new)."""

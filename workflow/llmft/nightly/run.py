@@ -1,9 +1,10 @@
 """Nightly retrains that are safe to leave unattended.
 
 `python -m llmft nightly` = lock → skip when nothing changed → `snakemake` for a run named by date
-(its gate rule writes the verdict, nightly/gate.py; its report renders it) → promote or refuse as the
-verdict says → retention → the trend page. State lives in `results/nightly/state.json`; the promoted
-run is the symlink `results/current` (and `results/current.json`, which says why).
+(its verify_env quarantines a changed software stack: llmft.nightly.quarantine; its gate rule writes
+the verdict, nightly/gate.py; its report renders it) → promote or refuse as the verdict says →
+retention → the trend page. State lives in `results/nightly/state.json`; the promoted run is the
+symlink `results/current` (and `results/current.json`, which says why).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from llmft.core.io import read_json, write_json, write_text
 from llmft.nightly import gate
 from llmft.nightly.lock import Lock, NightlyLocked
 from llmft.nightly.promote import GATE_WHY, PromotionError, current_run, protected, record, set_current
+from llmft.nightly.quarantine import passed_stacks, take, verdict
 
 
 def _hash_file(path: Path, h) -> None:
@@ -151,7 +153,9 @@ def nightly(
     configfile: str | None = None,
 ) -> int:
     """One scheduled night. Exit codes: 0 done or skipped, 1 failed, 2 refused before any job (the
-    promoted model is missing or broken), 3 locked. `configfile`: the config file snakemake runs."""
+    promoted model is missing or broken) or before any training (the stack quarantine: verify_env's
+    checks failed on a changed stack, nightly.on_stack_change), 3 locked. `configfile`: the config
+    file snakemake runs."""
     try:  # config key run's rule, as Snakemake's run wildcard: no path, not current or nightly
         validate({"run": run})
     except ConfigError as exc:
@@ -178,15 +182,19 @@ def nightly(
                 print(f"[nightly] run {run} refused before any job: {exc}", file=sys.stderr)
                 return 2
             night.update(started_from=start["continue_from"] or "base model", note=start["note"])
+            start["quarantine_passed"] = passed_stacks(results, state, start["promoted"])
             files = _configfiles(results, run, start, [configfile] if configfile else [])
             cmd = _snakemake_command(profile, run, [*files, *(snakemake_args or [])])
             log_path = results / "nightly" / f"{run}.log"
             rc = _train(cmd, run, start, log_path)
             night.update(at=_now(), seconds=round(time.time() - t0, 1))
-            if rc != 0:
-                error = _config_error(log_path)
-                why = f"snakemake exited {rc}" + (f": {error}" if error else "")
-                night.update(status="failed", reason=f"{why}; see results/nightly/{run}.log")
+            if take(state, night, verdict(results, run, t0), night["at"]):  # the stack quarantine
+                _record(state, night)
+                write_json(state_path, state)
+                print(f"[nightly] run {run} refused before any training: {night['reason']}", file=sys.stderr)
+                return 2
+            if rc != 0 or not (results / run / "report" / "summary.json").exists():
+                night.update(status="failed", reason=_failure(rc, run, log_path))
                 _record(state, night)
                 write_json(state_path, state)
                 print(f"[nightly] run {run} FAILED: {night['reason']}", file=sys.stderr)
@@ -263,6 +271,8 @@ def _configfiles(results: Path, run: str, start: dict, files: list[str]) -> list
     over = {}
     if start["promoted"]:
         over["nightly"] = {"compare_with": f"results/{start['promoted']}"}
+        if start.get("quarantine_passed"):  # stacks that passed a quarantine already
+            over["nightly"]["quarantine_passed"] = start["quarantine_passed"]
     if start["continue_from"]:
         over["model"] = {"continue_from": start["continue_from"]}
     if over:
@@ -285,6 +295,21 @@ def _train(cmd: list[str], run: str, start: dict, log_path: Path) -> int:
         log.write("".join(line + "\n" for line in lines))
     print("\n".join(lines), flush=True)
     return _run_logged(cmd, log_path)
+
+
+def _failure(rc: int, run: str, log_path: Path) -> str:
+    """Why a night failed: snakemake's exit code (with the config error it stopped on), or, when it
+    exited 0 without the run's summary.json (a target or --until among the snakemake arguments
+    stopped it before the report), that; nothing is judged either way."""
+    if rc == 0:
+        return (
+            f"snakemake exited 0 without results/{run}/report/summary.json (a target or --until among "
+            "the snakemake arguments stops before the report): nothing to judge; "
+            f"see results/nightly/{run}.log"
+        )
+    error = _config_error(log_path)
+    why = f"snakemake exited {rc}" + (f": {error}" if error else "")
+    return f"{why}; see results/nightly/{run}.log"
 
 
 def _config_error(log_path: Path) -> str | None:
