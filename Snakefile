@@ -41,6 +41,7 @@ include: "workflow/rules/sft.smk"
 include: "workflow/rules/eval.smk"
 include: "workflow/rules/preference.smk"
 include: "workflow/rules/benchmarks.smk"
+include: "workflow/rules/gate.smk"
 include: "workflow/rules/report.smk"
 
 

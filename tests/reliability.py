@@ -54,6 +54,7 @@ ORDER = [
     "tests/unit/benchmarks/",
     "tests/unit/core/test_fp8.py",
     "tests/workflow/test_promote.py",
+    "tests/workflow/test_quarantine.py",
     "tests/workflow/test_continue.py",
     "tests/unit/sft/",
     "tests/slurm/test_preference_resume.py",

@@ -38,6 +38,36 @@ def test_prepare_preference_is_in_the_dag_only_with_a_preference_section(tmp_pat
     assert "--out-dir results/demo/preference/data" in out
 
 
+def test_cached_reference_logps_put_the_reference_step_before_training(tmp_path):
+    """preference.reference_logps: cached adds one preference_reference job (the reference model over
+    the tokenized pairs into the shared store) before the stage's render and training; orpo, which has
+    no reference, ignores the key; the demo's default (auto, CPU) has no such job (test above)."""
+    res = snakemake(make_workdir(tmp_path / "w", preference={"reference_logps": "cached"}), "-n", "-p")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout + res.stderr
+    assert _jobs(out)["preference_reference"] == 1
+    assert "python -m llmft reference-logps --config-json" in out
+    assert "--model results/demo/sft/model --data-dir results/demo/preference/data" in out
+    assert "--out results/demo/preference/reference/reference.json" in out
+    orpo = snakemake(
+        make_workdir(tmp_path / "o", preference={"loss": "orpo", "reference_logps": "cached"}), "-n"
+    )
+    assert orpo.returncode == 0, orpo.stderr
+    assert "preference_reference" not in _jobs(orpo.stdout + orpo.stderr)
+    # the nightly gate on a preference metric: the reference models' scores come from the store
+    gate = {"nightly__metric": "preference_accuracy", "nightly__compare_with": "results/n1"}
+    work = make_workdir(tmp_path / "g", preference={"reference_logps": "cached"}, **gate)
+    for folder in ("sft/model", "preference/model"):
+        (work / "results" / "n1" / folder).mkdir(parents=True)
+    res = snakemake(work, "-n", "-p")
+    assert res.returncode == 0, res.stderr
+    lines = [line for line in (res.stdout + res.stderr).splitlines() if "evaluate-preference" in line]
+    for side in ("gate_reference", "promoted_reference", "gate", "promoted"):
+        (line,) = [x for x in lines if f"--label {side} " in x]
+        cached = "--max-rows all --reference-cache results/cache/reference --threads" in line
+        assert cached == side.endswith("_reference"), line
+
+
 def test_a_preference_gate_scores_both_preference_models_on_every_heldout_pair(tmp_path):
     """nightly.metric preference_accuracy with a promoted run (nightly.compare_with, as the nightly
     sets it): its preference model, this run's, and each one's reference (their sft models) are

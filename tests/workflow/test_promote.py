@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -385,6 +386,28 @@ def test_the_gate_scores_both_models_on_every_heldout_row(night2):
     assert decision["status"] == "promoted" and os.readlink(results / "current") == "night2"
     history = state(results)["promotions"]
     assert (history[-1]["from"], history[-1]["to"]) == ("night1", "night2")
+
+
+def test_a_gated_night_runs_its_gate_and_its_report_once(night2):
+    """The gate is a job of the night's workflow: its verdict (nightly/gate.json) is the report's
+    declared input, so the page shows it the first time it is drawn; the nightly acts on that verdict
+    with no second snakemake (no report re-run after the promotion)."""
+    work, _ = night2
+    results = work / "results"
+    log = (results / "nightly/night2.log").read_text()
+    jobs = re.findall(r"^\s*(?:local)?rule (\w+):\s*$", log, flags=re.MULTILINE)
+    assert jobs.count("report") == 1 and jobs.count("gate") == 1, jobs
+    snakemakes = [line for line in log.splitlines() if line.startswith("$ ") and "-m snakemake" in line]
+    assert len(snakemakes) == 1 and "--forcerun" not in log, snakemakes
+    verdict = json.loads((results / "night2/nightly/gate.json").read_text())
+    decision = json.loads((results / "night2/promotion.json").read_text())
+    assert (decision["status"], decision["reason"]) == (verdict["status"], verdict["reason"])
+    assert verdict["promoted_run"] == "night1" and verdict["kind"] == "heldout"
+    page = (results / "night2/report/index.html").read_text()
+    assert f"Nightly promotion: <b>{verdict['status']}</b>" in page
+    summary = json.loads((results / "night2/report/summary.json").read_text())
+    assert summary["promotion"] == {"status": verdict["status"], "reason": verdict["reason"]}
+    assert (summary["gate"], summary["compared_with"]) == (verdict["gate"], verdict["compared_with"])
 
 
 def test_a_continue_night_starts_from_the_promoted_run(night2):

@@ -295,6 +295,29 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_gate(args) -> int:
+    """The nightly gate's verdict (llmft.nightly.gate); a preference metric's sides are scored by the
+    preference stage, given to the gate here (a stage imports no other stage)."""
+    from pathlib import Path
+
+    from llmft.nightly.gate import write_gate
+    from llmft.preference.page import gate_blocks
+
+    verdict = write_gate(config_of(args), Path(args.run_dir), Path(args.out), preference_sides=gate_blocks)
+    print(json.dumps({k: verdict[k] for k in ("run", "metric", "status", "reason")}))
+    return 0
+
+
+def _gate_command(add) -> None:
+    add(
+        "gate",
+        cmd_gate,
+        "run-dir=the run's folder (results/<run>), whose gate evaluations are scored",
+        "out=the gate.json to write (results/<run>/nightly/gate.json)",
+        help="the nightly gate: this run's model against the promoted one (nightly.compare_with)",
+    )
+
+
 def cmd_trend(args) -> int:
     from llmft.report.trend import build_trend
 
@@ -595,6 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
     _data_commands(add)
     _sft_commands(sub, add)
     _later_commands(sub, add)
+    _gate_command(add)
     HIDDEN.update(preference_cli.register(add, _evaluation))
     return parser
 

@@ -170,6 +170,18 @@ def lineage_cfg():
     )
 
 
+def quarantine_keys():
+    """The nightly keys verify_env's stack quarantine reads, only in a night's run (one with
+    nightly.compare_with): other runs' verify_env params stay as they were."""
+    if not CFG["nightly"]["compare_with"]:
+        return ()
+    return (
+        "nightly.compare_with",
+        "nightly.on_stack_change",
+        "nightly.quarantine_passed",
+    )
+
+
 def parent_marker():
     """What of the parent a continued run's data depends on: its data fingerprint (a parent that
     prepared other rows changes which rows are new)."""
@@ -332,9 +344,9 @@ def eval_rows(wildcards):
 
 
 def compared_inputs(wildcards):
-    """The gate's scores, when the nightly asks for them (nightly.compare_with): the promoted model
-    and this run's tuned model, both on the gate's held-out rows; with a stage's nightly.metric (a
-    preference metric) what that stage's rule file says instead (STAGE_GATE_INPUTS)."""
+    """The gate rule's scores (nightly.compare_with): the promoted model and this run's tuned model,
+    both on the gate's held-out rows; with a stage's nightly.metric (a preference metric) what that
+    stage's rule file says instead (STAGE_GATE_INPUTS)."""
     if not CFG["nightly"]["compare_with"]:
         return []
     if STAGE_GATE_INPUTS is not None:
@@ -343,6 +355,26 @@ def compared_inputs(wildcards):
         "results/{run}/eval/{which}/metrics.json",
         run=wildcards.run,
         which=("promoted", "gate"),
+    )
+
+
+def gate_verdict(wildcards):
+    """The nightly gate's verdict, which the report renders: with nightly.compare_with only (rules/gate.smk)."""
+    if not CFG["nightly"]["compare_with"]:
+        return []
+    return f"results/{wildcards.run}/nightly/gate.json"
+
+
+def gate_cfg():
+    """The gate's config keys: what it compares (nightly.metric, tolerance, the benchmark budget, the
+    promoted run), whether benchmarks count (eval.benchmarks) and a stage's section (REPORT_STAGE_KEYS:
+    the preference models' scores need it)."""
+    keys = ("metric", "tolerance", "max_benchmark_drop", "compare_with")
+    return cfg_arg(
+        *(f"nightly.{k}" for k in keys),
+        "eval.benchmarks",
+        *REPORT_STAGE_KEYS,
+        benchmarks=bool(CFG["eval"]["benchmarks"]),
     )
 
 

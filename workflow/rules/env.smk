@@ -1,5 +1,6 @@
 # The same job shape and per-node launch as sft, so every node that will train is checked, through
-# the same srun path.
+# the same srun path. In a night's run (nightly.compare_with) it also runs the stack quarantine
+# (nightly.on_stack_change) before any training.
 rule verify_env:
     output:
         "results/{run}/env/verify.json",
@@ -22,6 +23,7 @@ rule verify_env:
             "sft.precision",
             "sft.liger_kernel",
             *quantization_keys(),
+            *quarantine_keys(),
         ),
         launcher=per_node_launcher,
         python=stage_python(),

@@ -31,9 +31,35 @@ rule prepare_preference:
         " --out-dir results/{wildcards.run}/preference/data > {log:q} 2>&1"
 
 
+# The reference model's log-probabilities of every train and held-out sequence (chosen and rejected;
+# KTO's rows and KL rows), cached by content in results/cache/reference/<model fingerprint>/ and
+# shared by runs: only sequences the store lacks are computed, a killed job resumes from the shards it
+# wrote. In the DAG only with preference.reference_logps cached (auto: on GPUs); the stage's training
+# then reads them and loads no reference model.
+rule preference_reference:
+    input:
+        model=preference_reference_model,
+        info="results/{run}/preference/data/dataset_info.json",
+        tokenized="results/{run}/preference/data/tokenized",
+    output:
+        record="results/{run}/preference/reference/reference.json",
+    log:
+        "results/{run}/logs/preference_reference.log",
+    benchmark:
+        "results/{run}/benchmarks/preference_reference.tsv"
+    container:
+        stage_container()
+    params:
+        cfg=cfg_arg("sft.precision"),
+    shell:
+        "python -m llmft reference-logps {params.cfg} --model {input.model:q}"
+        " --data-dir results/{wildcards.run}/preference/data --out {output.record:q} > {log:q} 2>&1"
+
+
 rule render_preference_config:
     input:
         unpack(preference_reference),
+        unpack(preference_reference_record),
         start=preference_start,
         info="results/{run}/preference/data/dataset_info.json",
         verify="results/{run}/env/verify.json",
@@ -63,6 +89,7 @@ rule render_preference_config:
 # new adapter in preference/adapter and the starting model with it merged in preference/model.
 rule preference:
     input:
+        unpack(preference_reference_record),
         config="results/{run}/preference/config.json",
         yaml="results/{run}/preference/llamafactory.yaml",
         deepspeed="results/{run}/preference/deepspeed.json",
@@ -122,6 +149,8 @@ rule evaluate_preference:
 # nightly.compare_with): this run's preference model and the promoted run's, and their reference
 # models, on this run's held-out pairs (every pair, or nightly.gate_max_rows): log-probabilities
 # only, no generation; rows.json says which pairs (count and fingerprint). The report scores them.
+# With preference.reference_logps cached, the reference models' come from the reference store (only
+# pairs it lacks are computed).
 rule evaluate_preference_gate:
     input:
         model=pref_gate_model,
@@ -138,10 +167,12 @@ rule evaluate_preference_gate:
     container:
         stage_container()
     params:
-        cfg=cfg_arg("eval", "model.template"),
+        cfg=cfg_arg("eval", "model.template", *pref_gate_cache_keys()),
         model=pref_gate_model_path,
         rows=lambda wildcards: gate_rows_words(),
+        cache=pref_gate_cache_words,
     shell:
         "python -m llmft evaluate-preference {params.cfg} --model {params.model:q}"
         " --heldout {input.heldout:q} --out-dir results/{wildcards.run}/preference/gate/{wildcards.side}"
-        " --label {wildcards.side} --logps-only {params.rows:q} --threads {threads} > {log:q} 2>&1"
+        " --label {wildcards.side} --logps-only {params.rows:q} {params.cache:q} --threads {threads}"
+        " > {log:q} 2>&1"

@@ -3,7 +3,7 @@
 # Planned and rendered like sft from the nodes' facts, through sft's own planner and renderer on the
 # stage's view of the config and its training objective (llmft.preference.stage), then trained by
 # sft's three steps on the same partition and launcher.
-from llmft.core.config import PREFERENCE_METRICS
+from llmft.core.config import is_preference_metric
 from llmft.preference import stage as preference_stage
 from llmft.preference.page import reference_model as pref_reference_model
 
@@ -78,6 +78,27 @@ def preference_reference(wildcards):
     return {}
 
 
+# preference.reference_logps: cached (auto: on GPUs) puts the reference step in the DAG; training
+# then loads no reference model.
+PREF_CACHED = PREF is not None and preference_stage.reference_logps(CFG)[0] == "cached"
+
+
+def preference_reference_model(wildcards):
+    """The reference model's folder: the base model (reference: base) or the starting model."""
+    if preference_stage.reference(CFG) == "base":
+        return base_model_dir(wildcards)
+    return preference_start(wildcards)
+
+
+def preference_reference_record(wildcards):
+    """The reference step's record, an input of the stage's render and training when cached."""
+    if not PREF_CACHED:
+        return {}
+    return {
+        "reference_record": preference_stage.REFERENCE_RECORD.format(run=wildcards.run)
+    }
+
+
 def preference_ref_arg(wildcards, input):
     """render-sft's reference-model words, quoted by the rule's {params.ref:q}; none without one."""
     return ["--ref-model", input.ref] if "ref" in input.keys() else []
@@ -110,15 +131,14 @@ def preference_eval_inputs(wildcards):
 
 
 # -- the nightly gate on a preference metric (evaluate_preference_gate) --------------------------------
-PREF_GATE = (
-    bool(CFG["nightly"]["compare_with"])
-    and CFG["nightly"]["metric"] in PREFERENCE_METRICS
+PREF_GATE = bool(CFG["nightly"]["compare_with"]) and is_preference_metric(
+    CFG["nightly"]["metric"]
 )
 if PREF_GATE:
 
     # The promoted run's preference model is scored on this run's pairs: a run without one (trained
     # before the preference section was set) cannot be compared on the metric. Once scored it is not
-    # read again (the night re-renders the page after retention).
+    # read again (a later `snakemake --forcerun report` of this run, after retention deleted it).
     _promoted_pref = Path(CFG["nightly"]["compare_with"]) / "preference" / "model"
     _scored = Path(f"results/{RUN}/preference/gate/promoted/logps.jsonl")
     if not _promoted_pref.is_dir() and not _scored.is_file():
@@ -163,6 +183,20 @@ def pref_gate_model_path(wildcards, input):
     if wildcards.side == "promoted_reference":
         return f"{promoted}/sft/model"
     return input.model
+
+
+def pref_gate_cache_keys():
+    """The gate's extra config keys when its reference models' scores come from the reference store:
+    the precision the store is kept in."""
+    return ("sft.precision",) if PREF_CACHED else ()
+
+
+def pref_gate_cache_words(wildcards):
+    """evaluate-preference's words for a reference model's side with cached reference log-probabilities
+    (quoted by the rule's {params.cache:q}): read from the shared reference store."""
+    if PREF_CACHED and wildcards.side.endswith("_reference"):
+        return ["--reference-cache", "results/cache/reference"]
+    return []
 
 
 def preference_gate_inputs(wildcards):

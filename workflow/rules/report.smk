@@ -1,7 +1,8 @@
 # The run's page, its figures and tables (also flagged for `snakemake --report`), summary.json, and
 # a trend page across runs. The trend page reads every results/*/report/summary.json at the time
 # this job runs; other runs' summaries are not declared inputs, because Snakemake would then try
-# to (re)build those runs with this run's config.
+# to (re)build those runs with this run's config. With nightly.compare_with the page renders the
+# nightly gate's gate.json (rules/gate.smk): the report runs once a night, before the nightly acts on it.
 rule report:
     input:
         verify="results/{run}/env/verify.json",
@@ -15,7 +16,7 @@ rule report:
         base_predictions="results/{run}/eval/base/predictions.jsonl",
         predictions="results/{run}/eval/tuned/predictions.jsonl",
         benchmarks=benchmark_inputs,
-        compared=compared_inputs,
+        gate=gate_verdict,
         preference=preference_eval_inputs,
     output:
         html=report(

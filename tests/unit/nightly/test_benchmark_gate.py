@@ -3,7 +3,9 @@
 import json
 
 from llmft.core.config import validate
-from llmft.nightly.run import _judge, benchmark_gate
+from llmft.core.io import write_json
+from llmft.nightly.gate import benchmark_gate, decide
+from llmft.nightly.run import _judge
 
 
 def night(run, em, **acc):
@@ -48,6 +50,11 @@ def test_judge_keeps_current_where_it_was_when_a_benchmark_dropped(tmp_path):
     _judge(cfg, tmp_path, "n1", {}, state)
     assert state["promoted"] == "n1" and (tmp_path / "current").resolve().name == "n1"
     night2 = {}
+    # the night's gate rule (llmft gate) wrote its verdict against the promoted n1: nightly/gate.json
+    current = json.loads((tmp_path / "current.json").read_text())
+    write_json(
+        tmp_path / "n2" / "nightly" / "gate.json", decide(cfg, night("n2", 0.7, llmft_category=0.2), current)
+    )
     _judge(cfg, tmp_path, "n2", night2, state)
     assert (
         night2["status"] == "rejected" and "llmft_category acc 0.2000 vs current 0.8000" in night2["reason"]

@@ -8,18 +8,16 @@ import sys
 import pytest
 import yaml
 from llmft.core.config import validate
+from llmft.nightly.gate import gate, gate_view, same_rows_reference
 from llmft.nightly.lock import Lock, NightlyLocked
 from llmft.nightly.promote import promoted_stack, record
 from llmft.nightly.run import (
     _configfiles,
     config_fingerprint,
     data_fingerprint,
-    gate,
-    gate_view,
     nightly,
     retain,
     run_name,
-    same_rows_reference,
     schedule_lines,
 )
 from llmft.preference.evaluate import gate_block

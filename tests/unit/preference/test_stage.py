@@ -11,7 +11,9 @@ from llmft.sft.steptime import step_time
 
 
 def gpu_cfg(gpus=1, gpu="h200", sft=None, **pref):
+    """A GPU config; the reference resident (as LLaMA-Factory runs it) unless reference_logps is given."""
     pref.setdefault("data", {"cutoff_len": 2048})
+    pref.setdefault("reference_logps", "resident")
     return validate(
         {
             "hardware": {"vendor": "cuda", "nodes": 1, "gpus_per_node": gpus, "gpu_model": gpu},
@@ -325,3 +327,46 @@ def test_dpo_runs_padding_free_where_the_varlen_kernel_ran(model, tmp_path):
     args = pref_render(off, one_b, _tokenized_pairs(tmp_path / "e", lengths=False), str(out / "z.yaml"),
                   str(out / "ds2.json"), "work", Platform.declared(off))  # fmt: skip
     assert "padding_free" not in args["llmft"]
+
+
+def test_cached_reference_logps_plan_no_reference_model_and_auto_caches_on_gpus(model, tmp_path):
+    """preference.reference_logps: cached plans no reference weights, logits or forward pass, and the
+    rendered YAML names the reference step's record for the worker; auto is cached on GPUs, resident
+    on CPU processes; orpo/simpo ignore the key, and the plan says so."""
+    from llmft.sft.plan import describe
+
+    one_b = model("1b")
+    sizes = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "padding_free": False}
+    resident = plan(gpu_cfg(**sizes), one_b)
+    cached = plan(gpu_cfg(**sizes, reference_logps="cached"), one_b)
+    assert (resident.reference, cached.reference) == ("copy", "cached")
+    assert resident.memory.reference > 0 and cached.memory.reference == 0
+    # the reference's fp32 logits of the micro-batch are gone too
+    logits = 4 * 2 * 2048 * 4 * 128256 / GIB
+    assert resident.memory.loss - cached.memory.loss == pytest.approx(logits)
+    assert cached.step.compute_s < resident.step.compute_s * 0.85  # no reference forward per step
+    assert "reference model cached" in describe(cached)
+    assert any(r.startswith("reference_logps cached: the reference step's") for r in cached.reasons)
+
+    mode, why = preference.reference_logps(preference.view(gpu_cfg(reference_logps="auto")))
+    assert mode == "cached" and why.startswith("reference_logps auto -> cached") and "frozen weights" in why
+    lora = preference.reference_logps(
+        preference.view(gpu_cfg(reference_logps="auto", finetuning_type="lora"))
+    )
+    assert lora[0] == "cached" and "frozen weights" not in lora[1]
+    qlora = gpu_cfg(reference_logps="auto", sft={"finetuning_type": "lora", "quantization_bit": 4})
+    assert preference.reference_logps(preference.view(qlora))[0] == "resident"
+    cpu_cfg = validate({"preference": {}})
+    assert preference.reference_logps(cpu_cfg)[0] == "resident"
+    assert "CPU processes" in preference.reference_logps(cpu_cfg)[1]
+    ignored = plan(gpu_cfg(loss="orpo", reference_logps="cached"), one_b)
+    assert ignored.reference == "none"
+    assert "reference_logps cached ignored: preference.loss orpo has no reference model" in ignored.reasons
+
+    view = preference.view(gpu_cfg(reference_logps="cached", reference="base", start_from="sft"))
+    data = _tokenized_pairs(tmp_path / "d", lengths=False)
+    args = pref_render(view, one_b, data, str(tmp_path / "y.yaml"), str(tmp_path / "ds.json"), "work",
+                       Platform.declared(view), ref_model="base")  # fmt: skip
+    assert args["llmft"]["reference_logps"] == f"results/{view['run']}/preference/reference/reference.json"
+    assert args["llmft"]["plan"]["reference"] == "cached" and "ref_model" not in args
+    assert "reference_logps" not in _rendered(tmp_path)["llmft"]  # the demo: auto, resident on CPU

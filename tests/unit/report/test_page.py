@@ -250,7 +250,6 @@ def test_a_stage_page_adds_its_section_and_summary_block(tmp_path):
 
     block = {"models": {"preference": {"preference_accuracy": 0.75}}}
     stage = SimpleNamespace(
-        METRICS=("preference_accuracy",),
         load=lambda cfg, run_dir: block,
         section=lambda b: '<h2 id="stage">a stage</h2>' if b else "",
         add_to_summary=lambda summary, b: summary.update(stage=b),
@@ -297,16 +296,21 @@ def test_the_gate_section_shows_both_models_on_the_same_rows():
 
 def test_the_gate_section_shows_which_task_a_night_lost(tmp_path):
     """Rows that name their task: both models' exact match per task beside the gate's metric, read
-    from the gate's two metrics.json files; a single task (or none) adds nothing."""
+    from the gate's two metrics.json files (llmft.nightly.gate's sides, as gate.json carries them);
+    a single task (or none) adds nothing."""
     from llmft.core.io import write_json
-    from llmft.report.page import compared_with, gate_scores, gate_section
+    from llmft.nightly.gate import heldout_sides
+    from llmft.report.page import gate_section
+
+    def gate_scores(run_dir):
+        return heldout_sides(run_dir, "night1")[0]
 
     common = {"rows": 40, "heldout_fingerprint": "ab12", "eval_loss": 0.2}
     write_json(tmp_path / "eval/gate/metrics.json", {**common, "exact_match": 0.6765,
                "exact_match_by_task": {"last": 0.3401, "repeat": 0.4427}})  # fmt: skip
     write_json(tmp_path / "eval/promoted/metrics.json", {**common, "exact_match": 0.8853,
                "exact_match_by_task": {"last": 0.9803, "repeat": 0.6618, "count": 1.0}})  # fmt: skip
-    gate, other = gate_scores(tmp_path), compared_with(tmp_path, "results/night1")
+    gate, other = heldout_sides(tmp_path, "night1")
     assert gate["exact_match_by_task"] == {"last": 0.3401, "repeat": 0.4427}
     html = gate_section({"gate": gate, "compared_with": other}, "exact_match")
     # the tasks both models were scored on, after the scores, in each model's row

@@ -33,12 +33,32 @@ def data_cache(ecfg: dict) -> Path:
 
 
 def task_manager(ecfg: dict, base_dir: Path):
-    for folder in include_paths(ecfg, base_dir):
+    include = include_paths(ecfg, base_dir)
+    for folder in include:
         if not Path(folder).is_dir():
             raise ConfigError(f"config key eval.benchmark_include_path: {folder} is not a folder")
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=include_paths(ecfg, base_dir) or None)
+    if include:  # indexing lm-eval's own ~14 000 task YAMLs costs each process tens of CPU seconds
+        local = TaskManager(include_path=include, include_defaults=False)
+        if all(_whole(local.task_index, bench["task"]) for bench in ecfg["benchmarks"]):
+            return local
+    return TaskManager(include_path=include or None)
+
+
+def _whole(index: dict, name: str, seen: frozenset = frozenset()) -> bool:
+    """Whether task or group `name` of an index of the include folders alone runs only tasks that
+    index holds: a tag, or a group naming a task the folders lack, may reach lm-eval's own tasks
+    (the full index has them; a name in both resolves to the include folder's, as in the full one)."""
+    from lm_eval.tasks._index import Kind
+
+    entry = index.get(name)
+    if entry is None or entry.kind == Kind.TAG:
+        return False
+    if entry.kind != Kind.GROUP or name in seen:
+        return True
+    subs = [sub.get("task") if isinstance(sub, dict) else sub for sub in (entry.cfg or {}).get("task", [])]
+    return all(isinstance(sub, str) and _whole(index, sub, seen | {name}) for sub in subs)
 
 
 def leaf_configs(index: dict, name: str, seen: frozenset = frozenset()) -> list[tuple[str, dict]]:

@@ -446,7 +446,7 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
     _schedule_checks(cfg)
     if cfg.get("preference") is not None:
         _preference_checks(cfg["preference"])
-    elif cfg["nightly"]["metric"] in PREFERENCE_METRICS:
+    elif is_preference_metric(cfg["nightly"]["metric"]):
         raise ConfigError(
             f"config key nightly.metric: {cfg['nightly']['metric']} needs a preference stage (config "
             "key preference); set one or gate on another metric"
@@ -455,6 +455,18 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
 
 # nightly.metric values that the preference stage's evaluation produces (held-out pairs, not rows).
 PREFERENCE_METRICS = ("preference_accuracy", "reward_margin")
+# The held-out metrics of a model's evaluation (evaluate): summary.json's base and tuned, and the
+# nightly gate's scores of both models on a held-out nightly.metric.
+HELDOUT_METRICS = ("eval_loss", "perplexity", "exact_match", "rouge_1", "rouge_2", "rouge_l", "bleu_4")
+# The nightly gate's verdict in a run's folder: written by the gate rule (llmft.nightly.gate), read by
+# the run's report and by the nightly.
+GATE_FILE = Path("nightly") / "gate.json"
+
+
+def is_preference_metric(metric: str) -> bool:
+    """Whether nightly.metric is scored by the preference stage on its held-out pairs (the config
+    check, the DAG's gate jobs and the nightly gate ask this, here only)."""
+    return metric in PREFERENCE_METRICS
 
 
 # preference.* keys that only one method or loss reads: (key, who reads it, the test).

@@ -23,6 +23,18 @@ USER = "user"
 ASSISTANT = "assistant"
 OBSERVATION = "observation"
 FUNCTION = "function"
+SYSTEM = "system"
+
+# LLaMA-Factory's default sharegpt tag of each role: how llmft writes sharegpt rows of its own.
+DEFAULT_SHAREGPT_TAG = {
+    USER: "human",
+    ASSISTANT: "gpt",
+    OBSERVATION: "observation",
+    FUNCTION: "function_call",
+    SYSTEM: "system",
+}
+# Every role name llmft reads, in either spelling (the role's own name or its sharegpt tag) -> the role.
+ROLE_OF = {tag: role for role, tag in DEFAULT_SHAREGPT_TAG.items()} | {r: r for r in DEFAULT_SHAREGPT_TAG}
 
 # dataset_info.json tags for a sharegpt split written in these role names: LLaMA-Factory's tag
 # mapping then maps every role to itself.
@@ -33,7 +45,7 @@ SHAREGPT_TAGS = {
     "assistant_tag": ASSISTANT,
     "observation_tag": OBSERVATION,
     "function_tag": FUNCTION,
-    "system_tag": "system",
+    "system_tag": SYSTEM,
 }
 
 

@@ -30,6 +30,7 @@ class Objective:
     # sequences one row puts through the model in one batch (a preference pair's chosen and rejected)
     sequences_per_row: int = 1
     # the reference model's weights on each GPU: none | forward (the policy with its adapter off) | copy
+    # | cached (its log-probabilities read from a step before training: no weights, no forward)
     reference: str = "none"
     # the loss needs the logits themselves (log-probabilities of every answer token): Liger's fused
     # loss saves nothing there, and LLaMA-Factory's padded forward keeps more per token
@@ -51,6 +52,8 @@ class Objective:
     packs_rows: bool = True
     # the stage trains prepare_data's rows, so a continued run's plan counts its cost against a retrain
     continues: bool = True
+    # keys of the rendered YAML's `llmft:` block for the objective's trainer patches (llmft.worker)
+    worker: dict = field(default_factory=dict)
 
     @property
     def in_plan(self) -> bool:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmft.core.conversation import ROLE_OF
 from llmft.core.io import path_problem
 from llmft.core.text import clean_text
 
@@ -42,10 +43,8 @@ ROW_TOO_LARGE = "row_too_large"
 TOO_DEEP = "too_deep"
 
 FORMATS = ("alpaca", "sharegpt")
-ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
-# LLaMA-Factory's sharegpt tags for tool turns (the same in both spellings), to its role names.
-TOOL_ROLES = {"function_call": "function", "observation": "observation"}
-# Tool roles of other formats (OpenAI's): named in the error, not guessed at.
+# Tool roles of other formats (OpenAI's): named in the error, not guessed at. Every other name of
+# conversation.ROLE_OF is read (a sharegpt tag or LLaMA-Factory's role name).
 OTHER_TOOL_ROLES = {"function", "tool"}
 
 _BLOCK = 1 << 20
@@ -351,10 +350,10 @@ def check_sharegpt(raw: object) -> dict:
                 f"unknown role {role!r}: sharegpt tool turns are 'function_call' and 'observation'",
                 f"{where}.{role_key}",
             )
-        if role not in ROLES and role not in TOOL_ROLES:
-            known = ", ".join(sorted({*ROLES, *TOOL_ROLES}))
+        if role not in ROLE_OF:
+            known = ", ".join(sorted(set(ROLE_OF) - OTHER_TOOL_ROLES))
             raise _Invalid(UNKNOWN_ROLE, f"unknown role {role!r} (known: {known})", f"{where}.{role_key}")
-        lf_role = ROLES.get(role) or TOOL_ROLES[role]
+        lf_role = ROLE_OF[role]
         content = _text(msg.get(content_key), f"{where}.{content_key}", lf_role != "system")
         if lf_role == "system":
             if turns or i != 1:

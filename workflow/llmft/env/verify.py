@@ -33,6 +33,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from llmft.core import quarantine as stack_quarantine
 from llmft.core import slurm
 from llmft.core import stack as stack_fp
 from llmft.core.config import layout
@@ -40,7 +41,8 @@ from llmft.core.io import read_json, write_json
 from llmft.core.launch import dies_with_this_process, launch_env
 from llmft.core.platform import Platform
 from llmft.env import collectives
-from llmft.env.rules import judge_run
+from llmft.env.quarantine import node_quarantine
+from llmft.env.rules import Finding, judge_run
 
 # verify_env's torchrun listens this far below sft's port (slurm.rendezvous_port: 29500 + job id
 # mod 2000), so the two ranges never overlap and both stay below Linux's ephemeral ports (32768+).
@@ -127,6 +129,10 @@ def probe_node(env: dict, scratch: Path, budget_s: float, cfg: dict) -> dict:
             facts["probe_error"] = canary["probe_error"]
         else:
             facts["canary"] = canary
+    if "probe_error" not in facts:  # the stack quarantine (nightly.on_stack_change), on this node
+        quarantine = node_quarantine(env, scratch, facts, cfg, budget_s, t0)
+        if quarantine is not None:
+            facts["quarantine"] = quarantine
     return facts
 
 
@@ -428,6 +434,10 @@ def _report(cfg, out_path, alloc, vendor, nodes, coll, t0, timeout_s) -> int:
     if alloc.node_rank != 0:
         return 0
     findings, thresholds = judge_run(nodes, coll, cfg, vendor, alloc.nnodes)
+    quarantine = _quarantine(cfg, nodes)
+    if quarantine is not None:
+        fix = "" if quarantine["ok"] else QUARANTINE_FIX
+        findings.append(Finding("quarantine", quarantine["ok"], quarantine["message"], fix))
     ok = all(f.ok for f in findings)
     for facts in nodes:  # each node's stack fingerprint, then the run's (llmft.core.stack)
         facts["stack_fingerprint"] = stack_fp.fingerprint(facts)
@@ -444,6 +454,8 @@ def _report(cfg, out_path, alloc, vendor, nodes, coll, t0, timeout_s) -> int:
         "collectives": {k: v for k, v in coll.items() if k != "nodes"},
         "findings": [asdict(f) for f in findings],
     }
+    if quarantine is not None:
+        report["quarantine"] = quarantine
     for f in findings:
         mark = "ok  " if f.ok else "FAIL"
         print(f"[verify_env] {mark} {f.check}: {f.message}" + (f"\n    fix: {f.fix}" if f.fix else ""))
@@ -452,13 +464,35 @@ def _report(cfg, out_path, alloc, vendor, nodes, coll, t0, timeout_s) -> int:
     print(f"[verify_env] stack {st['hash']}{differs}")
     print(f"[verify_env] {'passed' if ok else 'FAILED'} in {report['elapsed_s']} s", flush=True)
     write_json(out_path, report)
-    if not ok and cfg["verify"]["on_failure"] == "fail":
+    # A failed quarantine stops the night whatever verify.on_failure says (nightly.on_stack_change).
+    if not ok and (cfg["verify"]["on_failure"] == "fail" or not (quarantine or {"ok": True})["ok"]):
         # Keep the report where a failed job's outputs are not deleted.
         failed = Path(out_path).with_name("verify.failed.json")
         write_json(failed, report)
         print(f"[verify_env] environment check failed; report: {failed}", file=sys.stderr)
         return 1
     return 0
+
+
+QUARANTINE_FIX = (
+    "the night's software stack differs from the promoted run's (verify.json's quarantine has every "
+    "check's numbers): fix the component the failed check points at, or return to the promoted run's "
+    "stack; nightly.on_stack_change: allow trains on a changed stack unchecked"
+)
+
+
+def _quarantine(cfg: dict, nodes: list[dict]) -> dict | None:
+    """verify.json's `quarantine` from every node's (llmft.core.quarantine.summarize); None when the
+    night asked for none (no nightly.compare_with) or no node reported one (injected facts)."""
+    per_node = {
+        str(facts.get("host") or f"node{i}"): facts["quarantine"]
+        for i, facts in enumerate(nodes)
+        if isinstance(facts.get("quarantine"), dict)
+    }
+    if not (cfg.get("nightly") or {}).get("compare_with") or not per_node:
+        return None
+    promoted = Path(cfg["nightly"]["compare_with"]).name
+    return stack_quarantine.summarize(per_node, cfg["nightly"]["on_stack_change"], promoted)
 
 
 def gate(cfg: dict, verify_path: str) -> None:

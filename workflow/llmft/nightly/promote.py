@@ -20,6 +20,7 @@ from pathlib import Path
 from llmft.core.config import ConfigError, validate
 from llmft.core.io import read_json, write_json
 from llmft.core.lineage import recorded_lineage, run_problems
+from llmft.nightly.gate import promoted_record
 from llmft.nightly.lock import Lock
 
 # How a promotion by the nightly gate is recorded in the history (run._judge).
@@ -65,15 +66,8 @@ def set_current(results: Path, run: str, reason: str) -> None:
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(run, target_is_directory=True)
     os.replace(tmp, results / "current")
-    scores = summary.get("gate") or summary  # the gate's rows when the night scored them (run.gate_view)
-    record = {
-        "run": run,
-        "reason": reason,
-        "tuned": scores.get("tuned"),
-        "heldout_fingerprint": scores.get("heldout_fingerprint"),
-    }
-    if summary.get("benchmarks"):  # the promoted model's scores, for the next night's forgetting budget
-        record["benchmarks"] = summary["benchmarks"]["tasks"]
+    # the scores the next night's gate compares against (gate.promoted_record), and why
+    record = {**promoted_record(summary), "run": run, "reason": reason}
     write_json(results / "current.json", record)
 
 

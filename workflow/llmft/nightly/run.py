@@ -1,7 +1,9 @@
 """Nightly retrains that are safe to leave unattended.
 
-`python -m llmft nightly` = lock → skip when nothing changed → `snakemake` for a run named by date →
-promotion gate → retention. State lives in `results/nightly/state.json`; the promoted run is the
+`python -m llmft nightly` = lock → skip when nothing changed → `snakemake` for a run named by date
+(its verify_env quarantines a changed software stack: llmft.nightly.quarantine; its gate rule writes
+the verdict, nightly/gate.py; its report renders it) → promote or refuse as the verdict says →
+retention → the trend page. State lives in `results/nightly/state.json`; the promoted run is the
 symlink `results/current` (and `results/current.json`, which says why).
 """
 
@@ -18,13 +20,13 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from llmft.core.config import BUILTIN_DATA, PREFERENCE_METRICS, ConfigError, is_run_name, validate
+from llmft.core.config import BUILTIN_DATA, ConfigError, is_run_name, validate
 from llmft.core.io import read_json, write_json, write_text
 from llmft.core.lineage import recorded_lineage
+from llmft.nightly import gate
 from llmft.nightly.lock import Lock, NightlyLocked
 from llmft.nightly.promote import GATE_WHY, PromotionError, current_run, protected, record, set_current
-
-LOWER_IS_BETTER = {"eval_loss"}
+from llmft.nightly.quarantine import passed_stacks, take, verdict
 
 
 def _hash_file(path: Path, h) -> None:
@@ -61,66 +63,6 @@ def config_fingerprint(cfg: dict) -> str:
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def gate(new: dict, current: dict | None, metric: str, tolerance: float) -> tuple[bool, str]:
-    """Promote unless the new model is worse than the current one by more than `tolerance`; `new`
-    is gate_view(summary): its scores on the rows (or pairs) `current`'s were scored on. A score
-    that is missing is a rejection naming the metric and the run, never a promotion."""
-    value = (new.get("tuned") or {}).get(metric)
-    if value is None:
-        return False, f"rejected: run {new['run']} has no {metric} score in its summary.json (nightly.metric)"
-    if current is None:
-        return True, f"first promoted model ({metric} {value:.4f})"
-    ref = (current.get("tuned") or {}).get(metric)
-    if ref is None:
-        return False, (
-            f"rejected: not compared: the promoted run {current['run']} has no {metric} score "
-            f"(nightly.metric) on the rows run {new['run']} was scored on"
-        )
-    unit = new.get("rows_unit") or "rows"
-    rows = f" on {new['heldout_rows']} held-out {unit}" if new.get("heldout_rows") else ""
-    ok = value <= ref + tolerance if metric in LOWER_IS_BETTER else value >= ref - tolerance
-    verdict = "promoted" if ok else "rejected"
-    return ok, (
-        f"{verdict}: {metric} {value:.4f} vs current {ref:.4f} (run {current['run']}){rows}; "
-        f"{_change(metric, value, ref)}, tolerance {tolerance}"
-    )
-
-
-def _change(metric: str, value: float, ref: float) -> str:
-    """ "better by 0.0175" / "worse by 0.0040": the difference of the two scores as printed, so the
-    words agree with the numbers beside them."""
-    gain = round(value, 4) - round(ref, 4)
-    gain = -gain if metric in LOWER_IS_BETTER else gain
-    if abs(gain) < 0.00005:
-        return "the same to 4 decimals"
-    return f"{'better' if gain > 0 else 'worse'} by {abs(gain):.4f}"
-
-
-def benchmark_gate(new: dict, current: dict | None, budget: dict) -> tuple[bool, str]:
-    """Refuse a model whose benchmark score fell below the promoted model's by more than the task's
-    budget (nightly.max_benchmark_drop); a task the promoted model was not scored on is not gated."""
-    if not budget or current is None:
-        return True, ""
-    ours = (new.get("benchmarks") or {}).get("tasks", {})
-    theirs = current.get("benchmarks") or {}
-    over, checked = [], 0
-    for task, row in ours.items():
-        limit = budget.get(task, budget.get("*"))
-        ref = theirs.get(task)
-        if limit is None or ref is None or ref.get("metric") != row["metric"]:
-            continue
-        checked += 1
-        drop = (ref["tuned"] - row["tuned"]) if row["higher_is_better"] else (row["tuned"] - ref["tuned"])
-        if drop > limit:
-            over.append(
-                f"{task} {row['metric']} {row['tuned']:.4f} vs current {ref['tuned']:.4f}: "
-                f"dropped {drop:.4f}, budget {limit}"
-            )
-    if over:
-        return False, f"rejected: benchmark forgetting (run {current['run']}): " + "; ".join(over)
-    return True, f"benchmarks within budget ({checked} task(s))"
-
-
 def _run_logged(cmd: list[str], log_path: Path) -> int:
     """Run a command, logged; forward SIGTERM as SIGINT (Snakemake ignores TERM while jobs run)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -135,16 +77,12 @@ def _run_logged(cmd: list[str], log_path: Path) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
-def _pages(cmd: list[str], results: Path, run: str, log_path: Path) -> int:
-    """The run's page again through Snakemake's report job (it now shows the promotion), then the
-    trend page across the runs retention kept (`llmft trend`). 0, or 1 when either fails."""
-    page = str(results / run / "report" / "index.html")
-    if _run_logged([*cmd, "--forcerun", "report", "--", page], log_path) != 0:
-        print(f"[nightly] run {run}: re-rendering its page failed; see {log_path}", file=sys.stderr)
-        return 1
+def _trend(results: Path, run: str, log_path: Path) -> int:
+    """The trend page across the runs retention kept (`llmft trend`), with the night's verdict; the
+    run's own page already shows it (the report rendered gate.json). 0, or 1 when it fails."""
     trend = [sys.executable, "-m", "llmft", "trend", "--results-dir", str(results)]
     if _run_logged([*trend, "--out", str(results / "trend.html")], log_path) != 0:
-        print(f"[nightly] the trend page failed; see {log_path}", file=sys.stderr)
+        print(f"[nightly] run {run}: the trend page failed; see {log_path}", file=sys.stderr)
         return 1
     return 0
 
@@ -216,7 +154,9 @@ def nightly(
     configfile: str | None = None,
 ) -> int:
     """One scheduled night. Exit codes: 0 done or skipped, 1 failed, 2 refused before any job (the
-    promoted model is missing or broken), 3 locked. `configfile`: the config file snakemake runs."""
+    promoted model is missing or broken) or before any training (the stack quarantine: verify_env's
+    checks failed on a changed stack, nightly.on_stack_change), 3 locked. `configfile`: the config
+    file snakemake runs."""
     try:  # config key run's rule, as Snakemake's run wildcard: no path, not current or nightly
         validate({"run": run})
     except ConfigError as exc:
@@ -243,15 +183,19 @@ def nightly(
                 print(f"[nightly] run {run} refused before any job: {exc}", file=sys.stderr)
                 return 2
             night.update(started_from=start["continue_from"] or "base model", note=start["note"])
+            start["quarantine_passed"] = passed_stacks(results, state, start["promoted"])
             files = _configfiles(results, run, start, [configfile] if configfile else [])
             cmd = _snakemake_command(profile, run, [*files, *(snakemake_args or [])])
             log_path = results / "nightly" / f"{run}.log"
             rc = _train(cmd, run, start, log_path)
             night.update(at=_now(), seconds=round(time.time() - t0, 1))
-            if rc != 0:
-                error = _config_error(log_path)
-                why = f"snakemake exited {rc}" + (f": {error}" if error else "")
-                night.update(status="failed", reason=f"{why}; see results/nightly/{run}.log")
+            if take(state, night, verdict(results, run, t0), night["at"]):  # the stack quarantine
+                _record(state, night)
+                write_json(state_path, state)
+                print(f"[nightly] run {run} refused before any training: {night['reason']}", file=sys.stderr)
+                return 2
+            if rc != 0 or not (results / run / "report" / "summary.json").exists():
+                night.update(status="failed", reason=_failure(rc, run, log_path))
                 _record(state, night)
                 write_json(state_path, state)
                 print(f"[nightly] run {run} FAILED: {night['reason']}", file=sys.stderr)
@@ -261,7 +205,7 @@ def nightly(
             write_json(state_path, state)  # the verdict is kept whatever retention meets
             _retain_logged(results, state, cfg["nightly"])
             write_json(state_path, state)
-            return _pages(cmd, results, run, log_path)
+            return _trend(results, run, log_path)
     except NightlyLocked as exc:
         print(f"[nightly] {exc}", file=sys.stderr)
         return 3
@@ -303,14 +247,9 @@ def starting_point(cfg: dict, results: Path) -> dict:
     mode = cfg["nightly"]["mode"]
     promoted = current_run(results, f"nightly.mode {mode}")
     point = {"promoted": promoted, "continue_from": None, "note": None}
-    if promoted and cfg["nightly"]["metric"] in PREFERENCE_METRICS:
-        model = results / promoted / "preference" / "model"
-        if not model.is_dir():
-            raise PromotionError(
-                f"nightly.metric {cfg['nightly']['metric']}: the promoted run {promoted} has no "
-                f"preference model ({model} does not exist) to score on tonight's held-out pairs; "
-                "promote a run with a preference stage (`llmft promote RUN`) or gate on another metric"
-            )
+    problem = gate.promoted_problem(cfg, results, promoted)
+    if problem:
+        raise PromotionError(problem)
     if mode == "retrain":
         return point
     if promoted:
@@ -333,6 +272,8 @@ def _configfiles(results: Path, run: str, start: dict, files: list[str]) -> list
     over = {}
     if start["promoted"]:
         over["nightly"] = {"compare_with": f"results/{start['promoted']}"}
+        if start.get("quarantine_passed"):  # stacks that passed a quarantine already
+            over["nightly"]["quarantine_passed"] = start["quarantine_passed"]
     if start["continue_from"]:
         over["model"] = {"continue_from": start["continue_from"]}
     if over:
@@ -355,6 +296,21 @@ def _train(cmd: list[str], run: str, start: dict, log_path: Path) -> int:
         log.write("".join(line + "\n" for line in lines))
     print("\n".join(lines), flush=True)
     return _run_logged(cmd, log_path)
+
+
+def _failure(rc: int, run: str, log_path: Path) -> str:
+    """Why a night failed: snakemake's exit code (with the config error it stopped on), or, when it
+    exited 0 without the run's summary.json (a target or --until among the snakemake arguments
+    stopped it before the report), that; nothing is judged either way."""
+    if rc == 0:
+        return (
+            f"snakemake exited 0 without results/{run}/report/summary.json (a target or --until among "
+            "the snakemake arguments stops before the report): nothing to judge; "
+            f"see results/nightly/{run}.log"
+        )
+    error = _config_error(log_path)
+    why = f"snakemake exited {rc}" + (f": {error}" if error else "")
+    return f"{why}; see results/nightly/{run}.log"
 
 
 def _config_error(log_path: Path) -> str | None:
@@ -405,70 +361,18 @@ def _snakemake_command(profile: str, run: str, snakemake_args: list[str] | None)
 
 
 def _judge(cfg: dict, results: Path, run: str, night: dict, state: dict) -> None:
-    """Whether the trained run replaces the promoted one (the gate); records the verdict in `night`,
-    and a promotion in the state's history."""
-    summary = read_json(results / run / "report" / "summary.json")
+    """Act on the gate's verdict (nightly/gate.py: the run's gate.json, or on a first night the
+    verdict from its summary.json): record it in `night` and the run's promotion.json, and on
+    promotion move results/current and add the move to the state's history."""
     current = read_json(results / "current.json") if (results / "current.json").exists() else None
-    reference, mismatch = same_rows_reference(summary, current)
-    metric, tol = cfg["nightly"]["metric"], cfg["nightly"]["tolerance"]
-    if mismatch:
-        ok, reason = False, mismatch
-    else:
-        ok, reason = gate(gate_view(summary), reference, metric, tol)
-    if ok:
-        ok, why = benchmark_gate(summary, reference, cfg["nightly"]["max_benchmark_drop"])
-        reason = why if not ok else "; ".join(filter(None, [reason, why]))
-    night.update(
-        status="promoted" if ok else "rejected",
-        reason=reason,
-        metric={metric: (gate_view(summary)["tuned"] or {}).get(metric)},
-    )
+    verdict = gate.night_verdict(cfg, results / run, current)
+    ok, reason = verdict["status"] == "promoted", verdict["reason"]
+    night.update(status=verdict["status"], reason=reason, metric=verdict["score"])
     write_json(results / run / "promotion.json", night)
     if ok:
         set_current(results, run, reason)
         record(state, "promote", current["run"] if current else None, run, GATE_WHY + reason)
     print(f"[nightly] run {run} {reason}")
-
-
-def gate_view(summary: dict) -> dict:
-    """The new model's scores the gate compares: its `gate` scores (eval/gate: every held-out row, or
-    nightly.gate_max_rows) when the night scored them, else the page's (eval.max_rows rows)."""
-    scores = summary.get("gate") or summary
-    return {
-        "run": summary["run"],
-        "tuned": scores.get("tuned"),
-        "heldout_rows": scores.get("heldout_rows"),
-        "heldout_fingerprint": scores.get("heldout_fingerprint"),
-        "rows_unit": scores.get("rows_unit"),  # pairs (or KTO rows) on a preference metric
-    }
-
-
-def same_rows_reference(summary: dict, current: dict | None) -> tuple[dict | None, str | None]:
-    """The promoted model's held-out scores on the rows the new model was scored on: (reference,
-    None), or (None, why not) when no such scores exist; (None, None) when nothing is promoted.
-
-    The split never moves (rows are assigned by content), but appended rows add held-out rows, so
-    the promoted model's own summary scored other rows than tonight's. The nightly therefore has
-    tonight's run score the promoted model too (nightly.compare_with -> eval/promoted, in the
-    summary as `compared_with`), and its own tuned model again (eval/gate, the summary's `gate`),
-    both on every held-out row; the fingerprint of the rows each evaluation scored must match.
-    """
-    if current is None:
-        return None, None
-    promoted = current["run"]
-    ref = {"run": promoted, "tuned": current.get("tuned"), "benchmarks": current.get("benchmarks")}
-    fingerprint = current.get("heldout_fingerprint")
-    compared = summary.get("compared_with") or {}
-    if compared.get("run") == promoted:  # the promoted model, scored in tonight's run
-        ref["tuned"], fingerprint = compared["tuned"], compared.get("heldout_fingerprint")
-    ours = gate_view(summary)["heldout_fingerprint"]
-    if ours is None or ours != fingerprint:
-        return None, (
-            f"rejected: not compared: run {summary['run']} was scored on held-out rows {ours} and the "
-            f"promoted run {promoted} on {fingerprint}; the gate compares scores on the same rows only "
-            f"(nightly.compare_with scores the promoted model on this run's held-out split)"
-        )
-    return ref, None
 
 
 def _now() -> str:

@@ -1,5 +1,6 @@
 """The preference stage's CLI commands, which llmft.__main__ collects: prepare-preference,
-evaluate-preference, and its training view for render-sft / plan --stage preference (TRAINING)."""
+reference-logps, evaluate-preference, and its training view for render-sft / plan --stage preference
+(TRAINING)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from llmft.core.cli import add_max_rows, config_of, read_sources, template_for
 from llmft.core.config import ConfigError
 from llmft.core.imports import UNUSED, UNUSED_BY_INFERENCE
 from llmft.preference import stage
+from llmft.preference.reference import SHARD_SEQUENCES, STORE
 
 # render-sft and plan's --stage: the config view and objective sft's planner and renderer take.
 TRAINING = {"preference": stage.training}
@@ -40,12 +42,52 @@ def cmd_prepare_preference(args) -> int:
     return 0
 
 
+def cmd_reference_logps(args) -> int:
+    """The reference step: the reference model's log-probabilities of every tokenized sequence into
+    the shared store (only those it lacks), the run's record to --out."""
+    import sys
+
+    from llmft.preference.reference import ReferenceError, reference_pass
+
+    cfg = config_of(args)
+    try:
+        record = reference_pass(
+            args.model, args.data_dir, args.out, dtype=cfg["sft"]["precision"], store_root=args.store,
+            processes=args.processes, shard_sequences=args.shard_sequences, batch_budget=args.batch_tokens,
+        )  # fmt: skip
+    except ReferenceError as exc:
+        print(f"llmft: reference error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: record[k] for k in ("sequences", "computed", "reused", "model", "store")}))
+    return 0
+
+
+def _cached_heldout_logps(args, cfg: dict) -> int:
+    """evaluate-preference --logps-only --reference-cache: the reference model's log-probabilities of
+    the held-out pairs from the reference store (computing only those it lacks), in the gate's files."""
+    import sys
+
+    from llmft.preference.reference import ReferenceError, heldout_logps
+
+    limit = cfg["eval"]["max_rows"] if args.max_rows is None else args.max_rows
+    out = str(Path(args.out_dir) / "logps.jsonl")
+    try:
+        heldout_logps(args.model, str(Path(args.heldout).parent), out, limit, cfg["sft"]["precision"],
+                      store_root=args.reference_cache)  # fmt: skip
+    except ReferenceError as exc:
+        print(f"llmft: reference error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_evaluate_preference(args, evaluation: Callable[[], tuple]) -> int:
     """`evaluation()`: evaluate's loss and generation passes (answer_nll, evaluate), which the CLI
     gives the stage: it imports no other stage."""
     from llmft.preference.evaluate import evaluate_model, logps
 
     cfg = config_of(args)
+    if args.logps_only and args.reference_cache:  # a reference model's, from the reference store
+        return _cached_heldout_logps(args, cfg)
     score_answers, generate = evaluation()
     if args.logps_only:  # the nightly gate's pass: log-probabilities only, no generation
         out = str(Path(args.out_dir) / "logps.jsonl")
@@ -69,6 +111,20 @@ def register(add, evaluation: Callable[[], tuple]) -> dict:
         help="check, dedup, split and tokenize the preference.data sources (pairs or KTO rows)",
     )
     p = add(
+        "reference-logps",
+        cmd_reference_logps,
+        "model=the reference model's folder",
+        "data-dir=prepare_preference's folder (its tokenized/ train and held-out sequences)",
+        "out=the run's record (JSON): model and sequence fingerprints, the shards holding them",
+        help="the reference model's log-probabilities of every preference sequence, cached by content",
+    )
+    p.add_argument("--store", default=STORE, help=f"the shared store (default {STORE})")
+    p.add_argument("--processes", type=int, default=0, help="0 = one per GPU (one on CPU)")
+    p.add_argument("--shard-sequences", type=int, default=SHARD_SEQUENCES, help="sequences per shard file")
+    p.add_argument(
+        "--batch-tokens", type=int, default=0, help="tokens per forward batch (0 = from free memory)"
+    )
+    p = add(
         "evaluate-preference",
         evaluate_preference,
         "model=the model folder to score",
@@ -83,8 +139,15 @@ def register(add, evaluation: Callable[[], tuple]) -> dict:
         action="store_true",
         help="log-probabilities only (logps.jsonl, rows.json), no generation: the nightly gate's pass",
     )
+    p.add_argument(
+        "--reference-cache",
+        default="",
+        help="with --logps-only: a reference model's log-probabilities from this reference store "
+        f"({STORE}; prepare_preference's tokenized pairs beside --heldout), not evaluate's pass",
+    )
     add_max_rows(p)
     return {
         cmd_prepare_preference: UNUSED + ("torchao",),
+        cmd_reference_logps: UNUSED_BY_INFERENCE,
         evaluate_preference: UNUSED_BY_INFERENCE,
     }

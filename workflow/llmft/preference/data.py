@@ -51,6 +51,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from llmft.core.conversation import DEFAULT_SHAREGPT_TAG, ROLE_OF
 from llmft.core.dedup import SeenKeys
 from llmft.core.heldout import is_heldout
 from llmft.core.io import write_json
@@ -87,9 +88,6 @@ BAD_TAG = "bad_tag"
 TOO_LONG = "too_long"
 DUPLICATE = "duplicate"
 EXAMPLES_KEPT = 20
-# LLaMA-Factory's role names to its default sharegpt tags, in which the canonical rows are written.
-_TAGS = {"user": "human", "assistant": "gpt", "observation": "observation", "function": "function_call"}
-_ROLES = {v: k for k, v in _TAGS.items()}
 
 
 # -- the builtin task
@@ -208,7 +206,8 @@ def _sft_check(prompt_raw: dict, answer: tuple[str, str] | None, fmt: str, sourc
         return row
     from llmft.core import conversation
 
-    msgs = [{"from": _TAGS[m["role"]], "value": m["content"]} for m in conversation.messages(row)]
+    tag = DEFAULT_SHAREGPT_TAG
+    msgs = [{"from": tag[m["role"]], "value": m["content"]} for m in conversation.messages(row)]
     return msgs, conversation.system(row), conversation.tools(row)
 
 
@@ -372,14 +371,14 @@ def content_key(row: dict) -> str:
 
 def aligned(row: dict) -> dict:
     """What LLaMA-Factory's sharegpt converter makes of a canonical row (_prompt, _response, ...)."""
-    msgs = [{"role": _ROLES[m["from"]], "content": m["value"]} for m in row["messages"]]
+    msgs = [{"role": ROLE_OF[m["from"]], "content": m["value"]} for m in row["messages"]]
     if "kto_tag" in row:
         empty = {"role": "assistant", "content": ""}
         prompt, response = msgs[:-1], [msgs[-1], empty] if row["kto_tag"] else [empty, msgs[-1]]
     else:
         prompt = msgs
         response = [
-            {"role": _ROLES[row[s]["from"]], "content": row[s]["value"]} for s in ("chosen", "rejected")
+            {"role": ROLE_OF[row[s]["from"]], "content": row[s]["value"]} for s in ("chosen", "rejected")
         ]
     return {
         "_prompt": prompt,

@@ -28,6 +28,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+from llmft.core.conversation import ROLE_OF
 from llmft.core.heldout import heldout_fingerprint, heldout_rows
 from llmft.core.io import read_json, read_jsonl, write_json, write_jsonl
 
@@ -39,14 +40,10 @@ ScoreAnswers = Callable[[dict, str, list, int], dict]
 # evaluate's generation pass (llmft.evaluate.run.evaluate), given by the CLI.
 Generate = Callable[..., dict]
 
-# LLaMA-Factory's sharegpt role names -> the canonical message roles (conversation.py).
-ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-         "observation": "observation", "function_call": "function", "function": "function"}  # fmt: skip
-
 
 def _msg(m: dict) -> dict:
     role = m.get("from", m.get("role"))
-    return {"role": ROLES.get(role, role), "content": m.get("value", m.get("content", ""))}
+    return {"role": ROLE_OF.get(role, role), "content": m.get("value", m.get("content", ""))}
 
 
 def answer_rows(pref_rows: list[dict]) -> tuple[str, list[dict]]:

@@ -26,8 +26,6 @@ log = logging.getLogger("llmft.report")
 
 # summary.json's model names -> the folders of results/<run>/preference/eval/.
 MODELS = {"base": "base", "sft": "tuned", "preference": "preference"}
-# The nightly metrics this section's gate compares (report.page asks gate_blocks for them).
-METRICS = PREFERENCE_METRICS
 GENERATION = ("exact_match", "rouge_l", "eval_loss")
 # The page's comparisons, in order; reward_margin is left blank for the reference model.
 COMPARED = (
@@ -139,7 +137,8 @@ def load(cfg: dict, run_dir: Path) -> dict | None:
 
 
 def gate_blocks(cfg: dict, run_dir: Path) -> tuple[dict, dict]:
-    """summary.json's `gate` and `compared_with` on a preference nightly.metric: this run's preference
+    """The nightly gate's two sides on a preference nightly.metric (gate.json's and summary.json's
+    `gate` and `compared_with`; `llmft gate` gives this to llmft.nightly.gate): this run's preference
     model and the promoted run's (nightly.compare_with), each against its own reference model (base:
     the one base model; sft: each run's sft model), on this run's held-out pairs (preference/gate/)."""
     folder = run_dir / "preference" / "gate"
@@ -219,5 +218,5 @@ def add_to_summary(summary: dict, block: dict) -> None:
     model is read from `tuned`: the run's final model, the preference-tuned one (on the page's
     eval.max_rows pairs)."""
     summary["preference"] = block
-    for m in METRICS:
+    for m in PREFERENCE_METRICS:
         summary["tuned"][m] = block["models"].get("preference", {}).get(m)

@@ -37,6 +37,9 @@ AUTO_LR = {"full": 5e-7, "freeze": 5e-7, "lora": 5e-6}
 # loss moved 0.09 % and its held-out likelihood accuracy not at all; at 1e-3 (sft's demo rate), in
 # the same 11 steps, likelihood accuracy went 0.24 -> 0.83.
 TINY_LR = 1e-3
+# The run's reference record (the preference_reference step's output), which the training worker reads
+# when the reference's log-probabilities are cached (llmft.preference.refpatch).
+REFERENCE_RECORD = "results/{run}/preference/reference/reference.json"
 # The sft keys the preference stage sets itself.
 OWN_KEYS = (
     "num_train_epochs",
@@ -111,7 +114,7 @@ def llamafactory_args(cfg: dict, ref_model: str | None) -> dict:
             kto_chosen_weight=pref["kto_desirable_weight"],
             kto_rejected_weight=pref["kto_undesirable_weight"],
         )
-    if reference(cfg) == "base" and ref_model:
+    if reference(cfg) == "base" and ref_model and reference_logps(cfg)[0] != "cached":
         args["ref_model"] = ref_model
     return args
 
@@ -159,9 +162,52 @@ def check_data(objective: Objective, data_dir: str) -> None:
     )
 
 
+def reference_logps(cfg: dict) -> tuple[str, str]:
+    """(none | resident | cached, why): where the reference's log-probabilities come from
+    (preference.reference_logps), decided from the config alone, as the DAG holds the reference step
+    or not. `auto`: cached on GPUs, where it saves the reference's weights (full/freeze) and its
+    forward pass in every step; resident on CPU processes."""
+    setting = cfg["preference"]["reference_logps"]
+    if reference(cfg) == "none":
+        why = "" if setting == "auto" else (
+            f"reference_logps {setting} ignored: preference.loss {cfg['preference']['loss']} has no "
+            "reference model"
+        )  # fmt: skip
+        return "none", why
+    quantized = finetuning_type(cfg) == "lora" and cfg["sft"]["quantization_bit"] != "none"
+    if setting == "cached":
+        return "cached", (
+            "reference_logps cached: the reference step's log-probabilities of every sequence "
+            "(results/cache/reference/), no reference model loaded or run in training"
+            + ("; the reference is the unquantized model, not the quantized base" if quantized else "")
+        )
+    if setting == "resident":
+        return "resident", ""
+    if quantized:
+        return "resident", (
+            f"reference_logps auto -> resident: sft.quantization_bit {cfg['sft']['quantization_bit']}, "
+            "so the resident reference is the quantized base (no extra weights); the reference step "
+            "would score the unquantized model"
+        )
+    hw = cfg["hardware"]
+    if hw["gpus_per_node"] == 0 or hw["vendor"] == "cpu":
+        return "resident", (
+            "reference_logps auto -> resident: CPU processes, where the reference's forward in each "
+            "step costs less than a job of its own (model load, process start); cached skips it"
+        )
+    saves = "its frozen weights on each GPU and " if reference_weights(cfg) == "copy" else ""
+    return "cached", (
+        f"reference_logps auto -> cached: training holds no reference model ({saves}its forward pass "
+        "over every token in each step); the reference step runs it once over every sequence, and "
+        "later runs with the same reference model reuse its log-probabilities"
+    )
+
+
 def planned_reference(cfg: dict) -> str:
     """The reference model's weights on each GPU as the planner costs them: none, forward (LoRA: the
-    policy's own weights with the adapter disabled) or copy."""
+    policy's own weights with the adapter disabled), copy, or cached (read from the reference step)."""
+    if reference_logps(cfg)[0] == "cached":
+        return "cached"
     ref = reference_weights(cfg)
     if ref == "none" and reference(cfg) != "none":
         ref = "forward"
@@ -230,23 +276,30 @@ def objective(view_cfg: dict, platform: Platform, ref_model: str | None = None) 
     seqs, ref = sequences_per_row(view_cfg), planned_reference(view_cfg)
     grouped, grouped_why = length_grouping(view_cfg)
     free, free_why = padding_free(view_cfg, platform)
+    cached, cached_why = reference_logps(view_cfg)
     method = view_cfg["preference"]["method"]
-    tips = ("preference.finetuning_type: lora (its reference is the adapter-free model, no copy)",)
+    tips = (
+        "preference.reference_logps: cached (its log-probabilities from a step before training, no copy)",
+        "preference.finetuning_type: lora (its reference is the adapter-free model, no copy)",
+    )
+    worker = {"reference_logps": REFERENCE_RECORD.format(run=view_cfg["run"])} if cached == "cached" else {}
     return Objective(
         name="preference",
         what=f"the preference stage ({method}: {seqs} sequences per row, reference model {ref})",
-        announce=f"preference stage: {method}, reference model {reference(view_cfg)}",
+        announce=f"preference stage: {method}, reference model {reference(view_cfg)}"
+        + (" (log-probabilities cached by the reference step)" if cached == "cached" else ""),
         sequences_per_row=seqs,
         reference=ref,
         logits=seqs > 1,
         group_by_length=grouped,
         padding_free=free,
-        reasons=tuple(why for why in (grouped_why, free_why) if why),
+        reasons=tuple(why for why in (grouped_why, free_why, cached_why) if why),
         tips=tips if ref == "copy" else (),
         datasets=(TRAIN_DATASET, HELDOUT_DATASET),
         trainer_args={**llamafactory_args(view_cfg, ref_model), **sampler_args(grouped)},
         packs_rows=False,
         continues=False,
+        worker=worker,
     )
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 from llmft.core import flops, lineage_record
 from llmft.core import stack as stack_fp
+from llmft.core.config import GATE_FILE, HELDOUT_METRICS
 from llmft.core.draw import CSP, STYLE, esc, fmt, svg_bars, svg_lines, table, tsv
 from llmft.core.io import read_json, read_jsonl, read_optional, write_json, write_text
 from llmft.core.lineage import LINEAGE_FILE
@@ -313,7 +314,7 @@ def _delta(b, t) -> str:
     return f"{t - b:+.4g}"
 
 
-METRICS = ["eval_loss", "perplexity", "exact_match", "rouge_1", "rouge_2", "rouge_l", "bleu_4"]
+METRICS = list(HELDOUT_METRICS)
 
 
 @dataclass
@@ -332,7 +333,8 @@ class LoadedRun:
     sft_yaml: str
     sft_args: dict
     benches: dict[str, dict]
-    promotion: object  # promotion.json: written by the nightly gate, then the page is re-rendered
+    promotion: object  # the night's outcome: promotion.json (a move made), else gate.json's verdict
+    gate: dict | None  # nightly/gate.json (nightly.compare_with): the gate's comparison and verdict
     n_params: int | None
     platform: Platform | None
     shape: object  # plan.ModelShape or None
@@ -380,6 +382,7 @@ def load_run(cfg: dict, run_dir: str | Path) -> LoadedRun:
         else []
     )
     tuned_pred = read_jsonl(run / "eval/tuned/predictions.jsonl")
+    gate = read_json(run / GATE_FILE) if cfg["nightly"]["compare_with"] else None
     sft_yaml_path = run / "sft/llamafactory.yaml"
     sft_yaml = sft_yaml_path.read_text() if sft_yaml_path.exists() else ""
     sft_args = yaml.safe_load(sft_yaml) if sft_yaml else {}
@@ -414,7 +417,8 @@ def load_run(cfg: dict, run_dir: str | Path) -> LoadedRun:
         sft_yaml=sft_yaml,
         sft_args=sft_args,
         benches=_benchmarks(run),
-        promotion=read_optional(run / "promotion.json"),
+        promotion=read_optional(run / "promotion.json") or _verdict(gate),
+        gate=gate,
         n_params=n_params,
         platform=platform,
         shape=shape,
@@ -427,6 +431,12 @@ def load_run(cfg: dict, run_dir: str | Path) -> LoadedRun:
         stack=stack,
         lineage=lineage_record.summary_view(record),
     )
+
+
+def _verdict(gate: dict | None) -> dict | None:
+    """The page's promotion line from the gate's verdict (gate.json), which the nightly acts on: the
+    status the night records (promoted or rejected) and why. None without a gate."""
+    return {k: gate.get(k) for k in ("status", "reason")} if isinstance(gate, dict) else None
 
 
 def report_figures(r: LoadedRun) -> dict[str, str]:
@@ -734,7 +744,8 @@ PROMOTION_MARKS = ("<!-- promotion -->", "<!-- /promotion -->")
 
 
 def promotion_html(promotion) -> str:
-    """The page's promotion line (promotion.json: the gate's verdict, or a later move by hand)."""
+    """The page's promotion line: promotion.json (the move the nightly or a person made), else the
+    gate's verdict (gate.json), which the nightly acts on."""
     line = ""
     if isinstance(promotion, dict):
         line = (
@@ -764,33 +775,6 @@ def set_promotion(report_dir: Path, promotion: dict) -> bool:
         page[:start] + promotion_html(promotion) + page[end + len(PROMOTION_MARKS[1]) :],
     )
     return True
-
-
-def compared_with(run_dir: Path, other: str) -> dict:
-    """summary.json's `compared_with`: the promoted model (nightly.compare_with) scored on the gate's
-    held-out rows (eval/promoted: every row of this run's split, or nightly.gate_max_rows)."""
-    scores = read_json(run_dir / "eval" / "promoted" / "metrics.json")
-    return {"run": Path(other).name, **_gate_block(scores)}
-
-
-def gate_scores(run_dir: Path) -> dict:
-    """summary.json's `gate`: this run's tuned model on the same rows as `compared_with` (eval/gate),
-    the scores the nightly gate compares; `tuned` and `heldout_rows` stay the page's eval.max_rows."""
-    return _gate_block(read_json(run_dir / "eval" / "gate" / "metrics.json"))
-
-
-def _gate_block(scores: dict) -> dict:
-    """One model's scores on the gate's rows, with exact match per task (the rows' `task` field) where
-    the rows name more than one task: which skill a refused night lost shows there."""
-    block = {
-        "tuned": {m: scores.get(m) for m in METRICS},
-        "heldout_rows": scores.get("rows"),
-        "heldout_fingerprint": scores.get("heldout_fingerprint"),
-    }
-    by_task = scores.get("exact_match_by_task") or {}
-    if len(by_task) > 1:
-        block["exact_match_by_task"] = by_task
-    return block
 
 
 def gate_section(summary: dict, metric: str) -> str:
@@ -832,8 +816,8 @@ def build_report(
     """Write index.html, summary.json, figures/*.svg, heldout_metrics.tsv, samples.tsv and
     trend.html into `out_dir`; return the summary. `stage_pages`: another training stage's part of
     the page (llmft.preference.page), each with load(cfg, run_dir) -> its block or None,
-    section(block) -> HTML, add_to_summary(summary, block), and, for its nightly metrics (METRICS),
-    gate_blocks(cfg, run_dir) -> (gate, compared_with)."""
+    section(block) -> HTML and add_to_summary(summary, block). With nightly.compare_with the gate's
+    comparison and verdict come from nightly/gate.json, rendered as they are."""
     r = load_run(cfg, run_dir)
     out = Path(out_dir)
     figures = report_figures(r)
@@ -845,13 +829,8 @@ def build_report(
     git = git_state()
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     summary = report_summary(r, generated, git)
-    gating = [stage_page for stage_page in stage_pages if cfg["nightly"]["metric"] in stage_page.METRICS]
-    if cfg["nightly"]["compare_with"] and gating:
-        # a stage's metric (a preference metric: the two preference models on this run's held-out pairs)
-        summary["gate"], summary["compared_with"] = gating[0].gate_blocks(cfg, r.run)
-    elif cfg["nightly"]["compare_with"]:
-        summary["compared_with"] = compared_with(r.run, cfg["nightly"]["compare_with"])
-        summary["gate"] = gate_scores(r.run)
+    if r.gate is not None:  # both models on the gate's rows, as the gate compared them
+        summary["gate"], summary["compared_with"] = r.gate["gate"], r.gate["compared_with"]
     page = "".join(
         [
             overview_section(r, results_dir),

@@ -271,7 +271,8 @@ def estimate(
 ) -> Memory:
     """Per-GPU memory of one configuration (see the module docstring for the model); `trainable`
     overrides trainable_params' defaults (LoRA rank 8 on all linear layers, freeze 2 layers).
-    `reference: copy` adds a preference stage's frozen reference model: its weights in the compute
+    `reference: copy` adds a preference stage's frozen reference model (`cached` adds nothing: its
+    log-probabilities are read from the reference step): its weights in the compute
     precision (fp32 in fp32, else 16 bit), sharded by ZeRO-3 (trl's prepare_deepspeed keeps stage 3
     for it and runs any other stage as plain inference), and its fp32 log-probabilities' logits, which
     live beside the policy's. `logits`: the loss needs the logits themselves (a preference loss takes
@@ -309,7 +310,7 @@ def estimate(
     ref = 0.0
     if reference == "copy":
         ref = (4 if mode == "fp32" else 2) * p / (w if stage == 3 else 1)
-    if reference != "none" and not padding_free:
+    if reference not in ("none", "cached") and not padding_free:
         loss += tokens * 4 * shape.vocab  # the reference's logits (LoRA's adapter-free pass too)
     return Memory(
         weights=weights / GIB,
@@ -362,7 +363,7 @@ class Plan:
 
     @property
     def reference(self) -> str:
-        """The reference model's weights on each GPU: none | forward | copy."""
+        """The reference model's weights on each GPU: none | forward | copy | cached."""
         return self.objective.reference
 
     @property
@@ -975,7 +976,8 @@ def describe(plan: Plan) -> str:
     if plan.sequences_per_row > 1:
         lines.append(
             f"preference pairs: {plan.sequences_per_row} sequences per row in one batch, reference model "
-            f"{plan.reference} (copy = frozen weights, forward = the policy with its adapter off)"
+            f"{plan.reference} (copy = frozen weights, forward = the policy with its adapter off, "
+            "cached = its log-probabilities from the reference step, no model)"
             + (", batched by length" if plan.group_by_length else "")
             + (", padding-free" if plan.padding_free else "")
         )

@@ -479,6 +479,7 @@ def render(
         args["llmft"]["compile_tuning"] = True
     if plan.padding_free:  # the training worker installs the objective's padding-free forward
         args["llmft"]["padding_free"] = True
+    args["llmft"].update(plan.objective.worker)  # the objective's other trainer patches (llmft.worker)
     if plan.fp8:  # llmft.sft.train converts the loaded model (LLaMA-Factory's own fp8 flag is refused)
         args["llmft"]["fp8"] = {"recipe": fp8.RECIPE, "frozen_cast_once": fp8.cast_once(plan.zero_stage)}
     decay = decay_ratio(args, cfg["sft"])

@@ -124,14 +124,15 @@ def step_time(
 ) -> StepTime:
     """The estimate for one candidate plan (see the module docstring). `reference` (preference
     stages): "forward" = a reference forward pass over every token on the policy's weights (LoRA with
-    its adapter disabled), "copy" = the same on a frozen copy, which ZeRO-3 also gathers."""
+    its adapter disabled), "copy" = the same on a frozen copy, which ZeRO-3 also gathers; "cached" =
+    none (read from the reference step)."""
     world = platform.world_size
     tokens = micro_batch * seq_len
     # flops.py's model FLOPs, the rows of a pack spanning half of it on average; checkpointing
     # recomputes the forward pass
     count = flops.per_token(shape, seq_len / 2, tuning)
     per_token = count.total + (count.forward if gradient_checkpointing else 0.0)
-    if reference != "none":
+    if reference not in ("none", "cached"):  # cached: read from the reference step, no forward
         per_token += flops.per_token(shape, seq_len / 2).forward  # no adapter: the frozen model's forward
     spec = platform.spec
     peak = (spec.peak_bf16_tflops if spec else CPU_TFLOPS) * 1e12 if platform.on_gpu else CPU_TFLOPS * 1e12

@@ -21,6 +21,8 @@ block read here and removed before LLaMA-Factory parses the rest:
                                         # (with Liger, its fused loss runs through llmft.sft.fusedce)
       padding_free: true                # when planned: the objective's padding-free forward, a patch
                                         # the worker is given (llmft.worker: llmft.preference.padfree)
+      reference_logps: results/<run>/preference/reference/reference.json  # when planned: the reference's
+                                        # cached log-probabilities (llmft.worker: preference.refpatch)
       tracking: {backends: [tensorboard], dir: results/<run>/tracking, run: <run>}  # tracking.py
 
 Exit codes: 0 done, EXIT_DIVERGED (with llmft_divergence.json), EXIT_PREEMPTED (after saving a
@@ -148,10 +150,10 @@ def install_fp8(recipe: str, output_dir: Path, rank: int, frozen_cast_once: bool
 
 
 # `llmft:` keys whose trainer patch another stage supplies (llmft.worker passes them to main).
-PATCHED_KEYS = ("padding_free",)
+PATCHED_KEYS = ("padding_free", "reference_logps")
 
 
-def main(argv: list[str] | None = None, patches: dict[str, Callable[[], None]] | None = None) -> int:
+def main(argv: list[str] | None = None, patches: dict[str, Callable[[object], None]] | None = None) -> int:
     """Train the rendered YAML `argv[0]`; `patches`: for a key of the `llmft:` block, what installs it
     (another stage's trainer patch, e.g. the preference stage's padding-free forward)."""
     argv = sys.argv[1:] if argv is None else argv
@@ -170,7 +172,7 @@ def main(argv: list[str] | None = None, patches: dict[str, Callable[[], None]] |
         return _train(args, ours, patches)
 
 
-def _train(args: dict, ours: dict, patches: dict[str, Callable[[], None]]) -> int:
+def _train(args: dict, ours: dict, patches: dict[str, Callable[[object], None]]) -> int:
     output_dir = Path(args["output_dir"])
     saver = PreemptionSaver(output_dir / STOP_REQUEST_FILE)
     for sig in (signal.SIGUSR1, signal.SIGTERM):
@@ -202,7 +204,7 @@ def _train(args: dict, ours: dict, patches: dict[str, Callable[[], None]]) -> in
     return _finish(callbacks, 0)
 
 
-def _install(args: dict, ours: dict, output_dir: Path, patches: dict[str, Callable[[], None]]) -> None:
+def _install(args: dict, ours: dict, output_dir: Path, patches: dict[str, Callable[[object], None]]) -> None:
     """What the rendered llmft block asks for, patched into LLaMA-Factory, transformers and torch
     before run_exp: varlen attention, other stages' `patches` (llmft.worker), Liger's loss, FP8, the
     schedule's decay."""
@@ -218,9 +220,9 @@ def _install(args: dict, ours: dict, output_dir: Path, patches: dict[str, Callab
             varlen.install()
             if ours.get("static_tokens"):  # the collator reads it, in this process or its workers
                 os.environ[varlen.PAD_TO_ENV] = str(int(ours["static_tokens"]))
-    for key, install in patches.items():  # other stages' trainer patches (llmft.worker)
+    for key, install in patches.items():  # other stages' trainer patches (llmft.worker), given the value
         if ours.get(key):
-            install()
+            install(ours[key])
     if ours.get("liger_loss_only"):
         liger_loss_only(args["model_name_or_path"])
     if ours.get("liger_loss_only") or args.get("enable_liger_kernel"):

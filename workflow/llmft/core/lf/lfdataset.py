@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from llmft.core.conversation import ROLE_OF
 from llmft.core.io import path_problem
 
 # LLaMA-Factory's DatasetAttr defaults (data/parser.py), used when an entry has no `columns`/`tags`.
@@ -52,17 +53,7 @@ UNSUPPORTED_COLUMNS = {
 }
 SUFFIXES = (".json", ".jsonl", ".parquet")
 # llmft's own role names: a role of the file that matches no tag of the entry must not become one.
-_OWN_ROLES = {
-    "human",
-    "gpt",
-    "user",
-    "assistant",
-    "system",
-    "observation",
-    "function_call",
-    "function",
-    "tool",
-}
+_OWN_ROLES = {*ROLE_OF, "tool"}
 
 
 class LFDatasetError(ValueError):
