@@ -258,6 +258,18 @@ def test_lineage_in_summary_plan_page_and_trend(full, lora):
         "tokens": None,
         "stack": None,
     }
+    # the run's one lineage record, which summary.json's lineage is read from; the YAML carries no
+    # lineage data (its header's lines about it are comments)
+    for run in ("p", "c", "lp", "lc"):
+        record, told = (
+            json.loads((results / run / "lineage.json").read_text()),
+            summary(results / run)["lineage"],
+        )
+        assert {k: record[k] for k in told if k != "data"} == {k: v for k, v in told.items() if k != "data"}
+        assert told["data"].items() <= record["data"].items()
+        assert record["run"] == run and record["replay"]["fraction"] == (None if run in ("p", "lp") else 0.25)
+        args = yaml.safe_load((results / run / "sft/llamafactory.yaml").read_text())
+        assert not {"lineage", "cost"} & set(args["llmft"]), args["llmft"]
     lineage = summary(results / "c")["lineage"]
     assert {k: lineage[k] for k in ("parent", "started_from", "base_model", "chain")} == {
         "parent": "p",
@@ -282,7 +294,15 @@ def test_lineage_in_summary_plan_page_and_trend(full, lora):
 
 def copy_run(results, src, dst):
     """A finished run's files that a continued run reads, under another name."""
-    for part in ("report", "sft/model", "sft/llamafactory.yaml", "data/stats.json", "data/train_keys.u64"):
+    parts = (
+        "report",
+        "lineage.json",
+        "sft/model",
+        "sft/llamafactory.yaml",
+        "data/stats.json",
+        "data/train_keys.u64",
+    )
+    for part in parts:
         s, d = results / src / part, results / dst / part
         d.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if s.is_dir() else shutil.copy)(s, d)
@@ -407,6 +427,7 @@ def test_a_run_made_before_lineage_existed_can_be_continued_from(full):
     old = copy_run(results, "p", "old")
     shutil.copy(results / "p/data/train.jsonl", old / "data/train.jsonl")
     (old / "data/train_keys.u64").unlink()
+    (old / "lineage.json").unlink()
     for path, key in ((old / "data/stats.json", "continue"), (old / "report/summary.json", "lineage")):
         content = json.loads(path.read_text())
         del content[key]

@@ -287,8 +287,9 @@ def test_training_param_change_reruns_only_downstream(demo):
     proc = snakemake(work)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ran = rules_run(proc.stderr + proc.stdout)
-    # pack_data reruns for the re-rendered YAML (and finds nothing to pack: the demo does not pack)
-    assert set(ran) == {"render_sft_config", "pack_data", "sft", "evaluate", "report", "all"}
+    # pack_data reruns for the re-rendered YAML (and finds nothing to pack: the demo does not pack);
+    # the lineage for the tokens max_steps trains
+    assert set(ran) == {"lineage", "render_sft_config", "pack_data", "sft", "evaluate", "report", "all"}
     assert ran.count("evaluate") == 1  # only the tuned model is re-evaluated
     summary = json.loads((work / "results/demo/sft/train_summary.json").read_text())
     assert summary["steps"] == 30

@@ -67,7 +67,7 @@ def dry_rules(work) -> dict[str, int]:
 
 def test_without_a_preference_section_the_dag_has_no_preference_job(tmp_path):
     today = {"base_model", "synthetic_data", "verify_env", "prepare_data", "evaluate", "render_sft_config"}
-    today |= {"pack_data", "sft", "report", "all"}
+    today |= {"lineage", "pack_data", "sft", "report", "all"}
     assert set(dry_rules(make_workdir(tmp_path))) == today
     with_it = dry_rules(make_workdir(tmp_path / "p", preference=DPO))
     assert set(with_it) == today | PREFERENCE_RULES and with_it["evaluate_preference"] == 3

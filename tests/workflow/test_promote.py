@@ -210,11 +210,11 @@ def test_a_published_model_changed_in_place_is_trusted_nowhere(runs):
 
 
 def with_lineage(results: Path, run: str, parent: str | None, chain: list[str]) -> None:
-    """The lineage summary.json carries (its shape from the continue side of issue 32)."""
-    path = results / run / "report/summary.json"
-    summary = json.loads(path.read_text())
-    summary["lineage"] = {"parent": parent, "chain": chain}
-    path.write_text(json.dumps(summary))
+    """The lineage the run's lineage.json records (its shape from the continue side of issue 32)."""
+    path = results / run / "lineage.json"
+    record = json.loads(path.read_text())
+    record.update(parent=parent, chain=chain)
+    path.write_text(json.dumps(record))
 
 
 def test_retention_keeps_what_the_promoted_model_descends_from(runs):

@@ -150,6 +150,19 @@ def cmd_verify_env(args) -> int:
     return run_verify(cfg, args.out)
 
 
+def cmd_lineage(args) -> int:
+    """The run's lineage.json: where it starts, its data delta, the tokens the plan for the nodes'
+    facts trains against a full retrain, the stack it trains on."""
+    from llmft.core import lineage_record
+    from llmft.core.platform import read_platform
+    from llmft.sft.render import planned_steps
+
+    cfg = config_of(args)
+    steps = planned_steps(cfg, args.base_model, read_platform(cfg, args.verify))
+    lineage_record.make(cfg, args.base_model, args.data_dir, args.verify, steps, args.out)
+    return 0
+
+
 def cmd_render_sft(args) -> int:
     """Plan from the facts verify_env measured on the nodes, then render the YAML and DeepSpeed JSON."""
     from llmft.core.io import write_json
@@ -169,6 +182,7 @@ def cmd_render_sft(args) -> int:
         platform,
         objective_for=staged.objective_for,
         check_data=staged.check_data,
+        lineage_json=args.lineage or None,
     )
     if args.out_config:
         # The config sft's three steps read (`--config`): the slice this render was made from.
@@ -442,7 +456,16 @@ def _stage_option(p) -> None:
 
 
 def _sft_commands(sub, add) -> None:
-    """Stage 3: render, plan, and sft's three steps."""
+    """Stage 3: the lineage, render, plan, and sft's three steps."""
+    add(
+        "lineage",
+        cmd_lineage,
+        "base-model=the base model folder",
+        f"verify={VERIFY_HELP}: the tokens are counted for the plan made for them",
+        "data-dir=prepare-data's output folder",
+        "out=the lineage.json to write",
+        help="record where the run starts, its data delta, its tokens against a full retrain, its stack",
+    )
     p = add(
         "render-sft",
         cmd_render_sft,
@@ -454,6 +477,7 @@ def _sft_commands(sub, add) -> None:
         "work-root=the folder for checkpoints and the trainer's work",
         "out-config?=the config.json to write for sft's three steps",
         "ref-model?=the preference stage's reference model when it is not the model it starts from",
+        "lineage?=the run's lineage.json (python -m llmft lineage): where training starts, what it costs",
         help="plan from the nodes' facts and render the LLaMA-Factory YAML and DeepSpeed JSON",
     )
     _stage_option(p)

@@ -7,6 +7,7 @@ rule report:
     input:
         verify="results/{run}/env/verify.json",
         stats="results/{run}/data/stats.json",
+        lineage="results/{run}/lineage.json",
         train="results/{run}/sft/train_summary.json",
         sft_yaml="results/{run}/sft/llamafactory.yaml",
         model="results/{run}/sft/model",

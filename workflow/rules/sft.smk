@@ -1,11 +1,38 @@
+# The run's lineage, its one record (results/{run}/lineage.json, llmft.core.lineage_record): where
+# it starts (the parent run, its weights or adapter, the chain back to the base model), the data
+# delta since the parent and the replay share, the tokens the plan for the nodes trains against a
+# full retrain, and the software stack's hash. render_sft_config and the report read it; a run
+# continuing from this one, the nightly and retention read it too.
+rule lineage:
+    input:
+        base_model=base_model_dir,
+        stats="results/{run}/data/stats.json",
+        verify="results/{run}/env/verify.json",
+    output:
+        "results/{run}/lineage.json",
+    log:
+        "results/{run}/logs/lineage.log",
+    localrule: True
+    container:
+        stage_container()
+    params:
+        cfg=lineage_cfg(),
+    shell:
+        "python -m llmft lineage {params.cfg} --base-model {input.base_model:q}"
+        " --verify {input.verify:q} --data-dir results/{wildcards.run}/data"
+        " --out {output:q} > {log:q} 2>&1"
+
+
 # The plan sft trains with is made here, on the submit host, from the facts verify_env measured on
 # the nodes that train (verify.json): vendor, GPU model and memory, torch build, the attention
-# kernels that ran there, host memory. The submit host's own torch never enters it.
+# kernels that ran there, host memory. The submit host's own torch never enters it. The header's
+# lines on where training starts and what it costs come from the run's lineage.json.
 rule render_sft_config:
     input:
         base_model=base_model_dir,
         info="results/{run}/data/dataset_info.json",
         verify="results/{run}/env/verify.json",
+        lineage="results/{run}/lineage.json",
     output:
         yaml="results/{run}/sft/llamafactory.yaml",
         deepspeed="results/{run}/sft/deepspeed.json",
@@ -32,6 +59,7 @@ rule render_sft_config:
     shell:
         "python -m llmft render-sft {params.cfg} --base-model {input.base_model:q}"
         " --verify {input.verify:q} --data-dir results/{wildcards.run}/data"
+        " --lineage {input.lineage:q}"
         " --out-yaml {output.yaml:q} --out-deepspeed {output.deepspeed:q}"
         " --work-root results/{wildcards.run}/work --out-config {output.config:q} > {log:q} 2>&1"
 

@@ -214,7 +214,15 @@ def _minimal_run(tmp_path, train: dict):
     (tmp_path / "eval/tuned/metrics.json").write_text(json.dumps({"rows": 2, "exact_match": 0.5}))
     (tmp_path / "eval/tuned/predictions.jsonl").write_text("")
     (tmp_path / "sft/train_summary.json").write_text(json.dumps(train))
+    write_lineage(tmp_path)
     return tmp_path
+
+
+def write_lineage(run, run_name: str = "r"):
+    """The run's lineage.json as the lineage rule writes it, from the run's verify.json (its stack)."""
+    from llmft.core.lineage_record import make
+
+    make(validate({"run": run_name}), "m", run / "data", run / "env/verify.json", {}, run / "lineage.json")
 
 
 def test_a_resumed_run_shows_the_runtime_of_every_attempt_and_says_it_resumed(tmp_path):
@@ -359,6 +367,7 @@ def test_the_stack_is_on_the_page_in_summary_json_and_in_the_lineage(tmp_path):
     (run / "env/verify.json").write_text(
         json.dumps({"ok": True, "nodes": nodes, "stack": stack.of_nodes(nodes)})
     )
+    write_lineage(run)
     summary = build_report(validate({"run": "r"}), str(run), str(run / "report"))
     st = summary["stack"]
     assert st["differs"] == ["driver"] and st["fingerprint"]["rocm"] == "7.0.2-56"
@@ -380,6 +389,7 @@ def test_a_verify_json_without_a_stack_gets_one_from_its_nodes(tmp_path):
     nodes = [_node("n1", "2.9.1+rocm7.0", "6.10.5")]
     (run / "env").mkdir()
     (run / "env/verify.json").write_text(json.dumps({"ok": True, "nodes": nodes}))
+    write_lineage(run)
     summary = build_report(validate({"run": "r"}), str(run), str(run / "report"))
     assert summary["stack"]["hash"] == stack.stack_hash(stack.fingerprint(nodes[0]))
     assert summary["stack"]["differs"] == []

@@ -7,12 +7,13 @@ import yaml
 from llmft.core.config import validate
 from llmft.core.draw import esc, svg_lines, table
 from llmft.core.launch import launch_env
+from llmft.core.lineage_record import run_head
 from llmft.core.platform import Platform
 from llmft.core.shape import model_shape
 from llmft.core.slurm import Allocation
 from llmft.evaluate.metrics import exact_match
 from llmft.sft.plan import ZERO3_SUB_GROUP, resolve
-from llmft.sft.render import deepspeed_config, render, run_lineage
+from llmft.sft.render import deepspeed_config, render
 
 from tests.conftest import REPO, tiny_config
 
@@ -253,6 +254,8 @@ def test_lineage_names_the_base_model_folder_the_stage_was_given(tmp_path, tiny)
     args = render(
         DEMO, tiny, "d", str(tmp_path / "lf.yaml"), str(tmp_path / "ds.json"), "w", Platform.declared(DEMO)
     )
-    assert args["llmft"]["lineage"] == {"parent": None, "started_from": tiny, "base_model": tiny, "chain": []}
-    built = run_lineage(DEMO, f"results/{DEMO['run']}/base_model")
+    assert "lineage" not in args["llmft"] and "cost" not in args["llmft"]  # lineage.json holds them
+    assert run_head(DEMO, tiny) == {"parent": None, "started_from": tiny, "base_model": tiny, "chain": []}
+    assert f"# starts from the base model {tiny}\n" in (tmp_path / "lf.yaml").read_text()
+    built = run_head(DEMO, f"results/{DEMO['run']}/base_model")
     assert built["base_model"] == built["started_from"] == "builtin:tiny"

@@ -25,6 +25,8 @@ KEY = "config key model.continue_from"
 # distinct 64-bit content keys, the identity dedup and the split use. A continued run's new rows are
 # the ones whose key its parent's file lacks.
 TRAIN_KEYS_FILE = "train_keys.u64"
+# A run's lineage record, beside its other folders (llmft.core.lineage_record writes it).
+LINEAGE_FILE = "lineage.json"
 
 
 def parent_of(cfg: dict, base_dir: str | Path = ".") -> Path | None:
@@ -251,9 +253,10 @@ def lineage_head(parent: Path | None, base_model: str | None = None, cwd: Path =
     its base model `base_model`); `parent` as the jobs name it, read relative to `cwd`."""
     if parent is None:
         return {"parent": None, "started_from": base_model, "base_model": base_model, "chain": []}
-    summary = read_optional(cwd / parent / "report" / "summary.json", {}) or {}
-    theirs = summary.get("lineage") if isinstance(summary, dict) else None
-    theirs = theirs if isinstance(theirs, dict) else {}
+    try:
+        theirs = recorded_lineage(cwd / parent)
+    except (OSError, ValueError):
+        theirs = {}
     adapter = (cwd / parent / "sft" / "adapter" / "adapter_config.json").is_file()
     started = parent / "sft" / ("adapter" if adapter else "model")
     return {
@@ -262,6 +265,24 @@ def lineage_head(parent: Path | None, base_model: str | None = None, cwd: Path =
         "base_model": theirs.get("base_model") if theirs else _older_base(cwd / parent),
         "chain": [*(theirs.get("chain") or []), parent.name],
     }
+
+
+def recorded_lineage(run_dir: Path) -> dict:
+    """The lineage a finished run recorded: its lineage.json; a run made before lineage.json
+    existed: its summary.json's `lineage` ({} for a run made before lineage: from its base model).
+    A file it reads that cannot be read raises (OSError, ValueError)."""
+    path = run_dir / LINEAGE_FILE
+    if path.is_file():
+        record = read_json(path)
+    else:
+        path = run_dir / "report" / "summary.json"
+        summary = read_json(path)
+        if not isinstance(summary, dict):
+            raise ValueError(f"{path} is not a JSON object")
+        record = summary.get("lineage") or {}
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: the lineage is not a JSON object")
+    return record
 
 
 def _older_base(parent: Path) -> str | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from llmft.core.config import ConfigError, validate
 from llmft.core.io import read_json, write_json
-from llmft.core.lineage import run_problems
+from llmft.core.lineage import recorded_lineage, run_problems
 from llmft.nightly.gate import promoted_record
 from llmft.nightly.lock import Lock
 
@@ -124,19 +124,19 @@ def promoted_stack(state: dict) -> list[str]:
 
 
 def ancestors(results: Path, run: str) -> set[str]:
-    """Every run `run` descends from: its summary.json lineage (parent and chain), recursively.
-    A summary that cannot be read is an error: retention must not guess what is safe to delete."""
+    """Every run `run` descends from: its recorded lineage (lineage.recorded_lineage: lineage.json,
+    else an older run's summary.json), parent and chain, recursively. A lineage that cannot be read is an
+    error: retention must not guess what is safe to delete."""
     seen: set[str] = set()
     todo = [run]
     while todo:
         name = todo.pop()
-        path = results / name / "report" / "summary.json"
         if not (results / name).is_dir():
             continue  # already gone: nothing to protect, and its own parents were recorded in the chain
         try:
-            lineage = read_json(path).get("lineage") or {}
-        except (OSError, ValueError, AttributeError) as exc:
-            why = f"retention: cannot read the lineage of run {name} ({path}): {exc}"
+            lineage = recorded_lineage(results / name)
+        except (OSError, ValueError) as exc:
+            why = f"retention: cannot read the lineage of run {name} ({results / name}): {exc}"
             raise PromotionError(why) from None
         for parent in [lineage.get("parent"), *(lineage.get("chain") or [])]:
             if parent and parent not in seen:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from llmft.core.config import BUILTIN_DATA, ConfigError, is_run_name, validate
 from llmft.core.io import read_json, write_json, write_text
+from llmft.core.lineage import recorded_lineage
 from llmft.nightly import gate
 from llmft.nightly.lock import Lock, NightlyLocked
 from llmft.nightly.promote import GATE_WHY, PromotionError, current_run, protected, record, set_current
@@ -227,9 +228,9 @@ FALLBACK_NOTE = "no promoted model: retrained from base, as nightly.fallback all
 
 def continued_runs(results: Path, run: str) -> int:
     """How many runs in a row, ending with `run`, continued from the one before (the length of its
-    summary.json lineage chain; 0 for a run trained from the base model or made before lineage)."""
-    lineage = read_json(results / run / "report" / "summary.json").get("lineage") or {}
-    return len(lineage.get("chain") or [])
+    recorded lineage chain, lineage.recorded_lineage; 0 for a run trained from the base model or made before
+    lineage)."""
+    return len(recorded_lineage(results / run).get("chain") or [])
 
 
 def retrain_every_note(every: int, promoted: str, streak: int) -> str:

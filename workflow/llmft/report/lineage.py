@@ -1,26 +1,11 @@
-"""A run's lineage on its page and in summary.json: what it started from, the chain back to the base
-model, the data delta since its parent and the tokens it trained against a full retrain."""
+"""A run's lineage on its page: what it started from, the chain back to the base model, the data delta
+since its parent and the tokens it trained against a full retrain (summary.json's `lineage`, from the
+run's lineage.json: llmft.core.lineage_record.summary_view)."""
 
 from __future__ import annotations
 
 from llmft.core.draw import esc
-from llmft.core.lineage import chain_text, cost_line, lineage_head
-
-
-def run_lineage(cfg: dict, sft_args: dict, stats: dict, stack: dict | None = None) -> dict:
-    """summary.json's `lineage`: the head render-sft recorded in the YAML's llmft block (a run
-    rendered before lineage existed: from its base model), prepare_data's counts, and the hash of
-    the software stack it trained on (`stack`: llmft.core.stack.run_fingerprint's; None unrecorded)."""
-    head = (sft_args.get("llmft") or {}).get("lineage") or lineage_head(None, cfg["model"]["name_or_path"])
-    delta = stats.get("continue") or {}
-    data = {k: delta.get(k) for k in ("new", "replayed", "removed", "train_rows")}
-    if not delta:  # stats.json of an older prepare_data: every train row was new
-        data.update(new=stats.get("train_rows"), replayed=0, removed=0, train_rows=stats.get("train_rows"))
-    # the tokens the trainer feeds, as render-sft planned them (a run rendered before: one pass)
-    cost = (sft_args.get("llmft") or {}).get("cost")
-    tokens = cost or delta.get("tokens") or {"trained": None, "full_retrain": None}
-    stack_hash = stack.get("hash") if isinstance(stack, dict) else None
-    return {**head, "data": data, "tokens": dict(tokens), "stack": stack_hash}
+from llmft.core.lineage import chain_text, cost_line
 
 
 def lineage_html(lineage: dict) -> str:

@@ -11,15 +11,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
-from llmft.core import flops
+from llmft.core import flops, lineage_record
 from llmft.core import stack as stack_fp
 from llmft.core.config import GATE_FILE, HELDOUT_METRICS
 from llmft.core.draw import CSP, STYLE, esc, fmt, svg_bars, svg_lines, table, tsv
 from llmft.core.io import read_json, read_jsonl, read_optional, write_json, write_text
+from llmft.core.lineage import LINEAGE_FILE
 from llmft.core.platform import Platform
 from llmft.core.throughput import THROUGHPUT_FORMULA
 from llmft.report import bench
-from llmft.report.lineage import lineage_html, run_lineage
+from llmft.report.lineage import lineage_html
 from llmft.report.trend import build_trend
 
 REPO = Path(__file__).resolve().parents[3]
@@ -344,6 +345,7 @@ class LoadedRun:
     tps_gpu: float | None  # the run's one throughput figure (core.throughput)
     mfu_mean: float | None
     stack: dict | None  # the software stack it trained on (llmft.core.stack), from verify.json
+    lineage: dict  # summary.json's `lineage`, from the run's lineage.json (llmft.core.lineage_record)
 
     @property
     def history(self) -> list[dict]:
@@ -398,6 +400,10 @@ def load_run(cfg: dict, run_dir: str | Path) -> LoadedRun:
     per_token = count.total if count else 0.0
     tps_gpu = train.get("tokens_per_second_per_gpu")  # core.throughput
     mfu_mean = flops.mfu(tps_gpu, per_token, peak) if (tps_gpu and peak and per_token) else None
+    stack = stack_fp.of_report(verify)
+    record = lineage_record.read_for(
+        run / LINEAGE_FILE, cfg, stats, stack=stack.get("hash") if isinstance(stack, dict) else None
+    )
     return LoadedRun(
         cfg=cfg,
         run=run,
@@ -422,7 +428,8 @@ def load_run(cfg: dict, run_dir: str | Path) -> LoadedRun:
         tps=tps,
         tps_gpu=tps_gpu,
         mfu_mean=mfu_mean,
-        stack=stack_fp.of_report(verify),
+        stack=stack,
+        lineage=lineage_record.summary_view(record),
     )
 
 
@@ -481,7 +488,7 @@ def overview_section(r: LoadedRun, results_dir: str | None) -> str:
 <a href="#provenance">provenance</a>{trend_link}</nav>
 <p class="verdict{" warn" if caution else ""}">{esc(verdict)}{esc(caution)}</p>
 {promotion_html(r.promotion)}
-{lineage_html(run_lineage(r.cfg, r.sft_args, r.stats, r.stack))}
+{lineage_html(r.lineage)}
 """
 
 
@@ -723,7 +730,7 @@ def report_summary(r: LoadedRun, generated: str, git: dict) -> dict:
         "eval_new_tokens_per_second": tuned.get("new_tokens_per_second"),
         "data_fingerprint": r.stats.get("fingerprint"),
         "verify_ok": r.verify.get("ok"),
-        "lineage": run_lineage(r.cfg, r.sft_args, r.stats, r.stack),
+        "lineage": r.lineage,
         # the software stack verify_env measured on the nodes that trained (llmft.core.stack)
         "stack": r.stack,
     }

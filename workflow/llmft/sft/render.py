@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import yaml
-from llmft.core import fp8, lineage, schedule
+from llmft.core import fp8, lineage, lineage_record, schedule
 from llmft.core.config import BUILTIN_MODEL, ConfigError, lora_settings
-from llmft.core.io import read_json, write_json, write_text
+from llmft.core.io import read_json, read_optional, write_json, write_text
 from llmft.core.lf import pretokenize
 from llmft.core.lf.chat_templates import for_config as template_for_config
 from llmft.core.objective import Objective, sft_objective
@@ -274,35 +274,29 @@ def precheck(cfg: dict, objective_for: ObjectiveFor = sft_objective) -> Plan:
     return resolve(cfg, name, platform, shape, objective_for(platform))
 
 
-def run_lineage(cfg: dict, base_model: str) -> dict:
-    """lineage.lineage_head of this run: from its base model (the folder render-sft was given, as
-    model.name_or_path names it: the stage's config slice does not carry that key), or
-    model.continue_from's run."""
-    parent = lineage.parent_of(cfg)
-    if parent is None:
-        return lineage.lineage_head(None, lineage.base_model_name(base_model, cfg["run"]))
-    return lineage.lineage_head(Path(cfg["model"]["continue_from"]))
+def planned_steps(cfg: dict, base_model: str, platform: Platform) -> dict:
+    """lineage.training_steps of the plan render makes for sft on `platform` (what the lineage record's
+    tokens are counted under)."""
+    shape = model_shape(base_model)
+    check_finetuning(cfg["sft"], shape)
+    plan = resolve(cfg, base_model, platform, shape, sft_objective(platform))
+    return lineage.training_steps(cfg, plan, platform.world_size)
 
 
-def data_delta(data_dir: str) -> dict:
-    """prepare_data's rows and one-pass tokens of this run (stats.json `continue`), {} without."""
-    stats = read_json(Path(data_dir) / "stats.json") if (Path(data_dir) / "stats.json").is_file() else {}
-    return stats.get("continue") or {}
-
-
-def continue_text(cfg: dict, base_model: str, delta: dict, cost: dict | None = None) -> str:
-    """The plan's lines on where training starts and, for a continued run, what it trains (`delta`:
-    data_delta) and costs (`cost`: lineage.run_cost)."""
-    head = run_lineage(cfg, base_model)
-    if head["parent"] is None:
-        return f"starts from the base model {head['base_model']}"
+def continue_text(cfg: dict, record: dict) -> str:
+    """The plan's lines on where training starts and, for a continued run, what it trains and costs:
+    the lineage record's head, rows and tokens (llmft.core.lineage_record)."""
+    if record["parent"] is None:
+        return f"starts from the base model {record['base_model']}"
+    delta, chain = record.get("data") or {}, lineage.chain_text(record)
     lines = [
-        f"continues run {head['parent']} from {head['started_from']} (chain: {lineage.chain_text(head)});"
+        f"continues run {record['parent']} from {record['started_from']} (chain: {chain});"
         f" fresh schedule at learning rate {lineage.continue_learning_rate(cfg):g}, new optimizer state",
         f"rows: {delta.get('new')} new, {delta.get('replayed')} replayed, {delta.get('removed')} removed"
-        f" since {head['parent']}; {delta.get('train_rows')} train rows of {delta.get('full_train_rows')}",
+        f" since {record['parent']}; {delta.get('train_rows')} train rows of {delta.get('full_train_rows')}",
     ]
-    line = lineage.cost_line(cost)
+    cost = record.get("tokens") or {}
+    line = lineage.cost_line(cost) if cost.get("steps") else ""
     if line:
         steps = cost["steps"]
         how = (f"{steps['max_steps']} steps" if steps["max_steps"] > 0 else epochs_text(steps)) + (
@@ -312,6 +306,26 @@ def continue_text(cfg: dict, base_model: str, delta: dict, cost: dict | None = N
         )
         lines.append(f"{line} (tokens the trainer feeds: {how})")
     return "\n".join(lines)
+
+
+def start_record(
+    cfg: dict, base_model: str, data_dir: str, lineage_json: str | None, steps: dict | None
+) -> dict:
+    """What render says of where training starts: the run's lineage.json (`lineage_json`, checked
+    against this run, its data and, where the stage's objective continues the run, the plan's
+    `steps`); without one, the head of a run from its base model (another stage's render, a preview)."""
+    if lineage_json is None:
+        if steps is not None and lineage.parent_of(cfg) is not None:
+            raise ConfigError(
+                "model.continue_from: rendering a continued run needs its lineage.json (render-sft "
+                "--lineage results/<run>/lineage.json, from python -m llmft lineage)"
+            )
+        return lineage_record.run_head(cfg, base_model)
+    stats = read_optional(Path(data_dir) / "stats.json", {}) or {}
+    record = lineage_record.read_for(lineage_json, cfg, stats)
+    if steps is not None and (record.get("tokens") or {}).get("steps") is not None:
+        lineage_record.check(lineage_json, record, steps=steps)
+    return record
 
 
 def epochs_text(steps: dict) -> str:
@@ -415,11 +429,13 @@ def render(
     shape: ModelShape | None = None,
     objective_for: ObjectiveFor = sft_objective,
     check_data: Callable[[Objective, str], None] | None = None,
+    lineage_json: str | None = None,
 ):
     """Plan for `platform`; write llamafactory.yaml (+ the launcher's `llmft:` block) and deepspeed.json.
     cfg is sft's config or another stage's view of it (llmft.preference.stage.view), trained for
     `objective_for(platform)`; `check_data(objective, data_dir)` refuses data the planned objective
-    cannot train on."""
+    cannot train on. `lineage_json`: the run's lineage.json, which the header's lines on where
+    training starts and what it costs come from (required for a continued run's sft)."""
     shape = shape or model_shape(base_model)
     check_finetuning(cfg["sft"], shape)
     objective = objective_for(platform)
@@ -436,13 +452,8 @@ def render(
         check_data(objective, data_dir)
     log.info("platform: %s (%s)", platform.describe(), platform.source)
     log.info("%s", describe(plan))
-    delta = data_delta(data_dir)
-    cost = (
-        lineage.run_cost(delta, lineage.training_steps(cfg, plan, platform.world_size))
-        if objective.continues
-        else None
-    )
-    start = continue_text(cfg, base_model, delta, cost)
+    steps = lineage.training_steps(cfg, plan, platform.world_size) if objective.continues else None
+    start = continue_text(cfg, start_record(cfg, base_model, data_dir, lineage_json, steps))
     log.info("%s", start)
     ds = deepspeed_config(plan, platform)
     write_json(out_ds, ds or {"zero_optimization": {"stage": 0}, "disabled": True})
@@ -461,10 +472,6 @@ def render(
         # the run's folder, not one derived from where this YAML is written: the same config renders
         # the same YAML wherever it is written (a login node's preview, the workflow's rule)
         "tracking": tracking.settings(cfg["sft"]["tracking"], f"results/{cfg['run']}/tracking", cfg["run"]),
-        # parent, started_from, base_model, chain: what the page and summary.json say this run grew from
-        "lineage": run_lineage(cfg, base_model),
-        # this run's tokens and a full retrain's as the trainer feeds them (lineage.run_cost)
-        "cost": cost,
     }
     if plan.static_tokens:  # llmft.sft.train pads every flattened micro-batch to this many tokens
         args["llmft"]["static_tokens"] = plan.static_tokens
