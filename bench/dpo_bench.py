@@ -3,8 +3,8 @@ LLaMA-Factory DPO config, same 1.24 B model, same pairs, one call, both through 
 (`render-sft --stage preference`) and launcher (`sft launch`), as bench/sft_bench.py runs sft.
 
     python bench/dpo_bench.py pairs --out OUT [--rows N]     # the pairs both variants train on
-    python bench/dpo_bench.py run NAME --out OUT             # one variant: hand | ours | padded | grouped
-    python bench/dpo_bench.py all --out OUT [--json R.json]  # pairs, hand, ours, padded, the comparison
+    python bench/dpo_bench.py run NAME --out OUT             # one variant (see below)
+    python bench/dpo_bench.py all --out OUT [--json R.json]  # pairs, hand, ours, resident, the ratios
 
 The pairs are written as a sharegpt file and prepared by `llmft prepare-preference` as the workflow
 prepares them (checked, split, tokenized once with each pair's length; pairs over the cutoff are
@@ -20,9 +20,16 @@ hand: what a user who tuned LLaMA-Factory's DPO by hand on one H200 runs: ZeRO-2
 reference model whole outside ZeRO-3), 4 pairs x 4 accumulation steps (2 x 8 on a GPU under 100 GiB,
 such as an H100 80 GB), no gradient checkpointing,
 SDPA, no Liger, random batches of pairs (LLaMA-Factory's own pairwise rows carry no length for
-transformers' length-grouped sampler). ours: every throughput key auto (the planner's choice from
-this machine's facts). padded: ours with LLaMA-Factory's own padded DPO forward
+transformers' length-grouped sampler), the reference model resident. ours: every throughput key auto
+(the planner's choice from this machine's facts; on a GPU preference.reference_logps auto is cached:
+`llmft reference-logps` runs first, into an empty store and then again into the full one, each timed,
+and training loads no reference model). resident: ours with preference.reference_logps: resident.
+padded (only when named): resident with LLaMA-Factory's own padded DPO forward
 (preference.padding_free: false). grouped (only when named): ours with preference.group_by_length: true.
+
+With the reference step counted: tokens/s of one epoch = an epoch's tokens (both sequences of every
+train pair) / (that count / the measured tokens/s + the reference step's wall seconds), for the cold
+step (a first night) and the warm one (a night whose reference model and pairs are cached).
 
 BENCH_DRY_RUN=1 runs the same path on 2 CPU processes with a tiny model (no GPU): a check of the
 script, not a measurement: pairs a twentieth as long (cutoff 256). BENCH_MODELS (default
@@ -75,14 +82,21 @@ HAND = {
 # before padding-free pairs; grouped: ours with pairs of similar length batched together
 # (preference.group_by_length: true; auto leaves it off), run only when named
 VARIANTS = {
-    "hand": HAND,
+    "hand": {**HAND, "reference_logps": "resident"},
     "ours": {"tokens_per_step": 65536},
-    "padded": {"tokens_per_step": 65536, "padding_free": False},
+    "resident": {"tokens_per_step": 65536, "reference_logps": "resident"},
+    "padded": {"tokens_per_step": 65536, "padding_free": False, "reference_logps": "resident"},
     "grouped": {"tokens_per_step": 65536, "group_by_length": True},
 }
-ALL = ("hand", "ours", "padded")  # what `all` runs, in one call
+ALL = ("hand", "ours", "resident")  # what `all` runs, in one call
 # the preference stage's own keys; the rest are sft's hardware keys, which the stage shares
-PREF_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "group_by_length", "padding_free")
+PREF_KEYS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "group_by_length",
+    "padding_free",
+    "reference_logps",
+)
 
 
 def write_pairs(out: Path, rows: int, seed: int = 0) -> Path:
@@ -116,6 +130,13 @@ def prepare_pairs(out: Path) -> dict:
     if proc.returncode:
         raise SystemExit(f"prepare-preference failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     stats = json.loads(proc.stdout.strip().splitlines()[-1])
+    from datasets import load_from_disk
+
+    train = load_from_disk(str(out / "data" / "tokenized"))["train"]
+    # an epoch's tokens as the throughput counts them: both sequences of every train pair
+    stats["train_tokens"] = sum(
+        len(c) + len(r) for c, r in zip(train["chosen_input_ids"], train["rejected_input_ids"], strict=True)
+    )
     (out / "pairs.stats.json").write_text(json.dumps(stats, indent=2))
     return stats
 
@@ -131,7 +152,7 @@ def hand_settings() -> dict:
 
 
 def config_for(name: str, steps: int, out: Path) -> dict:
-    overrides = hand_settings() if name == "hand" else VARIANTS[name]
+    overrides = {**hand_settings(), "reference_logps": "resident"} if name == "hand" else VARIANTS[name]
     dry = bool(os.environ.get("BENCH_DRY_RUN"))
     seq = 256 if dry else SEQ
     sft = {k: v for k, v in overrides.items() if k not in PREF_KEYS}
@@ -155,6 +176,8 @@ def config_for(name: str, steps: int, out: Path) -> dict:
         sft.update(precision="fp32", zero_stage=2 if name == "hand" else 0)
         sft.pop("flash_attn", None)
         model = os.environ.get("BENCH_DRY_MODEL", model)
+        if name == "ours":  # auto is resident on CPU: the dry run takes the path auto takes on a GPU
+            pref["reference_logps"] = "cached"
     return {
         "run": "bench",
         "hardware": hw,
@@ -178,8 +201,14 @@ def run_variant(name: str, out: Path, steps: int, timeout: int) -> dict:
     failed = run_stage([*render, "--stage", "preference"], rd, "render", env)
     if failed:
         return failed
-    work = Path(yaml.safe_load((rd / "llamafactory.yaml").read_text())["output_dir"])
+    rendered = yaml.safe_load((rd / "llamafactory.yaml").read_text())
+    work = Path(rendered["output_dir"])
     shutil.rmtree(work, ignore_errors=True)
+    reference = {}
+    if rendered["llmft"].get("reference_logps"):  # the plan trains from the reference step's record
+        reference = reference_step(cfg_path, cfg, out, REPO / rendered["llmft"]["reference_logps"], rd, env)
+        if reference.get("status") != "ok":
+            return {"name": name, "status": "reference failed", "reference": reference}
     launch = [sys.executable, "-m", "llmft", "sft", "launch", "--config", str(cfg_path)]
     t0 = time.time()
     status = train_until(
@@ -188,7 +217,9 @@ def run_variant(name: str, out: Path, steps: int, timeout: int) -> dict:
     steps_log = _read_jsonl(work / "llmft_steps.jsonl")
     (rd / "llmft_steps.jsonl").write_text("".join(json.dumps(e) + "\n" for e in steps_log))
     result = {"name": name, "status": status, "wall_s": round(time.time() - t0, 1)}
-    plan = yaml.safe_load((rd / "llamafactory.yaml").read_text())["llmft"]["plan"]
+    if reference:
+        result["reference"] = reference
+    plan = rendered["llmft"]["plan"]
     keys = ("zero_stage", "micro_batch", "gradient_accumulation", "gradient_checkpointing", "attention")
     result["plan"] = {k: plan[k] for k in (*keys, "liger", "group_by_length", "padding_free")}
     result["predicted_peak_gib"] = plan["memory"]["peak"]
@@ -208,6 +239,34 @@ def run_variant(name: str, out: Path, steps: int, timeout: int) -> dict:
     return result
 
 
+def reference_step(cfg_path: Path, cfg: dict, out: Path, record: Path, rd: Path, env: dict) -> dict:
+    """`llmft reference-logps` (the workflow's preference_reference) into a store of this benchmark's,
+    twice: cold (an empty store: every sequence computed, the cost a first night pays) and warm (every
+    sequence in the store: what a later night with the same reference model and pairs pays)."""
+    store = out / "reference_store"
+    shutil.rmtree(store, ignore_errors=True)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "llmft", "reference-logps", "--config", str(cfg_path)]
+    cmd += ["--model", cfg["model"]["name_or_path"], "--data-dir", str(out / "data"), "--out", str(record)]
+    cmd += ["--store", str(store)]
+    result = {}
+    for leg in ("cold", "warm"):
+        t0 = time.time()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+        (rd / f"reference_{leg}.log").write_text(proc.stdout + proc.stderr)
+        if proc.returncode:
+            return {"status": f"failed rc={proc.returncode}", "error": (proc.stdout + proc.stderr)[-3000:]}
+        result[f"{leg}_s"] = round(time.time() - t0, 1)
+        result[leg] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"status": "ok", **result}
+
+
+def with_reference(tps: float, tokens_per_epoch: int, reference_s: float) -> float:
+    """Tokens/s of one epoch with the reference step's time counted in it: an epoch's tokens over
+    (the epoch's training time at the measured rate + the reference step's wall time)."""
+    return tokens_per_epoch / (tokens_per_epoch / tps + reference_s)
+
+
 def compare(results: dict, pairs: dict) -> dict:
     hand, ours = (results[n].get("tokens_per_s_per_gpu") for n in ("hand", "ours"))
     ratio = round(ours / hand, 3) if hand and ours else None
@@ -220,9 +279,24 @@ def compare(results: dict, pairs: dict) -> dict:
         if name in results:
             others[name] = round(tps / hand, 3) if hand and tps else None
             print(f"{name} ({what}) / hand = {tps} / {hand} = {others[name]}")
+    tps = results.get("resident", {}).get("tokens_per_s_per_gpu")
+    if "resident" in results:
+        others["resident"] = round(tps / hand, 3) if hand and tps else None
+        print(f"resident (reference_logps: resident) / hand = {tps} / {hand} = {others['resident']}")
+    reference = results["ours"].get("reference")
+    if reference and ours and hand:
+        tokens = pairs["train_tokens"]
+        for leg in ("cold", "warm"):
+            tps = with_reference(ours, tokens, reference[f"{leg}_s"])
+            others[f"with_reference_{leg}"] = round(tps / hand, 3)
+            print(
+                f"ours with the {leg} reference step ({reference[f'{leg}_s']} s) in one epoch of "
+                f"{tokens} tokens: {round(tps, 1)} / {hand} = {others[f'with_reference_{leg}']}"
+            )
     print(
         "tokens/s = (non-padding tokens of both sequences of every pair seen at the last step - at step "
-        f"{WARMUP}) / seconds between them / GPUs"
+        f"{WARMUP}) / seconds between them / GPUs; with the reference step: an epoch's tokens / (an "
+        "epoch's tokens / tokens/s + the reference step's wall seconds)"
     )
     return {
         "pairs": pairs,

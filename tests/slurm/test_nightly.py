@@ -1,6 +1,7 @@
 """Nightly retrains on the real Slurm test cluster, in continue mode: a first night from base, a night
-continued on appended rows and promoted, one continued on damaging rows and refused, rollback and
-promote by hand, a skip when nothing changed, and a concurrent start refused by the lock."""
+continued on appended rows and promoted, one on a changed software stack (quarantined on both nodes,
+passed) continued on damaging rows and refused, rollback and promote by hand, a skip when nothing
+changed, and a concurrent start refused by the lock."""
 
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ from llmft.core.assets import synthetic_rows
 from tests.conftest import BIN, REPO, make_workdir, place_verify
 from tests.slurm.cluster import fast_poll_env
 from tests.slurm.test_cluster import _cluster_problem, box_args
+from tests.stacks import record_another_stack
 
 pytestmark = pytest.mark.slurm
+
+OLD_TORCH = "2.12.0+cpu"  # the torch night2's recorded stack is edited to: night 3's stack differs
 
 NIGHT = {
     "hardware__allow_cpu_on_gpu_jobs": True,  # CPU ranks in the production profile's GPU jobs
@@ -178,10 +182,21 @@ def test_three_nights_and_a_concurrent_start(tmp_path):
     assert os.readlink(work / "results/current") == "night2", out[-2000:]
 
     # Night 3: appended rows whose answers are noise; continues from night2 and the gate refuses it.
+    # night2 recorded another torch than the nodes have now: night 3's verify_env (run on both nodes,
+    # not reused) quarantines the stack on each node before any training; it passes and is recorded.
     write_rows(work / "data/rows.jsonl", damaged(rows[500:700]), mode="a")
-    reuse_verify_of_night1(work, "night3")
+    recorded = record_another_stack(work / "results/night2", torch=OLD_TORCH)
     rc, out = finish(start(work, "night3"))
     assert rc == 0, out[-4000:]
+    q = json.loads((work / "results/night3/env/verify.json").read_text())["quarantine"]
+    assert q["status"] == "passed" and len(q["nodes"]) == 2, q
+    for host, node in q["nodes"].items():
+        assert node["action"] == "quarantine" and node["against"] == recorded["hash"], (host, node)
+        assert list(node["checks"]) == ["accumulation", "resume", "canary", "eval_drift"], node
+        assert all(c["ok"] for c in node["checks"].values()), node["checks"]
+        assert [c[0] for c in node["changes"]] == ["torch"] and node["changes"][0][1] == OLD_TORCH
+    night3_stack = next(n for n in state(work)["nights"] if n["run"] == "night3")["stack"]
+    assert night3_stack["status"] == "passed" and f"torch {OLD_TORCH} -> " in night3_stack["message"]
     decision = json.loads((work / "results/night3/promotion.json").read_text())
     s3 = summary(work, "night3")
     assert s3["lineage"]["parent"] == "night2" and s3["lineage"]["chain"] == ["night1", "night2"]

@@ -14,9 +14,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from llmft.core import stack as stack_fp
 
 from tests.conftest import BIN, DEMO, REPO, make_workdir, shared_run, snakemake_env
+from tests.stacks import record_another_stack
 
 pytestmark = pytest.mark.workflow
 
@@ -49,14 +49,7 @@ def promoted_on_another_stack(work: Path) -> dict:
     """Promote the copied demo run and make its recorded stack another torch's; the edited stack."""
     proc = llmft(work, "promote", "demo", "--why", "the quarantine's reference")
     assert proc.returncode == 0, proc.stderr
-    run = work / "results/demo"
-    summary = json.loads((run / "report/summary.json").read_text())
-    fp = {**summary["stack"]["fingerprint"], "torch": OLD_TORCH}
-    recorded = stack_fp.run_fingerprint({h: fp for h in summary["stack"]["nodes"]})
-    (run / "report/summary.json").write_text(json.dumps({**summary, "stack": recorded}))
-    verify = json.loads((run / "env/verify.json").read_text())
-    (run / "env/verify.json").write_text(json.dumps({**verify, "stack": recorded}))
-    return recorded
+    return record_another_stack(work / "results/demo", torch=OLD_TORCH)
 
 
 def state(work: Path) -> dict:
