@@ -1,7 +1,8 @@
 #!/bin/bash
 # GPU DPO benchmark, one device call (nvidia-h200, ~9 min): hand-tuned LLaMA-Factory DPO, llmft's plan
-# (padding-free pairs) and llmft's plan with LLaMA-Factory's padded forward, on the same pairs.
-#   bash bench/dpo_gpu.sh
+# (auto: padding-free pairs, the reference step's cached log-probabilities) and llmft's plan with the
+# reference model resident, on the same pairs.
+#   bash bench/dpo_gpu.sh    # DPO_VARIANTS=hand,ours for the two alone (~6 min), DPO_STEPS (30) per variant
 # Carried: the wheels (WHEELS=.whld: the LLaMA-Factory + DeepSpeed wheels for the image's Python 3.12,
 # liger-kernel, jsonschema and its dependencies, tensorboardX) and bench/work/sft/tok (the tokenizer).
 # Results in $OUT: dpo.json (bench/dpo_bench.py's comparison), dpo_gpu.log, dpo_runs.tar.gz (each
@@ -23,7 +24,7 @@ if [ ! -f "$BENCH_MODELS/llama1b/config.json" ]; then
     || { say "model build failed"; tail -20 "$LOG"; exit 1; }
 fi
 say "model ready"
-python3 bench/dpo_bench.py all --out "$R" --json "$OUT/dpo.json" >>"$LOG" 2>&1
+python3 bench/dpo_bench.py all --out "$R" --json "$OUT/dpo.json" --variants "${DPO_VARIANTS:-hand,ours,resident}" --steps "${DPO_STEPS:-30}" >>"$LOG" 2>&1
 say "bench exit $?"
 tail -8 "$LOG"
 tar czf "$OUT/dpo_runs.tar.gz" -C "$R" --exclude=data --exclude=pairs.jsonl . 2>/dev/null
