@@ -323,6 +323,9 @@ def main() -> None:
     b.add_argument("--steps", type=int, default=STEPS, help="optimizer steps per variant")
     b.add_argument("--timeout", type=int, default=900, help="seconds before a variant is stopped")
     b.add_argument("--json", default="", help="also write the comparison to this file")
+    b.add_argument(
+        "--variants", default=",".join(ALL), help=f"which variants, hand and ours first ({','.join(ALL)})"
+    )
     args = p.parse_args()
     out = Path(args.out)
     if args.cmd == "pairs":
@@ -333,7 +336,8 @@ def main() -> None:
     else:
         write_pairs(out, args.rows)
         pairs = prepare_pairs(out)
-        result = compare({n: run_variant(n, out, args.steps, args.timeout) for n in ALL}, pairs)
+        names = args.variants.split(",")
+        result = compare({n: run_variant(n, out, args.steps, args.timeout) for n in names}, pairs)
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2))
 

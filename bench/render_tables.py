@@ -303,7 +303,8 @@ def suite_time() -> str:
     return (
         "`make test` on a clean clone (`/usr/bin/time -v .ci/run` on a fresh `git clone`, a 2-core, "
         f"24 GiB machine): **{secs / 60:.1f} min** ({num(secs)} s, {num(passed)} passed, "
-        f"{latest['skipped']} skipped) at {latest['commit']} ({latest['commit_date'][:10]}, "
+        + (f"{latest['failed']} failed, " if latest.get("failed") else "")
+        + f"{latest['skipped']} skipped) at {latest['commit']} ({latest['commit_date'][:10]}, "
         f"{latest['load']}); {min(calm) / 60:.1f}–{max(calm) / 60:.1f} min over the {len(calm)} "
         f"recorded runs on that machine with nothing heavy beside them (`bench/results/{SUITE}`)."
     )

@@ -179,3 +179,37 @@ def test_a_failed_quarantine_stops_verify_env_whatever_verify_on_failure_says(tm
     finding = next(f for f in report["findings"] if f["check"] == "quarantine")
     assert not finding["ok"] and "quarantine check resume parity (resume) failed on vm" in finding["message"]
     assert "torch 2.13.0+cpu -> 2.14" in finding["message"]
+
+
+CRASHING_RANK = """import os, sys
+mode = os.environ.get("LLMFT_TEST_RANK0_ABORTS", "")
+if mode and os.environ.get("RANK") == "0" and "--ranks-part" in sys.argv:
+    marker = os.environ["LLMFT_TEST_RANK0_MARKER"]
+    if mode == "always" or not os.path.exists(marker):
+        open(marker, "a").close()
+        os.abort()
+"""
+
+
+@pytest.mark.parametrize("mode", ["once", "always"])
+def test_a_crashed_ranks_run_is_tried_once_more_and_a_second_crash_is_named(tmp_path, mode):
+    """Rank 0 of accumulation parity's torchrun run aborts (SIGABRT, as a torn-down collective does):
+    once, the second try gives the steps; every time, the check's error names both crashes."""
+    import os
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(CRASHING_RANK)
+    marker = tmp_path / "aborted"
+    path = os.pathsep.join(filter(None, [str(tmp_path / "site"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "LLMFT_TEST_RANK0_ABORTS": mode,
+           "LLMFT_TEST_RANK0_MARKER": str(marker)}  # fmt: skip
+    n = q.accumulation_rows(2)
+    if mode == "once":
+        steps = q._ranks_run(tmp_path, "cpu", 2, n, env, 600)
+        assert marker.exists() and len(steps) == q.ACCUMULATION_STEPS
+    else:
+        with pytest.raises(
+            RuntimeError,
+            match=r"(?s)2 ranks crashed 2 times; torchrun exit 1: .* \| torchrun exit 1: .*SIGABRT",
+        ):
+            q._ranks_run(tmp_path, "cpu", 2, n, env, 600)
