@@ -208,7 +208,7 @@ def run_variant(name: str, out: Path, steps: int, timeout: int) -> dict:
     if rendered["llmft"].get("reference_logps"):  # the plan trains from the reference step's record
         reference = reference_step(cfg_path, cfg, out, REPO / rendered["llmft"]["reference_logps"], rd, env)
         if reference.get("status") != "ok":
-            return {"name": name, "status": "reference failed", "reference": reference}
+            return reference  # run_stage's failed result (rd/result.json)
     launch = [sys.executable, "-m", "llmft", "sft", "launch", "--config", str(cfg_path)]
     t0 = time.time()
     status = train_until(
@@ -241,8 +241,9 @@ def run_variant(name: str, out: Path, steps: int, timeout: int) -> dict:
 
 def reference_step(cfg_path: Path, cfg: dict, out: Path, record: Path, rd: Path, env: dict) -> dict:
     """`llmft reference-logps` (the workflow's preference_reference) into a store of this benchmark's,
-    twice: cold (an empty store: every sequence computed, the cost a first night pays) and warm (every
-    sequence in the store: what a later night with the same reference model and pairs pays)."""
+    through run_stage (rd/reference_<leg>.log; a failure is the variant's result), twice: cold (an
+    empty store: every sequence computed, the cost a first night pays) and warm (every sequence in the
+    store: what a later night with the same reference model and pairs pays)."""
     store = out / "reference_store"
     shutil.rmtree(store, ignore_errors=True)
     record.parent.mkdir(parents=True, exist_ok=True)
@@ -252,12 +253,12 @@ def reference_step(cfg_path: Path, cfg: dict, out: Path, record: Path, rd: Path,
     result = {}
     for leg in ("cold", "warm"):
         t0 = time.time()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-        (rd / f"reference_{leg}.log").write_text(proc.stdout + proc.stderr)
-        if proc.returncode:
-            return {"status": f"failed rc={proc.returncode}", "error": (proc.stdout + proc.stderr)[-3000:]}
+        failed = run_stage(cmd, rd, f"reference_{leg}", env)
+        if failed:
+            return failed
         result[f"{leg}_s"] = round(time.time() - t0, 1)
-        result[leg] = json.loads(proc.stdout.strip().splitlines()[-1])
+        written = json.loads(record.read_text())
+        result[leg] = {k: written[k] for k in ("sequences", "computed", "reused", "model", "store")}
     return {"status": "ok", **result}
 
 
@@ -274,15 +275,15 @@ def compare(results: dict, pairs: dict) -> dict:
     print(f"llmft's plan:                 {ours} tokens/s/GPU ({results['ours']['status']})")
     print(f"ratio = ours / hand = {ours} / {hand} = {ratio}")
     others = {}
-    for name, what in (("padded", "padding_free: false"), ("grouped", "group_by_length: true")):
+    for name, what in (
+        ("resident", "reference_logps: resident"),
+        ("padded", "padding_free: false"),
+        ("grouped", "group_by_length: true"),
+    ):
         tps = results.get(name, {}).get("tokens_per_s_per_gpu")
         if name in results:
             others[name] = round(tps / hand, 3) if hand and tps else None
             print(f"{name} ({what}) / hand = {tps} / {hand} = {others[name]}")
-    tps = results.get("resident", {}).get("tokens_per_s_per_gpu")
-    if "resident" in results:
-        others["resident"] = round(tps / hand, 3) if hand and tps else None
-        print(f"resident (reference_logps: resident) / hand = {tps} / {hand} = {others['resident']}")
     reference = results["ours"].get("reference")
     if reference and ours and hand:
         tokens = pairs["train_tokens"]
