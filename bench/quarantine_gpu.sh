@@ -22,7 +22,7 @@ R=/tmp/quarantine_bench
 mkdir -p "$R" "$OUT"
 LOG=$OUT/quarantine_gpu.log
 say() { echo "[t=$(el)s] $*" | tee -a "$LOG"; }
-use_wheels "$R/pip.log" jsonschema >>"$LOG" || { say "pip install failed"; exit 1; }
+use_wheels "$R/pip.log" jsonschema jieba nltk rouge_chinese >>"$LOG" || { say "pip install failed"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$LOG" 2>&1
 rm -rf results/demo && mkdir -p results && cp -r bench/work/quarantine/demo results/demo
 leg() {  # leg NAME OVERRIDES_JSON: one verify-env, its wall time in $R/NAME.wall
