@@ -90,6 +90,23 @@ VARIANTS = {
 }
 ALL = ("hand", "ours", "resident")  # what `all` runs, in one call
 # the preference stage's own keys; the rest are sft's hardware keys, which the stage shares
+# Per model size: the model bench/sft_models.py builds, llmft's tokens per optimizer step (ours and
+# resident) and the hand-tuned run's change to HAND. At 8 B the LoRA adapter trains (full DPO's
+# weights, gradients and Adam states, ~16 bytes a parameter, outgrow one GPU): the hand-tuned run
+# checkpoints activations at 2 pairs x 4 accumulation steps (one micro-batch's activations without
+# checkpointing outgrow 80 GB), ours plans at about its tokens per step.
+SIZES = {
+    "1b": {"model": "llama1b", "tokens_per_step": 65536, "hand": {}},
+    "8b": {
+        "model": "llama8b",
+        "tokens_per_step": 32768,
+        "hand": {
+            "per_device_train_batch_size": 2,
+            "gradient_accumulation_steps": 4,
+            "gradient_checkpointing": True,
+        },
+    },
+}
 PREF_KEYS = (
     "per_device_train_batch_size",
     "gradient_accumulation_steps",
@@ -121,9 +138,9 @@ def write_pairs(out: Path, rows: int, seed: int = 0) -> Path:
     return out / "pairs.jsonl"
 
 
-def prepare_pairs(out: Path) -> dict:
+def prepare_pairs(out: Path, size: str = "1b") -> dict:
     """`llmft prepare-preference` on the pairs (the workflow's prepare_preference): its stats line."""
-    cfg = config_for("ours", STEPS, out)
+    cfg = config_for("ours", STEPS, out, size)
     cmd = [sys.executable, "-m", "llmft", "prepare-preference", "--config-json", json.dumps(cfg)]
     cmd += ["--tokenizer", cfg["model"]["name_or_path"], "--out-dir", str(out / "data")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=llmft_env(), cwd=REPO)
@@ -141,24 +158,38 @@ def prepare_pairs(out: Path) -> dict:
     return stats
 
 
-def hand_settings() -> dict:
-    """HAND on a GPU of 100 GiB or more (H200: planned peak 82 GiB); on a smaller one (H100 80 GB)
-    what a user would tune down to: 2 pairs x 8 accumulation steps, the same pairs per step."""
+def hand_settings(size: str = "1b") -> dict:
+    """HAND (with the size's change) on a GPU of 100 GiB or more (H200: planned peak 82 GiB at 1.24 B);
+    at 1.24 B on a smaller one (H100 80 GB) what a user would tune down to: 2 pairs x 8 accumulation
+    steps, the same pairs per step."""
     import torch
 
-    if not torch.cuda.is_available() or torch.cuda.get_device_properties(0).total_memory >= 100 * 2**30:
-        return HAND
-    return {**HAND, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 8}
+    hand = {**HAND, **SIZES[size]["hand"]}
+    if size != "1b" or not torch.cuda.is_available():
+        return hand
+    if torch.cuda.get_device_properties(0).total_memory >= 100 * 2**30:
+        return hand
+    return {**hand, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 8}
 
 
-def config_for(name: str, steps: int, out: Path) -> dict:
-    overrides = {**hand_settings(), "reference_logps": "resident"} if name == "hand" else VARIANTS[name]
+def config_for(name: str, steps: int, out: Path, size: str = "1b", finetuning: str = "full") -> dict:
+    if name == "hand":
+        overrides = {**hand_settings(size), "reference_logps": "resident"}
+    else:
+        overrides = dict(VARIANTS[name])
+        overrides["tokens_per_step"] = SIZES[size]["tokens_per_step"]
     dry = bool(os.environ.get("BENCH_DRY_RUN"))
     seq = 256 if dry else SEQ
     sft = {k: v for k, v in overrides.items() if k not in PREF_KEYS}
     sft.update(precision="bf16", logging_steps=1, save_steps=100000)
     sft["extra"] = {"eval_strategy": "no", "disable_tqdm": True, "preprocessing_num_workers": 16}
-    pref = {"method": "dpo", "loss": "sigmoid", "beta": 0.1, "start_from": "base", "finetuning_type": "full"}
+    pref = {
+        "method": "dpo",
+        "loss": "sigmoid",
+        "beta": 0.1,
+        "start_from": "base",
+        "finetuning_type": finetuning,
+    }
     pref.update({k: overrides[k] for k in PREF_KEYS if k in overrides}, max_steps=steps)
     # pairs longer than the cutoff are dropped, not cut (up to half of them: the comparison's pairs
     # are whatever fits, the same for both variants); a few held out, which the bench does not score
@@ -170,7 +201,7 @@ def config_for(name: str, steps: int, out: Path) -> dict:
         "max_dropped_fraction": 0.5,
     }
     hw = {"vendor": "cuda", "nodes": 1, "gpus_per_node": 1, "gpu_model": ""}  # the node's own GPU
-    model = str(MODELS / "llama1b")
+    model = str(MODELS / SIZES[size]["model"])
     if dry:
         hw = {"vendor": "cpu", "nodes": 1, "gpus_per_node": 0, "processes_per_node": 2}
         sft.update(precision="fp32", zero_stage=2 if name == "hand" else 0)
@@ -188,13 +219,22 @@ def config_for(name: str, steps: int, out: Path) -> dict:
     }
 
 
-def run_variant(name: str, out: Path, steps: int, timeout: int) -> dict:
-    """Render, launch, stop after the last step is logged (the final save is not timed)."""
+def run_variant(
+    name: str,
+    out: Path,
+    steps: int,
+    timeout: int,
+    size: str = "1b",
+    finetuning: str = "full",
+    warmup: int = WARMUP,
+) -> dict:
+    """Render, launch, stop after the last step is logged (the final save is not timed); throughput
+    from step `warmup` on."""
     rd = out / name
     shutil.rmtree(rd, ignore_errors=True)  # nothing of an earlier call's run survives
     rd.mkdir(parents=True)
     cfg_path = rd / "config.yaml"
-    cfg = config_for(name, steps, out)
+    cfg = config_for(name, steps, out, size, finetuning)
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     env = llmft_env()
     render = render_cmd(cfg_path, cfg["model"]["name_or_path"], node_facts(out), out / "data", rd)
@@ -216,15 +256,16 @@ def run_variant(name: str, out: Path, steps: int, timeout: int) -> dict:
     )
     steps_log = _read_jsonl(work / "llmft_steps.jsonl")
     (rd / "llmft_steps.jsonl").write_text("".join(json.dumps(e) + "\n" for e in steps_log))
-    result = {"name": name, "status": status, "wall_s": round(time.time() - t0, 1)}
+    result = {"name": name, "size": size, "finetuning": finetuning, "status": status}
+    result["wall_s"] = round(time.time() - t0, 1)
     if reference:
         result["reference"] = reference
     plan = rendered["llmft"]["plan"]
     keys = ("zero_stage", "micro_batch", "gradient_accumulation", "gradient_checkpointing", "attention")
     result["plan"] = {k: plan[k] for k in (*keys, "liger", "group_by_length", "padding_free")}
     result["predicted_peak_gib"] = plan["memory"]["peak"]
-    if sum("time" in e for e in steps_log) > WARMUP + 1:
-        tps, n, seconds = _throughput(steps_log, WARMUP)
+    if sum("time" in e for e in steps_log) > warmup + 1:
+        tps, n, seconds = _throughput(steps_log, warmup)
         result.update(tokens_per_s_per_gpu=round(tps / plan["world_size"], 1), window_steps=n)
         result["window_s"] = round(seconds, 2)
     # LLaMA-Factory's RECORD_VRAM (llmft's launcher sets it): torch's max allocated, rank 0, in GiB
@@ -268,7 +309,7 @@ def with_reference(tps: float, tokens_per_epoch: int, reference_s: float) -> flo
     return tokens_per_epoch / (tokens_per_epoch / tps + reference_s)
 
 
-def compare(results: dict, pairs: dict) -> dict:
+def compare(results: dict, pairs: dict, warmup: int = WARMUP) -> dict:
     hand, ours = (results[n].get("tokens_per_s_per_gpu") for n in ("hand", "ours"))
     ratio = round(ours / hand, 3) if hand and ours else None
     print(f"hand-tuned LLaMA-Factory DPO: {hand} tokens/s/GPU ({results['hand']['status']})")
@@ -296,7 +337,7 @@ def compare(results: dict, pairs: dict) -> dict:
             )
     print(
         "tokens/s = (non-padding tokens of both sequences of every pair seen at the last step - at step "
-        f"{WARMUP}) / seconds between them / GPUs; with the reference step: an epoch's tokens / (an "
+        f"{warmup}) / seconds between them / GPUs; with the reference step: an epoch's tokens / (an "
         "epoch's tokens / tokens/s + the reference step's wall seconds)"
     )
     return {
@@ -313,12 +354,19 @@ def main() -> None:
     a = sub.add_parser("pairs", help="write the pairs both variants train on")
     a.add_argument("--out", required=True, help="the benchmark's folder")
     a.add_argument("--rows", type=int, default=2000, help="pairs to write")
+    a.add_argument("--size", choices=sorted(SIZES), default="1b", help="whose tokenizer prepares them")
     r = sub.add_parser("run", help="one variant")
     r.add_argument("name", choices=sorted(VARIANTS), help="hand, ours, padded or grouped")
     r.add_argument("--out", required=True, help="the benchmark's folder (pairs already written)")
     r.add_argument("--steps", type=int, default=STEPS, help="optimizer steps to train")
     r.add_argument("--timeout", type=int, default=900, help="seconds before a variant is stopped")
     b = sub.add_parser("all", help="pairs, both variants, the comparison")
+    for q in (r, b):
+        q.add_argument("--size", choices=sorted(SIZES), default="1b", help="the model (bench/sft_models.py)")
+        q.add_argument(
+            "--finetuning", choices=("full", "lora"), default="full", help="preference.finetuning_type"
+        )
+        q.add_argument("--warmup", type=int, default=WARMUP, help="steps before the throughput window")
     b.add_argument("--out", required=True, help="the benchmark's folder")
     b.add_argument("--rows", type=int, default=2000, help="pairs to write")
     b.add_argument("--steps", type=int, default=STEPS, help="optimizer steps per variant")
@@ -331,14 +379,17 @@ def main() -> None:
     out = Path(args.out)
     if args.cmd == "pairs":
         write_pairs(out, args.rows)
-        print(json.dumps(prepare_pairs(out)))
-    elif args.cmd == "run":
-        print(json.dumps(run_variant(args.name, out, args.steps, args.timeout), indent=2))
+        print(json.dumps(prepare_pairs(out, args.size)))
+        return
+    scale = {"size": args.size, "finetuning": args.finetuning, "warmup": args.warmup}
+    if args.cmd == "run":
+        print(json.dumps(run_variant(args.name, out, args.steps, args.timeout, **scale), indent=2))
     else:
         write_pairs(out, args.rows)
-        pairs = prepare_pairs(out)
+        pairs = prepare_pairs(out, args.size)
         names = args.variants.split(",")
-        result = compare({n: run_variant(n, out, args.steps, args.timeout) for n in names}, pairs)
+        results = {n: run_variant(n, out, args.steps, args.timeout, **scale) for n in names}
+        result = compare(results, pairs, args.warmup)
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2))
 

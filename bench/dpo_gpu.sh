@@ -3,6 +3,8 @@
 # (auto: padding-free pairs, the reference step's cached log-probabilities) and llmft's plan with the
 # reference model resident, on the same pairs.
 #   bash bench/dpo_gpu.sh    # DPO_VARIANTS=hand,ours for the two alone (~6 min), DPO_STEPS (30) per variant
+#   DPO_SIZE=8b DPO_FINETUNING=lora DPO_ROWS=500 DPO_STEPS=12 DPO_WARMUP=4 DPO_VARIANTS=hand,ours bash bench/dpo_gpu.sh
+#                            # LoRA DPO of the 8 B model (~6 min: the 16 GB model built first)
 # Carried: the wheels (WHEELS=.whld: the LLaMA-Factory + DeepSpeed wheels for the image's Python 3.12,
 # liger-kernel, jsonschema and its dependencies, tensorboardX) and bench/work/sft/tok (the tokenizer).
 # Results in $OUT: dpo.json (bench/dpo_bench.py's comparison), dpo_gpu.log, dpo_runs.tar.gz (each
@@ -19,12 +21,15 @@ say() { echo "[t=$(el)s] $*" | tee -a "$LOG"; }
 use_wheels "$R/pip.log" liger_kernel jsonschema >>"$LOG" || { say "pip install failed"; exit 1; }
 say "wheels installed"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$LOG" 2>&1
-if [ ! -f "$BENCH_MODELS/llama1b/config.json" ]; then
-  python3 bench/sft_models.py model 1b "$BENCH_MODELS/llama1b" bench/work/sft/tok --device cuda >>"$LOG" 2>&1 \
+SIZE=${DPO_SIZE:-1b}
+if [ ! -f "$BENCH_MODELS/llama$SIZE/config.json" ]; then
+  python3 bench/sft_models.py model "$SIZE" "$BENCH_MODELS/llama$SIZE" bench/work/sft/tok --device cuda >>"$LOG" 2>&1 \
     || { say "model build failed"; tail -20 "$LOG"; exit 1; }
 fi
-say "model ready"
-python3 bench/dpo_bench.py all --out "$R" --json "$OUT/dpo.json" --variants "${DPO_VARIANTS:-hand,ours,resident}" --steps "${DPO_STEPS:-30}" >>"$LOG" 2>&1
+say "model $SIZE ready"
+python3 bench/dpo_bench.py all --out "$R" --json "$OUT/dpo.json" --variants "${DPO_VARIANTS:-hand,ours,resident}" \
+  --steps "${DPO_STEPS:-30}" --rows "${DPO_ROWS:-2000}" --size "$SIZE" --finetuning "${DPO_FINETUNING:-full}" \
+  --warmup "${DPO_WARMUP:-5}" >>"$LOG" 2>&1
 say "bench exit $?"
 tail -8 "$LOG"
 tar czf "$OUT/dpo_runs.tar.gz" -C "$R" --exclude=data --exclude=pairs.jsonl . 2>/dev/null
