@@ -241,6 +241,14 @@ def test_a_second_pass_computes_only_new_or_changed_sequences(model_dir, tmp_pat
     assert len(reference.load_record(tmp_path / "reference.json")) >= 16
     unchanged = _pass(model_dir, tmp_path / "d2", tmp_path)
     assert (unchanged["computed"], unchanged["reused"]) == (0, 16)
+    # a night whose sequences are all in the store starts no process and imports no torch (which, with
+    # the GPU count it was asked for, was most of such a night's reference step)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    args = [str(model_dir), str(tmp_path / "d2"), str(tmp_path / "warm.json"), str(tmp_path / "store")]
+    proc = subprocess.run([sys.executable, "-c", WARM_PASS, *args], env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["computed=0", "reused=16", "torch=False"]
 
 
 def test_two_processes_share_the_shards(model_dir, tmp_path):
@@ -272,6 +280,15 @@ def test_the_padded_forward_where_varlen_cannot_run_gives_the_same_values(model_
     assert reference.padfree_runs("cpu", "fp32") and not reference.padfree_runs("cuda:0", "fp32")
 
 
+WARM_PASS = textwrap.dedent(
+    """
+    import sys
+    from llmft.preference import reference
+    model, data, out, store = sys.argv[1:]
+    record = reference.reference_pass(model, data, out, store_root=store)  # processes: one per GPU
+    print(f"computed={record['computed']} reused={record['reused']} torch={'torch' in sys.modules}")
+    """
+)
 KILLED_AFTER_FIRST_SHARD = textwrap.dedent(
     """
     import os, signal, sys

@@ -359,7 +359,7 @@ def reference_pass(
     have = store.load()
     missing = [(key, ids, labels) for key, (ids, labels) in sequences.items() if key not in have]
     jobs = [missing[i : i + shard_sequences] for i in range(0, len(missing), shard_sequences)]
-    n = min(process_count(processes), max(1, len(jobs)))
+    n = min(process_count(processes), len(jobs)) if jobs else 0  # a warm pass imports no torch
     log.info(
         "reference %s (%s, %s): "
         "%d sequences, %d in the store, %d to compute in %d shard(s) on %d process(es)",
