@@ -1,4 +1,4 @@
-"""GPU DPO benchmark (issue 34): llmft's own plan for the preference stage against a hand-tuned
+"""GPU DPO benchmark: llmft's own plan for the preference stage against a hand-tuned
 LLaMA-Factory DPO config, same 1.24 B model, same pairs, one call, both through llmft's render path
 (`render-sft --stage preference`) and launcher (`sft launch`), as bench/sft_bench.py runs sft.
 

@@ -107,7 +107,7 @@ LORA_HAND = {
     "gradient_accumulation_steps": 1,
     **NOT_THE_TOOLS,  # the *_lf_* runs add LLaMA-Factory's own fp8 flag to the YAML
 }
-# FP8 (issue 33, bench/sft_fp8_bench.py reports these; one H200: BENCH_GPUS=1). llmft's FP8 run
+# FP8 (bench/sft_fp8_bench.py reports these; one H200: BENCH_GPUS=1). llmft's FP8 run
 # (fp8_lora_auto_1b pins sft.fp8: true, from when `auto` kept FP8 off at 1.24 B; `auto` now turns it
 # on for LoRA where the canary's FP8 leg passed and the measured step ratio (llmft.core.fp8
 # PIPELINE_RATIO) is over 1, which it is at 1.24 B and 8 B, so the pin is what `auto` picks) against

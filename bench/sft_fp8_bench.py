@@ -1,5 +1,5 @@
-"""FP8 benchmark report (issue 33): the FP8 variants of bench/sft_bench.py, run by bench/sft_fp8_gpu.sh on
-one H200, compared as the issue asks, each comparison from runs of one device call.
+"""FP8 benchmark report: the FP8 variants of bench/sft_bench.py, run by bench/sft_fp8_gpu.sh on
+one H200, against bf16 and the hand-tuned runs, each comparison from runs of one device call.
 
     python bench/sft_fp8_bench.py report OUT --json RESULT.json   # ratios, TFLOP/s, MFU, accuracy
 

@@ -210,7 +210,7 @@ def test_a_published_model_changed_in_place_is_trusted_nowhere(runs):
 
 
 def with_lineage(results: Path, run: str, parent: str | None, chain: list[str]) -> None:
-    """The lineage the run's lineage.json records (its shape from the continue side of issue 32)."""
+    """The lineage the run's lineage.json records (the shape a continued night's lineage has)."""
     path = results / run / "lineage.json"
     record = json.loads(path.read_text())
     record.update(parent=parent, chain=chain)

@@ -1,5 +1,5 @@
 """Config and profile values that reach a shell line, and configs too big to pass to a job, are refused
-before Snakemake builds any job (issue 30): the message names the key or profile resource, the
+before Snakemake builds any job: the message names the key or profile resource, the
 payload a value carries never runs, and an alias bomb is refused in bounded time.
 """
 

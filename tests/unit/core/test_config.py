@@ -67,7 +67,7 @@ BAD = [
     ("exponent read as text", with_("sft.learning_rate", "1e-4"), "write 0.0001 (e.g. 1.0e-4 for 1e-4)"),
 ]
 
-# Values that would reach a shell, a folder name or a model's own code (issue 30).
+# Values that would reach a shell, a folder name or a model's own code.
 HOSTILE = [
     ("run name ending in a newline", with_("run", "demo\n"), "config key run: 'demo\\n' is not allowed"),
     ("reserved run name with a newline", with_("run", "current\n"), "config key run: 'current\\n' is not"),

@@ -58,7 +58,7 @@ OWN_KEYS_EXTRA = {
 LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_target", "quantization_bit")
 FREEZE_KEYS = ("freeze_trainable_layers",)
 # LLaMA-Factory's FP8 arguments: its `fp8: true` goes through Accelerate, which falls back to bf16
-# without an error on our stack (issue 33); sft.fp8 applies FP8 in llmft's training entry instead.
+# without an error on our stack; sft.fp8 applies FP8 in llmft's training entry instead.
 FP8_EXTRA = ("fp8", "fp8_backend", "fp8_enable_fsdp_float8_all_gather")
 # sft.extra arguments that would run Python code shipped in the model folder (a remote-code model
 # of a type transformers lacks also stops a job at transformers' interactive [y/N] prompt).

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from llmft.core.config import ConfigError, fp8_blocker
 
-# Scaling recipes, measured on one H200 (issue 33: four Llama-3-8B-shaped decoder layers, batch 4 x
+# Scaling recipes, measured on one H200 (four Llama-3-8B-shaped decoder layers, batch 4 x
 # 2048, forward + backward under torch.compile): a decoder layer's bf16 step time over its float8 step
 # time, with trainable weights (full fine-tuning) and frozen ones (LoRA's base weights). Accuracy
 # against bf16 is checked by the canary's FP8 leg on every node and by bench/sft_fp8_bench.py (>= 300
@@ -43,7 +43,7 @@ def choose_recipe(measured: dict) -> str:
 
 RECIPE = choose_recipe(MEASURED_SPEEDUP)
 RECIPE_WHY = (
-    f"{RECIPE} scaling, the fastest measured speed-up of a decoder layer over bf16 on an H200 (issue 33): "
+    f"{RECIPE} scaling, the fastest measured speed-up of a decoder layer over bf16 on an H200: "
     + ", ".join(
         f"{n} {v['trainable']}x trainable / {v['frozen']}x frozen" for n, v in MEASURED_SPEEDUP.items()
     )
@@ -423,7 +423,7 @@ def read_report(out_dir: str | Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-# Package combinations known to break (issue 33, read from the packages' sources): peft's LoRA
+# Package combinations known to break (read from the packages' sources): peft's LoRA
 # dispatch (peft/tuners/lora/torchao.py) imports torchao.quantization.LinearActivationQuantizedTensor
 # whenever torchao is installed, which torchao 0.18.0 removed: every LoRA run fails at model load.
 # Against torch, torchao's own import check (torchao/__init__.py) skips its compiled kernels outside
