@@ -150,8 +150,8 @@ def shared_run(name: str, timeout: int = 1800, **overrides) -> SharedRun:
 
 # The embedded default as is, with verify_env's numerics canary (the suite's other pipelines skip
 # it): test_pipeline's demo. The tests that start from the embedded default's model, data or
-# training (test_benchmarks, test_lora_freeze, test_sft_launcher, test_faults, test_hostile_paths)
-# take a copy of `shared_run("demo", **DEMO)` instead of building their own.
+# training (test_benchmarks, test_lora_freeze, test_sft_launcher, test_faults, test_hostile_paths,
+# test_preference's sft model) take a copy of `shared_run("demo", **DEMO)` instead of building their own.
 DEMO = {"verify__canary": True}
 
 

@@ -17,7 +17,7 @@ import yaml
 from llmft.core.assets import synthetic_rows
 from llmft.nightly.run import retain
 
-from tests.conftest import BIN, REPO, make_workdir, snakemake_env
+from tests.conftest import BIN, REPO, make_workdir, place_verify, reuse_verify, snakemake_env
 
 pytestmark = pytest.mark.workflow
 
@@ -60,6 +60,7 @@ def night1(tmp_path_factory):
     """One real night (retrain mode, nothing promoted yet): it trains and promotes."""
     work = make_workdir(tmp_path_factory.mktemp("nightly"), **NIGHT)
     write_rows(work / "data/rows.jsonl", ROWS[:500])
+    reuse_verify(work, "night1")  # this machine's verify_env report: nothing here asserts on it
     proc = night(work, "night1")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return work
@@ -331,6 +332,7 @@ def night2(night1):
     night1, which is scored on night2's held-out split for the gate."""
     make_workdir(night1, **NIGHT, nightly__mode="continue")
     write_rows(night1 / "data/rows.jsonl", ROWS[500:525], mode="a")
+    place_verify(night1 / "results/night1/env/verify.json", night1, "night2")  # the same machine's
     proc = night(night1, "night2")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return night1, proc
