@@ -15,6 +15,7 @@ from llmft.core.cli import VERIFY_HELP, YAML_HELP, add_max_rows, adder, config_o
 from llmft.core.config import BUILTIN_DATA, WORKFLOW_CONFIG, ConfigError, effective_config
 from llmft.core.imports import UNUSED, UNUSED_BY_INFERENCE, hidden
 from llmft.core.objective import StageTraining, sft_objective
+from llmft.core.settings import Config
 from llmft.preference import cli as preference_cli
 
 # The training stages render-sft and plan take (--stage): sft's own config and objective, and each
@@ -303,7 +304,12 @@ def cmd_gate(args) -> int:
     from llmft.nightly.gate import write_gate
     from llmft.preference.page import gate_blocks
 
-    verdict = write_gate(config_of(args), Path(args.run_dir), Path(args.out), preference_sides=gate_blocks)
+    raw = config_of(args)
+
+    def preference_sides(_cfg: Config, run_dir: Path) -> tuple[dict, dict]:
+        return gate_blocks(raw, run_dir)  # the preference stage reads the validated dict (not yet typed)
+
+    verdict = write_gate(Config.from_dict(raw), Path(args.run_dir), Path(args.out), preference_sides)
     print(json.dumps({k: verdict[k] for k in ("run", "metric", "status", "reason")}))
     return 0
 
@@ -337,7 +343,7 @@ def cmd_nightly(args) -> int:
     results = Path(args.results)
     run = args.run or run_name(results)
     extra = [a for a in args.snakemake_args if a != "--"]
-    return nightly(cfg, args.profile, run, results, extra, configfile=args.config)
+    return nightly(Config.from_dict(cfg), args.profile, run, results, extra, configfile=args.config)
 
 
 def _move_current(move) -> int:
@@ -381,7 +387,7 @@ def cmd_nightly_schedule(args) -> int:
 
     # the config the scheduled nights will run: the file merged over config/config.yaml, as nightly does
     cfg, _ = effective_config([args.config])
-    lines = schedule_lines(cfg, Path.cwd().resolve(), args.profile, args.config)
+    lines = schedule_lines(Config.from_dict(cfg).nightly, Path.cwd().resolve(), args.profile, args.config)
     print("# Slurm: paste into `scrontab -e` (`scrontab FILE` would replace your whole table)")
     print(lines["scrontab"])
     print("# cron alternative (on a login node with sbatch access): crontab -e")
