@@ -11,7 +11,16 @@ import json
 import logging
 import sys
 
-from llmft.core.cli import VERIFY_HELP, YAML_HELP, add_max_rows, adder, config_of, read_sources, template_for
+from llmft.core.cli import (
+    VERIFY_HELP,
+    YAML_HELP,
+    add_max_rows,
+    adder,
+    config_of,
+    read_sources,
+    settings_of,
+    template_for,
+)
 from llmft.core.config import BUILTIN_DATA, WORKFLOW_CONFIG, ConfigError, effective_config
 from llmft.core.imports import UNUSED, UNUSED_BY_INFERENCE, hidden
 from llmft.core.objective import StageTraining, sft_objective
@@ -245,9 +254,8 @@ def cmd_sft_finalize(args) -> int:
 def cmd_evaluate(args) -> int:
     from llmft.evaluate.run import evaluate
 
-    cfg = config_of(args)
     evaluate(
-        cfg,
+        settings_of(args),
         args.model,
         args.heldout,
         args.out_dir,
@@ -610,10 +618,17 @@ def _promotion_commands(sub) -> None:
 
 def _evaluation() -> tuple:
     """evaluate's loss pass and generation, which the preference stage's evaluation runs (given to it
-    here: a stage imports no other stage)."""
+    here: a stage imports no other stage). They take the Config; the preference stage passes the
+    validated dict it reads, so each call builds the Config from that dict."""
     from llmft.evaluate.run import answer_nll, evaluate
 
-    return answer_nll, evaluate
+    def score_answers(cfg: dict, *args, **kwargs):
+        return answer_nll(Config.from_dict(cfg), *args, **kwargs)
+
+    def generate(cfg: dict, *args, **kwargs):
+        return evaluate(Config.from_dict(cfg), *args, **kwargs)
+
+    return score_answers, generate
 
 
 def build_parser() -> argparse.ArgumentParser:
