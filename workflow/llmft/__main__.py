@@ -273,7 +273,7 @@ def cmd_bench(args) -> int:
 
     try:
         run_benchmarks(
-            config_of(args),
+            settings_of(args).eval,
             args.model,
             args.out,
             args.cache_dir,
@@ -291,7 +291,7 @@ def cmd_bench_fetch(args) -> int:
 
     from llmft.benchmarks.tasks import fetch
 
-    cache = fetch(config_of(args)["eval"], Path.cwd())
+    cache = fetch(settings_of(args).eval, Path.cwd())
     print(f"the data of every task in eval.benchmarks is in {cache}")
     return 0
 
