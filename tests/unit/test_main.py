@@ -158,9 +158,9 @@ def test_nightly_gates_with_the_config_its_snakemake_runs(tmp_path, monkeypatch)
     (tmp_path / "config/config.yaml").write_text((REPO / "config/config.yaml").read_text())
     (tmp_path / "my.yaml").write_text("nightly: {tolerance: 0.05}\n")
     assert main(["nightly", "--config", "my.yaml", "--run", "r", "--", "--dry-run"]) == 0
-    assert seen["cfg"]["nightly"]["tolerance"] == 0.05
+    assert seen["cfg"].nightly.tolerance == 0.05
     assert (
-        seen["cfg"]["sft"]["precision"]
+        seen["cfg"].sft.precision
         == yaml.safe_load((REPO / "config/config.yaml").read_text())["sft"]["precision"]
     )
     assert seen["rest"][-1] == ["--dry-run"] and seen["kw"]["configfile"] == "my.yaml"

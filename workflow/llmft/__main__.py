@@ -11,10 +11,20 @@ import json
 import logging
 import sys
 
-from llmft.core.cli import VERIFY_HELP, YAML_HELP, add_max_rows, adder, config_of, read_sources, template_for
+from llmft.core.cli import (
+    VERIFY_HELP,
+    YAML_HELP,
+    add_max_rows,
+    adder,
+    config_of,
+    read_sources,
+    settings_of,
+    template_for,
+)
 from llmft.core.config import BUILTIN_DATA, WORKFLOW_CONFIG, ConfigError, effective_config
 from llmft.core.imports import UNUSED, UNUSED_BY_INFERENCE, hidden
 from llmft.core.objective import StageTraining, sft_objective
+from llmft.core.settings import Config
 from llmft.preference import cli as preference_cli
 
 # The training stages render-sft and plan take (--stage): sft's own config and objective, and each
@@ -244,9 +254,8 @@ def cmd_sft_finalize(args) -> int:
 def cmd_evaluate(args) -> int:
     from llmft.evaluate.run import evaluate
 
-    cfg = config_of(args)
     evaluate(
-        cfg,
+        settings_of(args),
         args.model,
         args.heldout,
         args.out_dir,
@@ -264,7 +273,7 @@ def cmd_bench(args) -> int:
 
     try:
         run_benchmarks(
-            config_of(args),
+            settings_of(args).eval,
             args.model,
             args.out,
             args.cache_dir,
@@ -282,7 +291,7 @@ def cmd_bench_fetch(args) -> int:
 
     from llmft.benchmarks.tasks import fetch
 
-    cache = fetch(config_of(args)["eval"], Path.cwd())
+    cache = fetch(settings_of(args).eval, Path.cwd())
     print(f"the data of every task in eval.benchmarks is in {cache}")
     return 0
 
@@ -290,9 +299,31 @@ def cmd_bench_fetch(args) -> int:
 def cmd_report(args) -> int:
     from llmft.report.page import build_report
 
-    cfg = config_of(args)
-    build_report(cfg, args.run_dir, args.out_dir, args.results_dir, stage_pages=preference_cli.pages())
+    raw = config_of(args)
+    build_report(
+        Config.from_dict(raw),
+        args.run_dir,
+        args.out_dir,
+        args.results_dir,
+        stage_pages=_dict_pages(raw),
+        validated=raw,
+    )
     return 0
+
+
+def _dict_pages(raw: dict) -> tuple:
+    """The preference stage's part of the page, its load given the validated dict it reads (not yet
+    typed) in place of the Config build_report passes."""
+    from types import SimpleNamespace
+
+    return tuple(
+        SimpleNamespace(
+            load=lambda _cfg, run_dir, page=page: page.load(raw, run_dir),
+            section=page.section,
+            add_to_summary=page.add_to_summary,
+        )
+        for page in preference_cli.pages()
+    )
 
 
 def cmd_gate(args) -> int:
@@ -303,7 +334,12 @@ def cmd_gate(args) -> int:
     from llmft.nightly.gate import write_gate
     from llmft.preference.page import gate_blocks
 
-    verdict = write_gate(config_of(args), Path(args.run_dir), Path(args.out), preference_sides=gate_blocks)
+    raw = config_of(args)
+
+    def preference_sides(_cfg: Config, run_dir: Path) -> tuple[dict, dict]:
+        return gate_blocks(raw, run_dir)  # the preference stage reads the validated dict (not yet typed)
+
+    verdict = write_gate(Config.from_dict(raw), Path(args.run_dir), Path(args.out), preference_sides)
     print(json.dumps({k: verdict[k] for k in ("run", "metric", "status", "reason")}))
     return 0
 
@@ -337,7 +373,7 @@ def cmd_nightly(args) -> int:
     results = Path(args.results)
     run = args.run or run_name(results)
     extra = [a for a in args.snakemake_args if a != "--"]
-    return nightly(cfg, args.profile, run, results, extra, configfile=args.config)
+    return nightly(Config.from_dict(cfg), args.profile, run, results, extra, configfile=args.config)
 
 
 def _move_current(move) -> int:
@@ -381,7 +417,7 @@ def cmd_nightly_schedule(args) -> int:
 
     # the config the scheduled nights will run: the file merged over config/config.yaml, as nightly does
     cfg, _ = effective_config([args.config])
-    lines = schedule_lines(cfg, Path.cwd().resolve(), args.profile, args.config)
+    lines = schedule_lines(Config.from_dict(cfg).nightly, Path.cwd().resolve(), args.profile, args.config)
     print("# Slurm: paste into `scrontab -e` (`scrontab FILE` would replace your whole table)")
     print(lines["scrontab"])
     print("# cron alternative (on a login node with sbatch access): crontab -e")
@@ -604,10 +640,17 @@ def _promotion_commands(sub) -> None:
 
 def _evaluation() -> tuple:
     """evaluate's loss pass and generation, which the preference stage's evaluation runs (given to it
-    here: a stage imports no other stage)."""
+    here: a stage imports no other stage). They take the Config; the preference stage passes the
+    validated dict it reads, so each call builds the Config from that dict."""
     from llmft.evaluate.run import answer_nll, evaluate
 
-    return answer_nll, evaluate
+    def score_answers(cfg: dict, *args, **kwargs):
+        return answer_nll(Config.from_dict(cfg), *args, **kwargs)
+
+    def generate(cfg: dict, *args, **kwargs):
+        return evaluate(Config.from_dict(cfg), *args, **kwargs)
+
+    return score_answers, generate
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -380,10 +380,11 @@ def gate_cfg():
 
 # -- eval.benchmarks (rules/benchmarks.smk) -------------------------------------------------------
 from llmft.benchmarks.tasks import check as check_benchmarks
+from llmft.core.settings import Config
 
 try:
     # An unknown task (with close matches) or one whose data is not here stops the run before any job.
-    check_benchmarks(CFG["eval"], Path.cwd())
+    check_benchmarks(Config.from_dict(CFG).eval, Path.cwd())
 except ConfigError as exc:
     sys.exit(f"llmft config error: {exc}")
 

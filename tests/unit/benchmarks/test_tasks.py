@@ -4,6 +4,7 @@ name runs only their tasks, lm-eval's whole index (its own tasks too) otherwise.
 from pathlib import Path
 
 from llmft.benchmarks.tasks import _whole, task_manager
+from llmft.core.settings import Eval
 
 from tests.conftest import REPO
 
@@ -36,7 +37,7 @@ def test_a_task_or_group_of_the_folders_own_tasks_is_whole_and_one_reaching_lm_e
 
 def test_the_include_folders_alone_are_indexed_when_they_hold_every_configured_task(tmp_path):
     folders = [str(TASKS), str(_folder(tmp_path))]
-    ecfg = {"benchmark_include_path": folders, "benchmarks": [{"task": "llmft_category"}, {"task": "mine"}]}
+    ecfg = Eval(benchmark_include_path=folders, benchmarks=[{"task": "llmft_category"}, {"task": "mine"}])
     tm = task_manager(ecfg, tmp_path)
     assert "llmft_category" in tm.task_index and "mine" in tm.task_index
     assert "arc_easy" not in tm.task_index  # lm-eval's own tasks were not indexed

@@ -232,11 +232,12 @@ def test_source_item_keys_are_checked(tmp_path):
 
 
 def test_nightly_fingerprint_follows_the_entry_and_its_file(tmp_path):
+    from llmft.core.settings import Data
     from llmft.nightly.run import data_fingerprint
 
     (tmp_path / "d.json").write_text(json.dumps([{"instruction": "q", "output": "a"}]))
     write = lambda entry: (tmp_path / "dataset_info.json").write_text(json.dumps({"e": entry}))  # noqa: E731
-    cfg = {"data": {"sources": [{"dataset_info": "dataset_info.json", "name": "e", "weight": 1.0}]}}
+    cfg = Data(sources=[{"dataset_info": "dataset_info.json", "name": "e", "weight": 1.0}])
     write({"file_name": "d.json"})
     first = data_fingerprint(cfg, tmp_path)
     assert data_fingerprint(cfg, tmp_path) == first

@@ -11,6 +11,7 @@ from llmft.core.config import ConfigError, validate
 from llmft.core.lineage import LINEAGE_FILE, recorded_lineage
 from llmft.core.lineage_record import build, make, read, read_for, summary_view
 from llmft.core.platform import Platform
+from llmft.core.settings import Config
 from llmft.sft.render import planned_steps, render
 
 from tests.conftest import REPO, tiny_config
@@ -164,16 +165,16 @@ def test_the_page_reads_the_record_and_names_a_missing_or_stale_one(tmp_path):
     (tmp_path / "eval/tuned/predictions.jsonl").write_text("")
     cfg = validate({"run": "r"})
     with pytest.raises(ConfigError, match=f"{tmp_path / LINEAGE_FILE} does not exist"):
-        build_report(cfg, str(tmp_path), str(tmp_path / "report"))
+        build_report(Config.from_dict(cfg), str(tmp_path), str(tmp_path / "report"))
     data = data_dir(tmp_path, delta=None)
     record = make(cfg, "m", data, tmp_path / "env/verify.json", {}, tmp_path / LINEAGE_FILE)
-    summary = build_report(cfg, str(tmp_path), str(tmp_path / "report"))
+    summary = build_report(Config.from_dict(cfg), str(tmp_path), str(tmp_path / "report"))
     assert summary["lineage"] == summary_view(record) and summary["lineage"]["started_from"] == "m"
     assert "Started from the base model <code>m</code>" in (tmp_path / "report/index.html").read_text()
     (tmp_path / "env").mkdir()
     (tmp_path / "env/verify.json").write_text(json.dumps({"stack": {"hash": "feedbeef0000"}}))
     with pytest.raises(ConfigError, match="is stale: it records stack None, this run has 'feedbeef0000'"):
-        build_report(cfg, str(tmp_path), str(tmp_path / "report"))
+        build_report(Config.from_dict(cfg), str(tmp_path), str(tmp_path / "report"))
 
 
 def test_recorded_reads_lineage_json_else_an_older_runs_summary(tmp_path):

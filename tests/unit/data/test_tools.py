@@ -470,12 +470,15 @@ def test_evaluate_end_to_end_reports_the_call_as_reference(tmp_path):
     from llmft.core.assets import build_tiny_model
     from llmft.core.config import validate as validate_config
     from llmft.core.io import read_json, write_jsonl
+    from llmft.core.settings import Config, replace
 
     build_tiny_model(tmp_path / "model", hidden_size=32, num_layers=1, num_heads=2, seed=1)
     rows = [validate("f", i, raw, "sharegpt") for i, raw in enumerate(tool_rows(5), 1)]
     write_jsonl(tmp_path / "heldout.jsonl", rows + synthetic_rows(3, seed=2))
-    cfg = validate_config({"eval": {"batch_size": 4, "max_new_tokens": 4, "decoding": "dynamic"}})
-    cfg["model"]["template"] = "default"
+    cfg = Config.from_dict(
+        validate_config({"eval": {"batch_size": 4, "max_new_tokens": 4, "decoding": "dynamic"}})
+    )
+    cfg = replace(cfg, "model.template", "default")
     ev.evaluate(
         cfg, str(tmp_path / "model"), str(tmp_path / "heldout.jsonl"), str(tmp_path / "out"), "t", threads=1
     )

@@ -7,6 +7,7 @@ from llmft.core import decode
 from llmft.core.assets import build_tiny_model, synthetic_rows
 from llmft.core.config import validate
 from llmft.core.io import read_json, read_jsonl, write_jsonl
+from llmft.core.settings import Config
 from llmft.evaluate import run as ev
 from llmft.evaluate import worker
 
@@ -22,7 +23,7 @@ def setup(tmp_path_factory):
 
 def run(setup, decoding: str, out: str, precision: str = "auto") -> tuple[dict, list[dict]]:
     ecfg = {"batch_size": 8, "max_new_tokens": 12, "decoding": decoding, "precision": precision}
-    cfg = validate({"eval": ecfg})
+    cfg = Config.from_dict(validate({"eval": ecfg}))
     ev.evaluate(cfg, str(setup / "model"), str(setup / "heldout.jsonl"), str(setup / out), out, threads=1)
     return read_json(setup / out / "metrics.json"), read_jsonl(setup / out / "predictions.jsonl")
 

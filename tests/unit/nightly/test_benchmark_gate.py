@@ -4,6 +4,7 @@ import json
 
 from llmft.core.config import validate
 from llmft.core.io import write_json
+from llmft.core.settings import Config
 from llmft.nightly.gate import benchmark_gate, decide
 from llmft.nightly.run import _judge
 
@@ -39,7 +40,7 @@ def test_within_budget_unbudgeted_tasks_and_no_budget_pass():
 def test_judge_keeps_current_where_it_was_when_a_benchmark_dropped(tmp_path):
     """Two nights through the real gate code and files: the second wins on held-out exact match but
     lost a task past its budget; results/current still points at the first."""
-    cfg = validate({"nightly": {"max_benchmark_drop": {"llmft_category": 0.1}}})
+    cfg = Config.from_dict(validate({"nightly": {"max_benchmark_drop": {"llmft_category": 0.1}}})).nightly
     for run, summary in (
         ("n1", night("n1", 0.5, llmft_category=0.8)),
         ("n2", night("n2", 0.7, llmft_category=0.2)),

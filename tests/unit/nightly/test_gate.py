@@ -6,6 +6,7 @@ import json
 import pytest
 from llmft.core.config import GATE_FILE, validate
 from llmft.core.io import write_json
+from llmft.core.settings import Config, replace
 from llmft.nightly.gate import kind, night_verdict, promoted_problem, write_gate
 
 
@@ -25,7 +26,7 @@ def _promoted(results, run="n1", benchmarks=None):
 
 
 def _cfg(**nightly):
-    return validate({"run": "n2", "nightly": {"compare_with": "results/n1", **nightly}})
+    return Config.from_dict(validate({"run": "n2", "nightly": {"compare_with": "results/n1", **nightly}}))
 
 
 @pytest.fixture
@@ -109,9 +110,11 @@ def test_the_benchmark_budget_refuses_a_drop_past_it_per_task(tmp_path, monkeypa
     _eval(run, "promoted", exact_match=0.5)
     _eval(run, "gate", exact_match=0.9)  # better on the held-out metric ...
     _bench(run, "base", 0.3)
-    cfg = validate(
-        {"run": "n2", "eval": {"benchmarks": [{"task": "arc"}]}}
-        | {"nightly": {"compare_with": "results/n1", "max_benchmark_drop": {"arc": 0.1}}}
+    cfg = Config.from_dict(
+        validate(
+            {"run": "n2", "eval": {"benchmarks": [{"task": "arc"}]}}
+            | {"nightly": {"compare_with": "results/n1", "max_benchmark_drop": {"arc": 0.1}}}
+        )
     )
     _bench(run, "tuned", 0.45)  # ... but arc fell 0.15, over its budget
     verdict = _write(cfg, run)
@@ -142,9 +145,11 @@ def test_a_preference_metric_compares_the_preference_models_the_stage_scored(nig
             {"run": "n1", "tuned": {"preference_accuracy": 1.0}, **block},
         )
 
-    cfg = validate(
-        {"run": "n2", "preference": {}}
-        | {"nightly": {"metric": "preference_accuracy", "compare_with": "results/n1", "tolerance": 0.25}}
+    cfg = Config.from_dict(
+        validate(
+            {"run": "n2", "preference": {}}
+            | {"nightly": {"metric": "preference_accuracy", "compare_with": "results/n1", "tolerance": 0.25}}
+        )
     )
     verdict = _write(cfg, night, preference_sides=sides)
     assert calls == [night] and verdict["kind"] == "preference" and verdict["status"] == "promoted"
@@ -152,35 +157,35 @@ def test_a_preference_metric_compares_the_preference_models_the_stage_scored(nig
         "promoted: preference_accuracy 0.7500 vs current 1.0000 (run n1) on 4"
     )
     assert "held-out pairs" in verdict["reason"]
-    cfg["nightly"]["tolerance"] = 0.2
+    cfg = replace(cfg, "nightly.tolerance", 0.2)
     verdict = _write(cfg, night, preference_sides=sides)
     assert verdict["status"] == "rejected" and "worse by 0.2500, tolerance 0.2" in verdict["reason"]
 
 
 def test_a_promoted_run_without_a_preference_model_is_named_before_any_job(tmp_path):
-    cfg = validate({"preference": {}, "nightly": {"metric": "reward_margin"}})
-    why = promoted_problem(cfg, tmp_path, "n1")
+    night = Config.from_dict(validate({"preference": {}, "nightly": {"metric": "reward_margin"}})).nightly
+    why = promoted_problem(night, tmp_path, "n1")
     assert why.startswith("nightly.metric reward_margin: the promoted run n1 has no preference model")
     (tmp_path / "n1" / "preference" / "model").mkdir(parents=True)
-    assert promoted_problem(cfg, tmp_path, "n1") is None and promoted_problem(cfg, tmp_path, None) is None
-    assert promoted_problem(validate({}), tmp_path, "n0") is None  # a held-out metric needs nothing more
+    assert promoted_problem(night, tmp_path, "n1") is None and promoted_problem(night, tmp_path, None) is None
+    assert promoted_problem(Config().nightly, tmp_path, "n0") is None  # a held-out metric needs nothing more
 
 
 def test_the_nightly_acts_on_gate_json_and_judges_a_first_model_from_its_summary(night):
     cfg = _cfg()
     write_json(night / "report" / "summary.json", {"run": "n2", "tuned": {"exact_match": 0.5}})
-    first = night_verdict(cfg, night, None)
+    first = night_verdict(cfg.nightly, night, None)
     assert first["status"] == "promoted" and first["reason"] == "first promoted model (exact_match 0.5000)"
     # a promoted model and no gate.json: refused, naming the file
-    missing = night_verdict(cfg, night, {"run": "n1"})
+    missing = night_verdict(cfg.nightly, night, {"run": "n1"})
     assert missing["status"] == "rejected" and missing["reason"].startswith("rejected: not compared: ")
     assert "nightly/gate.json" in missing["reason"]
     _eval(night, "promoted", exact_match=0.5)
     _eval(night, "gate", exact_match=0.5)
     verdict = _write(cfg, night)
-    assert night_verdict(cfg, night, {"run": "n1"}) == verdict
+    assert night_verdict(cfg.nightly, night, {"run": "n1"}) == verdict
     # judged against another run than the one promoted now: refused
-    other = night_verdict(cfg, night, {"run": "n0"})
+    other = night_verdict(cfg.nightly, night, {"run": "n0"})
     assert (
         other["status"] == "rejected" and "compared with run n1, not the promoted run n0" in other["reason"]
     )

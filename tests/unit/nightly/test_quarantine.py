@@ -14,7 +14,7 @@ import time
 import yaml
 from llmft.core import quarantine as decisions
 from llmft.core import stack as stack_fp
-from llmft.core.config import validate
+from llmft.core.settings import Config
 from llmft.nightly import quarantine as nq
 from llmft.nightly import run as nightly_run
 
@@ -61,7 +61,7 @@ def test_a_failed_quarantine_refuses_the_night_and_leaves_current(tmp_path, monk
     promoted(results)
     seen: list = []
     fake_night(monkeypatch, results, "verify.failed.json", quarantine_report("accumulation"), 1, seen)
-    assert nightly_run.nightly(validate({}), "profiles/local", "n2", results) == 2
+    assert nightly_run.nightly(Config(), "profiles/local", "n2", results) == 2
     night = json.loads((results / "nightly/state.json").read_text())["nights"][-1]
     assert night["status"] == "refused" and night["stack"]["status"] == "failed"
     assert night["reason"] == (
@@ -81,7 +81,7 @@ def test_a_pass_is_recorded_and_the_next_night_is_told(tmp_path, monkeypatch):
     seen: list = []
     # the night passes its quarantine, then fails later (no training needed for this test)
     fake_night(monkeypatch, results, "verify.json", quarantine_report(), 1, seen)
-    assert nightly_run.nightly(validate({}), "profiles/local", "n2", results) == 1
+    assert nightly_run.nightly(Config(), "profiles/local", "n2", results) == 1
     state = json.loads((results / "nightly/state.json").read_text())
     [entry] = state["quarantine_passes"]
     assert entry["stack"] == stack_fp.stack_hash(NEW) and entry["against"] == RECORDED["hash"]
@@ -89,7 +89,7 @@ def test_a_pass_is_recorded_and_the_next_night_is_told(tmp_path, monkeypatch):
     assert state["nights"][-1]["stack"]["status"] == "passed"
     assert seen[0] == {"nightly": {"compare_with": "results/night1"}}  # nothing passed before n2
     fake_night(monkeypatch, results, None, None, 1, seen)
-    assert nightly_run.nightly(validate({}), "profiles/local", "n3", results) == 1
+    assert nightly_run.nightly(Config(), "profiles/local", "n3", results) == 1
     assert seen[1]["nightly"] == {"compare_with": "results/night1", "quarantine_passed": [entry["stack"]]}
 
 

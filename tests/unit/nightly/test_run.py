@@ -8,6 +8,7 @@ import sys
 import pytest
 import yaml
 from llmft.core.config import validate
+from llmft.core.settings import Config, Nightly, replace
 from llmft.nightly.gate import gate, gate_view, same_rows_reference
 from llmft.nightly.lock import Lock, NightlyLocked
 from llmft.nightly.promote import promoted_stack, record
@@ -62,13 +63,14 @@ def test_gate_lower_is_better_for_loss():
 def test_fingerprints_follow_data_and_config_not_run_name(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"instruction": "a", "output": "b"}\n')
-    cfg = validate({"data": {"sources": [{"path": str(data)}]}})
-    fp = data_fingerprint(cfg)
-    assert config_fingerprint(cfg) == config_fingerprint({**cfg, "run": "other"})
-    assert config_fingerprint(cfg) != config_fingerprint(validate({"sft": {"learning_rate": 1.0}}))
+    cfg = Config.from_dict(validate({"data": {"sources": [{"path": str(data)}]}}))
+    fp = data_fingerprint(cfg.data)
+    assert config_fingerprint(cfg) == config_fingerprint(replace(cfg, "run", "other"))
+    other = Config.from_dict(validate({"sft": {"learning_rate": 1.0}}))
+    assert config_fingerprint(cfg) != config_fingerprint(other)
     with open(data, "a") as fh:
         fh.write('{"instruction": "c", "output": "d"}\n')
-    assert data_fingerprint(cfg) != fp
+    assert data_fingerprint(cfg.data) != fp
 
 
 def test_retention_keeps_last_n_and_the_promoted(tmp_path):
@@ -93,7 +95,7 @@ def test_retention_keeps_last_n_and_the_promoted(tmp_path):
 @pytest.mark.parametrize("name", ["../../victim", ".", "nightly", "current"])
 def test_a_run_name_that_is_a_path_or_reserved_is_refused_before_anything_is_recorded(tmp_path, capsys, name):
     results = tmp_path / "results"
-    assert nightly(validate({}), "profiles/local", name, results) == 2
+    assert nightly(Config(), "profiles/local", name, results) == 2
     err = capsys.readouterr().err
     assert f"[nightly] --run {name!r} refused, nothing recorded: config key run" in err
     assert not results.exists()  # no state.json, no lock, no log
@@ -140,7 +142,7 @@ def test_a_failed_attempt_and_its_rerun_under_the_same_name_are_one_night(tmp_pa
     monkeypatch.chdir(tmp_path)
     results = tmp_path / "results"
     for _ in range(2):
-        assert nightly(validate({}), "no such profile", "n1", results) == 1
+        assert nightly(Config(), "no such profile", "n1", results) == 1
     nights = json.loads((results / "nightly" / "state.json").read_text())["nights"]
     assert [(n["run"], n["status"]) for n in nights] == [("n1", "failed")]
     [attempt] = nights[0]["attempts"]
@@ -172,12 +174,12 @@ def test_run_name_is_the_date_with_a_suffix(tmp_path):
 
 
 def test_schedule_lines(tmp_path):
-    lines = schedule_lines(validate({}), tmp_path)
+    lines = schedule_lines(Nightly(), tmp_path)
     assert lines["scrontab"].startswith("#SCRON --partition=cpu")
     assert "0 2 * * *" in lines["crontab"]
     assert "-m llmft nightly --config config/config.yaml --profile profiles/slurm" in lines["crontab"]
     # the driver outlives sft's own 24 h limit (the profile's runtimes, one stage after the other)
-    assert "--time=1-06:15:00" in schedule_lines(validate({}), REPO)["scrontab"]
+    assert "--time=1-06:15:00" in schedule_lines(Nightly(), REPO)["scrontab"]
 
 
 def test_the_printed_schedule_runs_the_config_it_was_printed_from(tmp_path):
@@ -201,7 +203,7 @@ def test_the_printed_cron_line_runs_on_a_fresh_checkout_with_spaces_and_percent_
     repo = tmp_path / "my checkout 100%"
     (repo / "config").mkdir(parents=True)
     (repo / "config/config.yaml").write_text((REPO / "config/config.yaml").read_text())
-    line = schedule_lines(validate({}), repo, profile="no such profile")["crontab"]
+    line = schedule_lines(Nightly(), repo, profile="no such profile")["crontab"]
     command = line.split(" ", 5)[5].replace("\\%", "%")
     subprocess.run(["sh", "-c", command], timeout=300)
     log = (repo / "results/nightly/cron.log").read_text()

@@ -331,14 +331,15 @@ def test_the_gates_reference_scores_from_the_store_are_evaluates(kind, model_dir
     """evaluate-preference --logps-only --reference-cache (the gate's reference models): the held-out
     rows' log-probabilities from the reference store equal evaluate's own pass on the same rows, with
     the same answer tokens, prompts and row fingerprint; a second pass computes nothing."""
+    from llmft.__main__ import _evaluation
     from llmft.core.io import read_json, read_jsonl
-    from llmft.evaluate.run import answer_nll
     from llmft.preference import evaluate, reference
 
     root, cfg = demo_data
     heldout = str(root / kind / "heldout.jsonl")
+    score_answers = _evaluation()[0]  # evaluate's loss pass, as the CLI gives it to the stage
     evaluate.logps(cfg, str(model_dir), heldout, str(tmp_path / "theirs/logps.jsonl"), max_rows=5,
-                   score_answers=answer_nll)  # fmt: skip
+                   score_answers=score_answers)  # fmt: skip
     out = tmp_path / "ours/logps.jsonl"
     kw = {"store_root": str(tmp_path / "store"), "processes": 1}
     ours = reference.heldout_logps(str(model_dir), str(root / kind), str(out), 5, "fp32", **kw)

@@ -8,9 +8,13 @@ from llmft.core.config import validate
 from llmft.core.draw import svg_lines
 from llmft.core.modelfiles import safetensors_stats
 from llmft.core.platform import Platform
+from llmft.core.settings import Config
 from llmft.evaluate.worker import plan_batches, shard
 from llmft.report.page import data_rows, peak_flops, pick_samples, throughput_series
 from llmft.report.trend import collect_runs
+
+# the config of the minimal runs below (run r, the rest defaults)
+RUN_R = Config.from_dict(validate({"run": "r"}))
 
 
 @pytest.mark.parametrize("n_rows,batch", [(1, 4), (10, 3), (263, 64), (50, 1)])
@@ -231,7 +235,7 @@ def test_a_resumed_run_shows_the_runtime_of_every_attempt_and_says_it_resumed(tm
     # attempt 1 trained 0 -> 12 in 22 s and was killed; attempt 2 resumed from 10, LLaMA-Factory timed 30 s
     train = {"train_runtime_s": 30.0, "attempt": {"attempts": 2, "starts": [0, 10], "runtime_s": 52.0}}
     run = _minimal_run(tmp_path, train)
-    summary = build_report(validate({"run": "r"}), str(run), str(run / "report"))
+    summary = build_report(RUN_R, str(run), str(run / "report"))
     assert (summary["train_runtime_s"], summary["train_runtime_s_last_attempt"]) == (52.0, 30.0)
     assert (summary["attempts"], summary["attempt_starts"]) == (2, [0, 10])
     page = (run / "report/index.html").read_text()
@@ -256,7 +260,7 @@ def test_a_stage_page_adds_its_section_and_summary_block(tmp_path):
     )
     train = {"train_runtime_s": 30.0, "attempt": {"attempts": 1, "starts": [0], "runtime_s": 29.0}}
     run = _minimal_run(tmp_path, train)
-    summary = build_report(validate({"run": "r"}), str(run), str(run / "report"), stage_pages=(stage,))
+    summary = build_report(RUN_R, str(run), str(run / "report"), stage_pages=(stage,))
     assert summary["stage"] == block
     assert '<h2 id="stage">a stage</h2>' in (run / "report/index.html").read_text()
 
@@ -266,7 +270,7 @@ def test_a_run_in_one_attempt_shows_its_runtime_alone(tmp_path):
 
     train = {"train_runtime_s": 30.0, "attempt": {"attempts": 1, "starts": [0], "runtime_s": 29.0}}
     run = _minimal_run(tmp_path, train)
-    summary = build_report(validate({"run": "r"}), str(run), str(run / "report"))
+    summary = build_report(RUN_R, str(run), str(run / "report"))
     assert (summary["train_runtime_s"], summary["attempts"], summary["attempt_starts"]) == (30.0, 1, [0])
     assert "resumed" not in (run / "report/index.html").read_text()
 
@@ -332,7 +336,7 @@ def test_summary_and_page_carry_one_throughput_figure_with_its_formula(tmp_path)
 
     train = {"world_size": 2, "tokens_per_second_per_gpu": 1234.5, "throughput_steps": [16, 60]}
     run = _minimal_run(tmp_path, train)
-    summary = build_report(validate({"run": "r"}), str(run), str(run / "report"))
+    summary = build_report(RUN_R, str(run), str(run / "report"))
     assert [k for k in summary if "tokens_per_second" in k] == ["tokens_per_second_per_gpu"] + [
         "eval_new_tokens_per_second"
     ]
@@ -368,7 +372,7 @@ def test_the_stack_is_on_the_page_in_summary_json_and_in_the_lineage(tmp_path):
         json.dumps({"ok": True, "nodes": nodes, "stack": stack.of_nodes(nodes)})
     )
     write_lineage(run)
-    summary = build_report(validate({"run": "r"}), str(run), str(run / "report"))
+    summary = build_report(RUN_R, str(run), str(run / "report"))
     st = summary["stack"]
     assert st["differs"] == ["driver"] and st["fingerprint"]["rocm"] == "7.0.2-56"
     assert st["fingerprint"]["driver"] == {"n1": "6.10.5", "n2": "6.8.5"}
@@ -390,11 +394,11 @@ def test_a_verify_json_without_a_stack_gets_one_from_its_nodes(tmp_path):
     (run / "env").mkdir()
     (run / "env/verify.json").write_text(json.dumps({"ok": True, "nodes": nodes}))
     write_lineage(run)
-    summary = build_report(validate({"run": "r"}), str(run), str(run / "report"))
+    summary = build_report(RUN_R, str(run), str(run / "report"))
     assert summary["stack"]["hash"] == stack.stack_hash(stack.fingerprint(nodes[0]))
     assert summary["stack"]["differs"] == []
     (tmp_path / "other").mkdir()
     no_verify = _minimal_run(tmp_path / "other", {})
-    summary = build_report(validate({"run": "r"}), str(no_verify), str(no_verify / "report"))
+    summary = build_report(RUN_R, str(no_verify), str(no_verify / "report"))
     assert summary["stack"] is None and summary["lineage"]["stack"] is None
     assert "Software stack: not recorded" in (no_verify / "report/index.html").read_text()

@@ -25,6 +25,7 @@ from llmft.benchmarks.score import evaluate_tasks
 from llmft.benchmarks.tasks import TaskReads, data_cache, include_paths, task_manager, task_reads
 from llmft.benchmarks.worker import launch, process_count
 from llmft.core.io import read_optional, write_json
+from llmft.core.settings import Eval
 
 log = logging.getLogger("llmft.benchmarks")
 
@@ -51,12 +52,12 @@ def _path_digest(h, path: Path) -> None:
     h.update(b"\0")
 
 
-def content_key(model_dir: Path, ecfg: dict, include: list[str], precision: str, reads: TaskReads) -> str:
+def content_key(model_dir: Path, ecfg: Eval, include: list[str], precision: str, reads: TaskReads) -> str:
     from importlib.metadata import version
 
     h = hashlib.sha256()
-    settings = {"tasks": ecfg["benchmarks"], "precision": precision, "lm_eval": version("lm_eval")}
-    settings["backend"] = ecfg["benchmark_backend"]
+    settings = {"tasks": ecfg.benchmarks, "precision": precision, "lm_eval": version("lm_eval")}
+    settings["backend"] = ecfg.benchmark_backend
     settings["task_configs"] = reads.configs
     h.update(json.dumps(settings, sort_keys=True, default=str).encode())
     _files_digest(h, model_dir)
@@ -79,18 +80,17 @@ def _device_and_dtype(precision: str) -> tuple[str, str]:
 
 
 def run_benchmarks(
-    cfg: dict, model_dir: str, out: str, cache_dir: str, threads: int = 0, processes: int = 0
+    ecfg: Eval, model_dir: str, out: str, cache_dir: str, threads: int = 0, processes: int = 0
 ) -> dict:
     """Score the model on eval.benchmarks into `out` (JSON), reusing earlier scores of the same key.
 
     processes: 0 = one per GPU of the job (one on CPU); more than one on CPU shards over CPU
     processes (the tests' way to run the multi-process path without GPUs)."""
-    ecfg = cfg["eval"]
     os.environ.update(OFFLINE)  # before datasets is imported: nothing downloads on a compute node
     os.environ["HF_DATASETS_CACHE"] = str(data_cache(ecfg))
     base = Path.cwd()
     include = include_paths(ecfg, base)
-    device, dtype = _device_and_dtype(ecfg["precision"])
+    device, dtype = _device_and_dtype(ecfg.precision)
     reads = task_reads(ecfg, include)
     key = content_key(Path(model_dir), ecfg, include, dtype, reads)
     cached = Path(cache_dir) / key / "scores.json"
@@ -107,7 +107,7 @@ def run_benchmarks(
     t0 = time.perf_counter()
     n = process_count(processes, device)
     if n > 1:
-        done = launch(cfg, model_dir, device, dtype, threads, n)
+        done = launch(ecfg, model_dir, device, dtype, threads, n)
     else:
         done = evaluate_tasks(Path(model_dir), ecfg, task_manager(ecfg, base), device, dtype, threads)
     scores = {
@@ -115,7 +115,7 @@ def run_benchmarks(
         "key": key,
         "device": device,
         "dtype": dtype,
-        "backend": ecfg["benchmark_backend"],
+        "backend": ecfg.benchmark_backend,
         "processes": done["processes"],
         "seconds": round(time.perf_counter() - t0, 2),
         "tasks": done["tasks"],

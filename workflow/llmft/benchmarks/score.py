@@ -8,6 +8,8 @@ import logging
 import time
 from pathlib import Path
 
+from llmft.core.settings import Eval
+
 log = logging.getLogger("llmft.benchmarks")
 
 
@@ -96,11 +98,11 @@ def _task_scores(res: dict, bench: dict) -> dict:
     return out
 
 
-def evaluate_tasks(model_dir: Path, ecfg: dict, tm, device: str, dtype: str, threads: int) -> dict:
+def evaluate_tasks(model_dir: Path, ecfg: Eval, tm, device: str, dtype: str, threads: int) -> dict:
     import torch
     from lm_eval import simple_evaluate
 
-    if ecfg["benchmark_backend"] == "llmft":
+    if ecfg.benchmark_backend == "llmft":
         from llmft.benchmarks.backend import LlmftLM as Backend
     else:
         from lm_eval.models.huggingface import HFLM as Backend
@@ -109,9 +111,9 @@ def evaluate_tasks(model_dir: Path, ecfg: dict, tm, device: str, dtype: str, thr
 
     if threads:
         torch.set_num_threads(threads)
-    lm = Model(pretrained=str(model_dir), device=device, dtype=dtype, batch_size=ecfg["batch_size"])
+    lm = Model(pretrained=str(model_dir), device=device, dtype=dtype, batch_size=ecfg.batch_size)
     scores = {}
-    for i, bench in enumerate(ecfg["benchmarks"]):
+    for i, bench in enumerate(ecfg.benchmarks):
         t0 = time.perf_counter()
         try:
             res = simple_evaluate(

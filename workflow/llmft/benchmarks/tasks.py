@@ -11,20 +11,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmft.core.config import ConfigError
+from llmft.core.settings import Eval
 
 # datasets' packaged builders read local files named in data_files; anything else is a Hub dataset.
 LOCAL_BUILDERS = {"json", "csv", "parquet", "text", "arrow", "pandas"}
 
 
-def include_paths(ecfg: dict, base_dir: Path) -> list[str]:
+def include_paths(ecfg: Eval, base_dir: Path) -> list[str]:
     """eval.benchmark_include_path as absolute folders (relative ones to the working directory)."""
-    return [str((base_dir / p).resolve()) for p in ecfg["benchmark_include_path"]]
+    return [str((base_dir / p).resolve()) for p in ecfg.benchmark_include_path]
 
 
-def data_cache(ecfg: dict) -> Path:
+def data_cache(ecfg: Eval) -> Path:
     """The datasets cache the jobs read: eval.benchmark_data_cache, else datasets' own default."""
-    if ecfg["benchmark_data_cache"]:
-        return Path(ecfg["benchmark_data_cache"]).expanduser().resolve()
+    if ecfg.benchmark_data_cache:
+        return Path(ecfg.benchmark_data_cache).expanduser().resolve()
     env = os.environ.get("HF_DATASETS_CACHE")
     if env:
         return Path(env).expanduser().resolve()
@@ -32,7 +33,7 @@ def data_cache(ecfg: dict) -> Path:
     return (Path(hf_home).expanduser() / "datasets").resolve()
 
 
-def task_manager(ecfg: dict, base_dir: Path):
+def task_manager(ecfg: Eval, base_dir: Path):
     include = include_paths(ecfg, base_dir)
     for folder in include:
         if not Path(folder).is_dir():
@@ -41,7 +42,7 @@ def task_manager(ecfg: dict, base_dir: Path):
 
     if include:  # indexing lm-eval's own ~14 000 task YAMLs costs each process tens of CPU seconds
         local = TaskManager(include_path=include, include_defaults=False)
-        if all(_whole(local.task_index, bench["task"]) for bench in ecfg["benchmarks"]):
+        if all(_whole(local.task_index, bench["task"]) for bench in ecfg.benchmarks):
             return local
     return TaskManager(include_path=include or None)
 
@@ -113,7 +114,7 @@ class TaskReads:
     code: list[Path] = field(default_factory=list)
 
 
-def task_reads(ecfg: dict, include: list[str]) -> TaskReads:
+def task_reads(ecfg: Eval, include: list[str]) -> TaskReads:
     """lm-eval's own tasks are not here: its version stands for them."""
     from lm_eval.tasks._index import TaskIndex
 
@@ -131,7 +132,7 @@ def task_reads(ecfg: dict, include: list[str]) -> TaskReads:
         reads.code.append(module)
         return {"function": Path(value).name, "file": hashlib.sha256(module.read_bytes()).hexdigest()}
 
-    for bench in ecfg["benchmarks"]:
+    for bench in ecfg.benchmarks:
         for task, cfg in leaf_configs(index, bench["task"]):
             reads.configs.append([task, canonical(cfg)])
             named = [*_data_files(cfg), (cfg.get("dataset_kwargs") or {}).get("data_dir")]
@@ -168,13 +169,13 @@ def _children(folder: Path) -> list[Path]:
     return list(folder.iterdir()) if folder.is_dir() else []
 
 
-def check(ecfg: dict, base_dir: Path) -> None:
+def check(ecfg: Eval, base_dir: Path) -> None:
     """Refuse, naming the task, an unknown task (with close matches) or one whose data is missing."""
-    if not ecfg["benchmarks"]:
+    if not ecfg.benchmarks:
         return
     tm = task_manager(ecfg, base_dir)
     cache = data_cache(ecfg)
-    for i, bench in enumerate(ecfg["benchmarks"]):
+    for i, bench in enumerate(ecfg.benchmarks):
         name, where = bench["task"], f"config key eval.benchmarks[{i}].task"
         if name not in tm.task_index:
             close = difflib.get_close_matches(name, tm.all_tasks, n=3, cutoff=0.6)
@@ -186,13 +187,13 @@ def check(ecfg: dict, base_dir: Path) -> None:
                 raise ConfigError(f"{where}: task {task!r} cannot run offline: {why}")
 
 
-def fetch(ecfg: dict, base_dir: Path) -> Path:
+def fetch(ecfg: Eval, base_dir: Path) -> Path:
     """On a machine with internet (a login node): build every configured task once, which makes
     datasets download its data into the cache the jobs read; then check it is all there."""
     cache = data_cache(ecfg)
     os.environ["HF_DATASETS_CACHE"] = str(cache)
     tm = task_manager(ecfg, base_dir)
-    for i, bench in enumerate(ecfg["benchmarks"]):
+    for i, bench in enumerate(ecfg.benchmarks):
         try:
             tm.load([bench["task"]])
         except Exception as exc:  # lm-eval and datasets raise many kinds; the task and cache are what matter

@@ -21,6 +21,7 @@ from llmft.benchmarks.tasks import task_manager
 from llmft.core import slurm
 from llmft.core.io import read_optional, write_json, write_text
 from llmft.core.launch import OFFLINE_ENV, package_env, torchrun_command
+from llmft.core.settings import Eval
 
 SPEC, RESULT = "spec.json", "scores.json"
 
@@ -36,7 +37,7 @@ def process_count(requested: int, device: str) -> int:
     return min(requested or gpus, gpus)
 
 
-def launch(cfg: dict, model_dir: str, device: str, dtype: str, threads: int, n: int) -> dict:
+def launch(ecfg: Eval, model_dir: str, device: str, dtype: str, threads: int, n: int) -> dict:
     """Run the benchmarks over `n` processes; {"tasks": ..., "processes": ...} from rank 0."""
     # a single node: rendezvous on this host, on a port free now (jobs may share the node)
     alloc = dataclasses.replace(
@@ -49,7 +50,7 @@ def launch(cfg: dict, model_dir: str, device: str, dtype: str, threads: int, n: 
         env["OMP_NUM_THREADS"] = str(per_process)  # n processes share the job's cores
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         spec = {
-            "cfg": cfg,
+            "eval": dataclasses.asdict(ecfg),  # the eval section, as JSON the ranks read back
             "model": model_dir,
             "dtype": dtype,
             "threads": per_process if device != "cuda" else 0,
@@ -96,7 +97,7 @@ def main(folder: str) -> int:
     else:
         device = "cpu"
     dist.init_process_group("nccl" if device != "cpu" else "gloo")
-    ecfg = spec["cfg"]["eval"]
+    ecfg = Eval(**spec["eval"])
     try:
         done = evaluate_tasks(
             Path(spec["model"]), ecfg, task_manager(ecfg, Path.cwd()), device, spec["dtype"], spec["threads"]

@@ -8,6 +8,7 @@ import argparse
 import json
 
 from llmft.core.config import ConfigError, load_file, validate
+from llmft.core.settings import Config
 
 CONFIG_HELP = "the config file: YAML, or the JSON render-sft writes"
 YAML_HELP = "the llamafactory.yaml render-sft wrote"
@@ -49,6 +50,11 @@ def config_of(args) -> dict:
         return validate(json_arg(args.config_json, "--config-json"))
     overrides = json_arg(args.overrides, "--overrides") if args.overrides else None
     return load_file(args.config, overrides)
+
+
+def settings_of(args) -> Config:
+    """The validated config as its typed sections, built once for the command (config_of's dict)."""
+    return Config.from_dict(config_of(args))
 
 
 def adder(sub):

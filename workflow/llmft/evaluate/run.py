@@ -16,6 +16,7 @@ from llmft.core import conversation
 from llmft.core.heldout import heldout_fingerprint, heldout_rows
 from llmft.core.io import write_json, write_jsonl
 from llmft.core.modelfiles import safetensors_stats
+from llmft.core.settings import Config, Eval
 from llmft.evaluate.metrics import SOURCE as METRIC_SOURCE
 from llmft.evaluate.metrics import exact_match, mean_scores, similarity
 from llmft.evaluate.worker import (
@@ -191,7 +192,7 @@ class _SetupClock:
 
 
 def evaluate(
-    cfg: dict,
+    cfg: Config,
     model_dir: str,
     heldout: str,
     out_dir: str,
@@ -209,14 +210,14 @@ def evaluate(
     slows generation many times over (bench/README.md, Held-out evaluation).
     `max_rows`: the first N rows of the split, "all" (the nightly gate's pass), None: eval.max_rows.
     """
-    from llmft.core.lf.chat_templates import for_config as template_for_config
+    from llmft.core.lf.chat_templates import for_model as template_for_model
 
-    ecfg = cfg["eval"]
-    rows = heldout_rows(heldout, ecfg["max_rows"], max_rows)
+    ecfg = cfg.eval
+    rows = heldout_rows(heldout, ecfg.max_rows, max_rows)
     clock = _SetupClock()
     weights = safetensors_stats(model_dir)
     kind, n, pool = plan_eval(processes, weights["weight_bytes"], clock)
-    template_name = template_for_config(cfg, model_dir)[0]
+    template_name = template_for_model(cfg.model, model_dir)[0]
     tokenizer, encoded = encode(rows, model_dir, template_name)
     clock("encode")  # transformers import, tokenizer, prompts
     jobs = shard_jobs(ecfg, model_dir, tokenizer, encoded, kind, n, threads)
@@ -225,7 +226,7 @@ def evaluate(
         label,
         len(rows),
         sum(len(job.gen_batches) for job in jobs),
-        ecfg["batch_size"],
+        ecfg.batch_size,
         n,
         kind,
         jobs[0].decoding,
@@ -245,8 +246,8 @@ def evaluate(
         "device": "cpu" if kind == "cpu" else "gpu",
         "processes": n,
         "devices": [r["device"] for r in results],
-        "batch_size": ecfg["batch_size"],
-        "max_new_tokens": ecfg["max_new_tokens"],
+        "batch_size": ecfg.batch_size,
+        "max_new_tokens": ecfg.max_new_tokens,
         **_timings(results, kind, jobs[0].precision, per_example, clock, t_jobs),
     }
     out = Path(out_dir)
@@ -266,17 +267,17 @@ def evaluate(
     return metrics
 
 
-def answer_nll(cfg: dict, model_dir: str, rows: list[dict], threads: int = 0) -> dict[int, tuple]:
+def answer_nll(cfg: Config, model_dir: str, rows: list[dict], threads: int = 0) -> dict[int, tuple]:
     """Each row's summed negative log-likelihood of its last message (the answer) under `model_dir`,
     with its answer tokens, by row index: evaluate's batched loss pass, no generation (the preference
     stage scores its held-out answers with it)."""
-    from llmft.core.lf.chat_templates import for_config as template_for_config
+    from llmft.core.lf.chat_templates import for_model as template_for_model
 
     clock = _SetupClock()
     devices, n, pool = plan_eval(0, safetensors_stats(model_dir)["weight_bytes"], clock)
-    template_name = template_for_config(cfg, model_dir)[0]
+    template_name = template_for_model(cfg.model, model_dir)[0]
     tokenizer, encoded = encode(rows, model_dir, template_name)
-    jobs = shard_jobs(cfg["eval"], model_dir, tokenizer, encoded, devices, n, threads)
+    jobs = shard_jobs(cfg.eval, model_dir, tokenizer, encoded, devices, n, threads)
     for job in jobs:
         job.gen_batches = []
     try:
@@ -308,19 +309,19 @@ def plan_eval(processes: int, weight_bytes: int, clock: _SetupClock):
     return kind, n, pool
 
 
-def shard_jobs(ecfg: dict, model_dir, tokenizer, encoded, kind: str, n: int, threads: int) -> list[ShardJob]:
+def shard_jobs(ecfg: Eval, model_dir, tokenizer, encoded, kind: str, n: int, threads: int) -> list[ShardJob]:
     """One ShardJob per process: loss and generation batches planned over all rows, then shared out."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stops = eos_ids(tokenizer)
-    bs = ecfg["batch_size"]
+    bs = ecfg.batch_size
     max_tokens = max(1, min(LOSS_BATCH_TOKENS, LOGIT_BUDGET // max(1, len(tokenizer))))
     lengths = [len(p) + len(a) for p, a in encoded]
     loss_plan = plan_batches(lengths, bs, max_tokens)
     gen_plan = plan_batches([len(p) for p, _ in encoded], bs)
-    decoding = ecfg["decoding"]
+    decoding = ecfg.decoding
     if decoding == "auto":
         decoding = "dynamic" if kind in ("cpu", "auto") else "graphs"
-    precision = ecfg["precision"]
+    precision = ecfg.precision
     if precision == "auto":
         precision = "fp32" if kind == "cpu" else "bf16"
     cpu_threads = threads or (max(1, (os.cpu_count() or 1) // n) if kind == "cpu" and n > 1 else 0)
@@ -331,7 +332,7 @@ def shard_jobs(ecfg: dict, model_dir, tokenizer, encoded, kind: str, n: int, thr
             encoded=encoded,
             loss_batches=shard(loss_plan, n, k, cost=lengths),
             gen_batches=shard(gen_plan, n, k),
-            max_new_tokens=ecfg["max_new_tokens"],
+            max_new_tokens=ecfg.max_new_tokens,
             stop_ids=stops,
             pad_id=pad,
             threads=cpu_threads,

@@ -17,12 +17,13 @@ from pathlib import Path
 
 from llmft.core.config import GATE_FILE, HELDOUT_METRICS, ConfigError, is_preference_metric
 from llmft.core.io import read_json, read_optional, write_json
+from llmft.core.settings import Config, Nightly
 
 LOWER_IS_BETTER = {"eval_loss"}
-# A preference metric's two sides: (cfg, run folder) -> (gate, compared_with), each model's scores on
+# A preference metric's two sides: (config, run folder) -> (gate, compared_with), each model's scores on
 # the gate's pairs (tuned, heldout_rows, heldout_fingerprint, rows_unit) as the preference stage scores
 # them (llmft.preference.page.gate_blocks, given by the CLI: a stage imports no other).
-Sides = Callable[[dict, Path], tuple[dict, dict]]
+Sides = Callable[[Config, Path], tuple[dict, dict]]
 
 
 def kind(metric: str) -> str:
@@ -31,10 +32,10 @@ def kind(metric: str) -> str:
     return "preference" if is_preference_metric(metric) else "heldout"
 
 
-def promoted_problem(cfg: dict, results: Path, promoted: str | None) -> str | None:
+def promoted_problem(night: Nightly, results: Path, promoted: str | None) -> str | None:
     """Before any job: why the promoted run cannot be compared on nightly.metric tonight (a preference
     metric needs its preference model), or None."""
-    metric = cfg["nightly"]["metric"]
+    metric = night.metric
     if not promoted or kind(metric) != "preference":
         return None
     model = results / promoted / "preference" / "model"
@@ -217,17 +218,16 @@ def bench_tasks(run_dir: Path) -> dict | None:
     return tasks
 
 
-def decide(cfg: dict, night: dict, current: dict | None) -> dict:
+def decide(n: Nightly, night: dict, current: dict | None) -> dict:
     """The verdict (gate.json): `night` holds the new model's scores in summary.json's form (`gate` and
     `compared_with` when the night scored both models, `benchmarks`), `current` the promoted model's
     record (promoted_record; None: nothing promoted, the first model is promoted when it has a score)."""
-    n = cfg["nightly"]
-    metric, budget = n["metric"], n["max_benchmark_drop"]
+    metric, budget = n.metric, n.max_benchmark_drop
     reference, mismatch = same_rows_reference(night, current)
     if mismatch:
         ok, reason = False, mismatch
     else:
-        ok, reason = gate(gate_view(night), reference, metric, n["tolerance"])
+        ok, reason = gate(gate_view(night), reference, metric, n.tolerance)
     if ok:
         ok, why = benchmark_gate(night, reference, budget)
         reason = why if not ok else "; ".join(filter(None, [reason, why]))
@@ -236,7 +236,7 @@ def decide(cfg: dict, night: dict, current: dict | None) -> dict:
         "promoted_run": current["run"] if current else None,
         "metric": metric,
         "kind": kind(metric),
-        "tolerance": n["tolerance"],
+        "tolerance": n.tolerance,
         "status": "promoted" if ok else "rejected",
         "reason": reason,
         "score": {metric: (gate_view(night)["tuned"] or {}).get(metric)},
@@ -246,36 +246,34 @@ def decide(cfg: dict, night: dict, current: dict | None) -> dict:
     }
 
 
-def write_gate(cfg: dict, run_dir: Path, out: Path, preference_sides: Sides | None = None) -> dict:
+def write_gate(cfg: Config, run_dir: Path, out: Path, preference_sides: Sides | None = None) -> dict:
     """`llmft gate`: tonight's model against the promoted run (nightly.compare_with) on the same rows,
     the verdict written to `out` (gate.json)."""
-    promoted = Path(cfg["nightly"]["compare_with"])
-    if kind(cfg["nightly"]["metric"]) == "preference":
-        if preference_sides is None or cfg.get("preference") is None:
-            raise ConfigError(
-                f"config key nightly.metric: {cfg['nightly']['metric']} needs a preference stage"
-            )
+    promoted = Path(cfg.nightly.compare_with)
+    if kind(cfg.nightly.metric) == "preference":
+        if preference_sides is None or cfg.preference is None:
+            raise ConfigError(f"config key nightly.metric: {cfg.nightly.metric} needs a preference stage")
         ours, theirs = preference_sides(cfg, run_dir)
     else:
         ours, theirs = heldout_sides(run_dir, promoted.name)
-    night = {"run": cfg["run"], "gate": ours, "compared_with": theirs}
-    tasks = bench_tasks(run_dir) if cfg["eval"]["benchmarks"] else None
+    night = {"run": cfg.run, "gate": ours, "compared_with": theirs}
+    tasks = bench_tasks(run_dir) if cfg.eval.benchmarks else None
     if tasks is not None:
         night["benchmarks"] = {"tasks": tasks}
     summary = read_optional(promoted / "report" / "summary.json", {}) or {}
     current = {**promoted_record(summary), "run": promoted.name}
-    verdict = decide(cfg, night, current)
+    verdict = decide(cfg.nightly, night, current)
     write_json(out, verdict)
     return verdict
 
 
-def night_verdict(cfg: dict, run_dir: Path, current: dict | None) -> dict:
+def night_verdict(n: Nightly, run_dir: Path, current: dict | None) -> dict:
     """What the nightly acts on once the run finished: its gate.json when a model was promoted
     (`current`: results/current.json), else the first model's verdict from its summary.json. A
     missing gate.json, or one judged against another run than the promoted one, is a rejection."""
     summary = read_json(run_dir / "report" / "summary.json")
     if current is None:
-        return decide(cfg, summary, None)
+        return decide(n, summary, None)
     path = run_dir / GATE_FILE
     verdict = read_optional(path)
     if not isinstance(verdict, dict):
@@ -285,7 +283,7 @@ def night_verdict(cfg: dict, run_dir: Path, current: dict | None) -> dict:
     else:
         return verdict
     return {
-        **decide(cfg, summary, None),
+        **decide(n, summary, None),
         "promoted_run": current["run"],
         "status": "rejected",
         "reason": f"rejected: not compared: {why}",

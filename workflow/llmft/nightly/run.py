@@ -23,6 +23,7 @@ from pathlib import Path
 from llmft.core.config import BUILTIN_DATA, ConfigError, is_run_name, validate
 from llmft.core.io import read_json, write_json, write_text
 from llmft.core.lineage import recorded_lineage
+from llmft.core.settings import Config, Data, Nightly
 from llmft.nightly import gate
 from llmft.nightly.lock import Lock, NightlyLocked
 from llmft.nightly.promote import GATE_WHY, PromotionError, current_run, protected, record, set_current
@@ -35,10 +36,10 @@ def _hash_file(path: Path, h) -> None:
             h.update(chunk)
 
 
-def data_fingerprint(cfg: dict, base_dir: Path = Path(".")) -> str:
+def data_fingerprint(data: Data, base_dir: Path = Path(".")) -> str:
     """Hash of every data source's bytes (a folder: every file in it, sorted)."""
     h = hashlib.sha256()
-    for src in cfg["data"]["sources"]:
+    for src in data.sources:
         h.update(json.dumps(src, sort_keys=True).encode())
         if src.get("dataset_info"):  # a LLaMA-Factory dataset entry: the entry's file, and the entry
             from llmft.core.lf.lfdataset import resolve
@@ -57,9 +58,10 @@ def data_fingerprint(cfg: dict, base_dir: Path = Path(".")) -> str:
     return h.hexdigest()[:16]
 
 
-def config_fingerprint(cfg: dict) -> str:
-    """Hash of the validated config, without the run name and the nightly settings."""
-    relevant = {k: v for k, v in cfg.items() if k not in ("run", "nightly")}
+def config_fingerprint(cfg: Config) -> str:
+    """Hash of the validated config, without the run name and the nightly settings (of the config as
+    a dict: what is hashed is its JSON, keys sorted)."""
+    relevant = {k: v for k, v in cfg.to_dict().items() if k not in ("run", "nightly")}
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -123,10 +125,10 @@ def retain(results: Path, state: dict, keep: int, keep_promoted: int = 1) -> lis
     return deleted
 
 
-def _retain_logged(results: Path, state: dict, n: dict) -> None:
+def _retain_logged(results: Path, state: dict, n: Nightly) -> None:
     """Retention after a night; when a kept run's lineage cannot be read, nothing is deleted."""
     try:
-        deleted = retain(results, state, n["keep_runs"], n["keep_promoted"])
+        deleted = retain(results, state, n.keep_runs, n.keep_promoted)
     except PromotionError as exc:
         print(f"[nightly] retention skipped, nothing deleted: {exc}", file=sys.stderr)
         return
@@ -145,7 +147,7 @@ def run_name(results: Path, today: str | None = None) -> str:
 
 
 def nightly(
-    cfg: dict,
+    cfg: Config,
     profile: str,
     run: str,
     results: Path = Path("results"),
@@ -166,16 +168,16 @@ def nightly(
     try:
         with Lock(results / "nightly" / "lock"):
             state = read_json(state_path) if state_path.exists() else {"nights": [], "promoted": None}
-            fp = {"data": data_fingerprint(cfg, base_dir), "config": config_fingerprint(cfg)}
+            fp = {"data": data_fingerprint(cfg.data, base_dir), "config": config_fingerprint(cfg)}
             if _skipped(state, state_path, run, fp):
                 return 0
-            t0, night = time.time(), {"run": run, "fingerprint": fp, "mode": cfg["nightly"]["mode"]}
+            t0, night = time.time(), {"run": run, "fingerprint": fp, "mode": cfg.nightly.mode}
             # retention deletes only folders a night made: this one, or an earlier attempt of it
             night["created"] = not (results / run).exists() or any(
                 n.get("run") == run and n.get("created") for n in state["nights"]
             )
             try:
-                start = starting_point(cfg, results)
+                start = starting_point(cfg.nightly, results)
             except PromotionError as exc:
                 night.update(status="refused", reason=str(exc), at=_now())
                 _record(state, night)
@@ -200,10 +202,10 @@ def nightly(
                 write_json(state_path, state)
                 print(f"[nightly] run {run} FAILED: {night['reason']}", file=sys.stderr)
                 return 1
-            _judge(cfg, results, run, night, state)
+            _judge(cfg.nightly, results, run, night, state)
             _record(state, night)
             write_json(state_path, state)  # the verdict is kept whatever retention meets
-            _retain_logged(results, state, cfg["nightly"])
+            _retain_logged(results, state, cfg.nightly)
             write_json(state_path, state)
             return _trend(results, run, log_path)
     except NightlyLocked as exc:
@@ -241,23 +243,23 @@ def retrain_every_note(every: int, promoted: str, streak: int) -> str:
     )
 
 
-def starting_point(cfg: dict, results: Path) -> dict:
+def starting_point(n: Nightly, results: Path) -> dict:
     """What the night compares against and (continue mode) starts from, resolved once, before any
     job: a promotion during the night changes neither. Raises PromotionError naming the key."""
-    mode = cfg["nightly"]["mode"]
+    mode = n.mode
     promoted = current_run(results, f"nightly.mode {mode}")
     point = {"promoted": promoted, "continue_from": None, "note": None}
-    problem = gate.promoted_problem(cfg, results, promoted)
+    problem = gate.promoted_problem(n, results, promoted)
     if problem:
         raise PromotionError(problem)
     if mode == "retrain":
         return point
     if promoted:
-        every, streak = cfg["nightly"]["retrain_every"], continued_runs(results, promoted)
+        every, streak = n.retrain_every, continued_runs(results, promoted)
         if every is not None and streak + 1 >= every:
             return {**point, "note": retrain_every_note(every, promoted, streak)}
         return {**point, "continue_from": f"results/{promoted}"}
-    if cfg["nightly"]["fallback"] == "retrain":
+    if n.fallback == "retrain":
         return {**point, "note": FALLBACK_NOTE}
     raise PromotionError(
         f"nightly.mode continue: there is no promoted model yet ({results / 'current'} does not exist); "
@@ -360,12 +362,12 @@ def _snakemake_command(profile: str, run: str, snakemake_args: list[str] | None)
     ]
 
 
-def _judge(cfg: dict, results: Path, run: str, night: dict, state: dict) -> None:
+def _judge(n: Nightly, results: Path, run: str, night: dict, state: dict) -> None:
     """Act on the gate's verdict (nightly/gate.py: the run's gate.json, or on a first night the
     verdict from its summary.json): record it in `night` and the run's promotion.json, and on
     promotion move results/current and add the move to the state's history."""
     current = read_json(results / "current.json") if (results / "current.json").exists() else None
-    verdict = gate.night_verdict(cfg, results / run, current)
+    verdict = gate.night_verdict(n, results / run, current)
     ok, reason = verdict["status"] == "promoted", verdict["reason"]
     night.update(status=verdict["status"], reason=reason, metric=verdict["score"])
     write_json(results / run / "promotion.json", night)
@@ -399,7 +401,7 @@ def driver_minutes(repo: Path, profile: str) -> int:
 
 
 def schedule_lines(
-    cfg: dict, repo: Path, profile: str = "profiles/slurm", config: str = "config/config.yaml"
+    n: Nightly, repo: Path, profile: str = "profiles/slurm", config: str = "config/config.yaml"
 ) -> dict[str, str]:
     """The scrontab entry (Slurm's cron) and a plain crontab alternative, running `llmft nightly` on
     the same config file the entry was printed from.
@@ -407,7 +409,6 @@ def schedule_lines(
     Every path is quoted for the shell cron runs the line in (`%`, which cron turns into a newline,
     escaped), and the log folder is made first: on a fresh checkout results/nightly/ does not exist.
     """
-    n = cfg["nightly"]
     q = shlex.quote
     cmd = (
         f"cd {q(str(repo))} && mkdir -p results/nightly && {q(sys.executable)} -m llmft nightly "
@@ -417,7 +418,6 @@ def schedule_lines(
     days, rest = divmod(minutes, 24 * 60)
     limit = f"{days}-{rest // 60:02d}:{rest % 60:02d}:00"
     scron = (
-        f"#SCRON --partition={q(n['partition'])} --job-name=llmft-nightly --time={limit}\n"
-        f"{n['schedule']} {cmd}\n"
+        f"#SCRON --partition={q(n.partition)} --job-name=llmft-nightly --time={limit}\n{n.schedule} {cmd}\n"
     )
-    return {"scrontab": scron, "crontab": f"{n['schedule']} {cmd}\n"}
+    return {"scrontab": scron, "crontab": f"{n.schedule} {cmd}\n"}

@@ -18,6 +18,7 @@ from llmft.core.draw import CSP, STYLE, esc, fmt, svg_bars, svg_lines, table, ts
 from llmft.core.io import read_json, read_jsonl, read_optional, write_json, write_text
 from llmft.core.lineage import LINEAGE_FILE
 from llmft.core.platform import Platform
+from llmft.core.settings import Config
 from llmft.core.throughput import THROUGHPUT_FORMULA
 from llmft.report import bench
 from llmft.report.lineage import lineage_html
@@ -321,7 +322,9 @@ METRICS = list(HELDOUT_METRICS)
 class LoadedRun:
     """Every input of one run's report, each file read once, and the measures derived from them."""
 
-    cfg: dict
+    cfg: Config
+    # the validated config as the command read it (its keys in that order): the page's Config block
+    validated: dict
     run: Path
     verify: dict
     stats: dict
@@ -368,8 +371,10 @@ class LoadedRun:
         return self.count.total if self.count else 0.0
 
 
-def load_run(cfg: dict, run_dir: str | Path) -> LoadedRun:
-    """Read the run's inputs; the optional ones (an older run, a stage that wrote less) as empty."""
+def load_run(cfg: Config, run_dir: str | Path, validated: dict | None = None) -> LoadedRun:
+    """Read the run's inputs; the optional ones (an older run, a stage that wrote less) as empty.
+    `validated`: the dict `cfg` was built from (None: cfg.to_dict(), its keys in the schema's order)."""
+    validated = cfg.to_dict() if validated is None else validated
     run = Path(run_dir)
     verify = read_optional(run / "env/verify.json", {}) or {}
     stats = read_optional(run / "data/stats.json", {}) or {}
@@ -382,7 +387,7 @@ def load_run(cfg: dict, run_dir: str | Path) -> LoadedRun:
         else []
     )
     tuned_pred = read_jsonl(run / "eval/tuned/predictions.jsonl")
-    gate = read_json(run / GATE_FILE) if cfg["nightly"]["compare_with"] else None
+    gate = read_json(run / GATE_FILE) if cfg.nightly.compare_with else None
     sft_yaml_path = run / "sft/llamafactory.yaml"
     sft_yaml = sft_yaml_path.read_text() if sft_yaml_path.exists() else ""
     sft_args = yaml.safe_load(sft_yaml) if sft_yaml else {}
@@ -401,11 +406,13 @@ def load_run(cfg: dict, run_dir: str | Path) -> LoadedRun:
     tps_gpu = train.get("tokens_per_second_per_gpu")  # core.throughput
     mfu_mean = flops.mfu(tps_gpu, per_token, peak) if (tps_gpu and peak and per_token) else None
     stack = stack_fp.of_report(verify)
+    # core.lineage_record reads the validated dict
     record = lineage_record.read_for(
-        run / LINEAGE_FILE, cfg, stats, stack=stack.get("hash") if isinstance(stack, dict) else None
+        run / LINEAGE_FILE, validated, stats, stack=stack.get("hash") if isinstance(stack, dict) else None
     )
     return LoadedRun(
         cfg=cfg,
+        validated=validated,
         run=run,
         verify=verify,
         stats=stats,
@@ -480,9 +487,9 @@ def overview_section(r: LoadedRun, results_dir: str | None) -> str:
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{CSP}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>llmft report: {esc(r.cfg["run"])}</title>
+<title>llmft report: {esc(r.cfg.run)}</title>
 <style>{STYLE}</style></head><body>
-<h1>llmft run <code>{esc(r.cfg["run"])}</code></h1>
+<h1>llmft run <code>{esc(r.cfg.run)}</code></h1>
 <nav><a href="#heldout">held-out</a><a href="#training">training</a><a href="#throughput">throughput</a>
 <a href="#samples">samples</a><a href="#data">data</a><a href="#environment">environment</a>
 <a href="#provenance">provenance</a>{trend_link}</nav>
@@ -675,7 +682,7 @@ def provenance_section(r: LoadedRun, generated: str, git: dict) -> str:
     shape = r.shape
     packages = (r.verify.get("nodes") or [{}])[0].get("packages", {}) or {}
     provenance = [
-        ["run", r.cfg["run"]],
+        ["run", r.cfg.run],
         ["generated", generated],
         ["git commit", git["commit"] + (" (with local changes)" if git["dirty"] else "")],
         ["data fingerprint", r.stats.get("fingerprint")],
@@ -689,7 +696,7 @@ def provenance_section(r: LoadedRun, generated: str, git: dict) -> str:
         ],
     ] + [[f"package {pkg}", ver or "not installed"] for pkg, ver in packages.items()]
     return f"""<h2 id="provenance">Provenance</h2>{table(["what", "value"], provenance)}
-<h3>Config</h3><pre>{esc(yaml.safe_dump(r.cfg, sort_keys=False))}</pre>
+<h3>Config</h3><pre>{esc(yaml.safe_dump(r.validated, sort_keys=False))}</pre>
 <h3>Rendered LLaMA-Factory arguments</h3><pre>{esc(r.sft_yaml)}</pre>
 </body></html>
 """
@@ -700,7 +707,7 @@ def report_summary(r: LoadedRun, generated: str, git: dict) -> dict:
     base, tuned, train, count = r.base, r.tuned, r.train, r.count
     base_em, tuned_em = base.get("exact_match"), tuned.get("exact_match")
     summary = {
-        "run": r.cfg["run"],
+        "run": r.cfg.run,
         "generated": generated,
         "git_commit": git["commit"],
         "base": {m: base.get(m) for m in METRICS},
@@ -811,20 +818,26 @@ def gate_section(summary: dict, metric: str) -> str:
 
 
 def build_report(
-    cfg: dict, run_dir: str, out_dir: str, results_dir: str | None = None, stage_pages: Sequence = ()
+    cfg: Config,
+    run_dir: str,
+    out_dir: str,
+    results_dir: str | None = None,
+    stage_pages: Sequence = (),
+    validated: dict | None = None,
 ) -> dict:
     """Write index.html, summary.json, figures/*.svg, heldout_metrics.tsv, samples.tsv and
     trend.html into `out_dir`; return the summary. `stage_pages`: another training stage's part of
     the page (llmft.preference.page), each with load(cfg, run_dir) -> its block or None,
     section(block) -> HTML and add_to_summary(summary, block). With nightly.compare_with the gate's
-    comparison and verdict come from nightly/gate.json, rendered as they are."""
-    r = load_run(cfg, run_dir)
+    comparison and verdict come from nightly/gate.json, rendered as they are. `validated`: the dict
+    `cfg` was built from, shown on the page as read (None: cfg.to_dict())."""
+    r = load_run(cfg, run_dir, validated)
     out = Path(out_dir)
     figures = report_figures(r)
     metrics = metric_rows(r)
     samples = pick_samples(r.base_pred, r.tuned_pred)
     # eval.benchmarks: only a run configured with them shows them (a stale bench/ folder is not read)
-    benchmarks = bench.load(r.run) if cfg["eval"]["benchmarks"] else None
+    benchmarks = bench.load(r.run) if cfg.eval.benchmarks else None
     stages = [(stage_page, stage_page.load(cfg, Path(run_dir))) for stage_page in stage_pages]
     git = git_state()
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -834,7 +847,7 @@ def build_report(
     page = "".join(
         [
             overview_section(r, results_dir),
-            gate_section(summary, cfg["nightly"]["metric"]),
+            gate_section(summary, cfg.nightly.metric),
             heldout_section(r, metrics),
             bench.section(benchmarks),
             *(stage_page.section(block) for stage_page, block in stages),

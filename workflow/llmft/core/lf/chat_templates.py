@@ -36,10 +36,14 @@ import sys
 from functools import cache
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmft.core.config import ConfigError
 from llmft.core.io import read_optional
 from llmft.core.lf.prompts import Recorder
+
+if TYPE_CHECKING:
+    from llmft.core.settings import Model
 
 log = logging.getLogger("llmft.core.lf.chat_templates")
 
@@ -732,13 +736,21 @@ def resolved(template: str, model_dir: str | Path | None) -> tuple[str, str]:
     return resolve(model_dir)
 
 
+def for_model(model: Model, model_dir: str | Path | None) -> tuple[str, str]:
+    """(name, why) of the model section's template for the model in `model_dir` (the builtin
+    model's folder is built by the pipeline: its template is known, whatever its files say)."""
+    return _for(model.name_or_path, model.template, model_dir)
+
+
 def for_config(cfg: dict, model_dir: str | Path | None) -> tuple[str, str]:
-    """(name, why) of the config's template for the model in `model_dir` (the builtin model's
-    folder is built by the pipeline: its template is known, whatever its files say)."""
+    """for_model, from the validated dict's model section."""
+    return _for(cfg["model"]["name_or_path"], cfg["model"]["template"], model_dir)
+
+
+def _for(name_or_path: str, template: str, model_dir: str | Path | None) -> tuple[str, str]:
     from llmft.core.config import BUILTIN_MODEL
 
-    builtin = cfg["model"]["name_or_path"] == BUILTIN_MODEL
-    return resolved(cfg["model"]["template"], None if builtin else model_dir)
+    return resolved(template, None if name_or_path == BUILTIN_MODEL else model_dir)
 
 
 def for_workflow(cfg: dict, workdir: str | Path) -> tuple[str, str]:
