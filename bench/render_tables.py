@@ -142,30 +142,22 @@ def performance() -> str:
                 src(FP8_LORA),
             )
         )
-    dpo = load(DPO_1B)["variants"]
-    ours, hand = dpo["ours"], dpo["hand"]
-    lines.append(
-        row(
-            "DPO 1.24 B, 1 × H200 (peak memory)",
-            f"{num(ours['tokens_per_s_per_gpu'])} ({ours['peak_vram_allocated_gib']:.1f} GiB)",
-            f"hand-tuned LLaMA-Factory DPO: {num(hand['tokens_per_s_per_gpu'])} "
-            f"({hand['peak_vram_allocated_gib']:.1f} GiB)",
-            ratio(ours["tokens_per_s_per_gpu"], hand["tokens_per_s_per_gpu"]),
-            src(DPO_1B),
+    for name, what in (
+        (DPO_1B, "DPO 1.24 B, 1 × H200 (peak memory)"),
+        (DPO_1B_CACHED, "DPO 1.24 B, 1 × H100, reference log-probabilities cached (peak memory)"),
+    ):
+        dpo = load(name)["variants"]
+        ours, hand = dpo["ours"], dpo["hand"]
+        lines.append(
+            row(
+                what,
+                f"{num(ours['tokens_per_s_per_gpu'])} ({ours['peak_vram_allocated_gib']:.1f} GiB)",
+                f"hand-tuned LLaMA-Factory DPO: {num(hand['tokens_per_s_per_gpu'])} "
+                f"({hand['peak_vram_allocated_gib']:.1f} GiB)",
+                ratio(ours["tokens_per_s_per_gpu"], hand["tokens_per_s_per_gpu"]),
+                src(name),
+            )
         )
-    )
-    dpo = load(DPO_1B_CACHED)["variants"]
-    ours, hand = dpo["ours"], dpo["hand"]
-    lines.append(
-        row(
-            "DPO 1.24 B, 1 × H100, reference log-probabilities cached (peak memory)",
-            f"{num(ours['tokens_per_s_per_gpu'])} ({ours['peak_vram_allocated_gib']:.1f} GiB)",
-            f"hand-tuned LLaMA-Factory DPO: {num(hand['tokens_per_s_per_gpu'])} "
-            f"({hand['peak_vram_allocated_gib']:.1f} GiB)",
-            ratio(ours["tokens_per_s_per_gpu"], hand["tokens_per_s_per_gpu"]),
-            src(DPO_1B_CACHED),
-        )
-    )
     return "\n".join(lines)
 
 
