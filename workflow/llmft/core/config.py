@@ -442,7 +442,7 @@ def _cross_checks(cfg: dict, base_dir: Path) -> None:
     _check_lf_names(cfg)
     if cfg["sft"]["offload"] is True and cfg["sft"]["zero_stage"] not in (3, "auto"):
         raise ConfigError("config key sft.offload: offload needs sft.zero_stage: 3 (or auto)")
-    _finetuning_checks(cfg["sft"], on_cpu=hw["vendor"] == "cpu" or hw["gpus_per_node"] == 0)
+    _finetuning_checks(cfg["sft"], on_cpu=runs_on_cpu(hw))
     _schedule_checks(cfg)
     if cfg.get("preference") is not None:
         _preference_checks(cfg["preference"])
@@ -651,9 +651,18 @@ class Layout:
 
 
 def layout(cfg: dict) -> Layout:
-    hw = cfg["hardware"]
+    return hardware_layout(cfg["hardware"])
+
+
+def hardware_layout(hw: dict) -> Layout:
+    """The hardware section's processes per node resolved (0: one per GPU, 2 on CPU), and the world size."""
     ppn = hw["processes_per_node"] or (hw["gpus_per_node"] or 2)
     return Layout(hw["nodes"], hw["gpus_per_node"], ppn)
+
+
+def runs_on_cpu(hw: dict) -> bool:
+    """Whether the hardware section's training runs on CPU processes (vendor cpu, or no GPUs per node)."""
+    return hw["vendor"] == "cpu" or hw["gpus_per_node"] == 0
 
 
 def check_yaml_file(path: str | Path) -> None:

@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmft.core.config import Layout, fp8_blocker, is_preference_metric, lora_settings, uses_reference
+from llmft.core.config import Layout, fp8_blocker, hardware_layout, lora_settings, runs_on_cpu, uses_reference
 
 
 @dataclass(frozen=True)
@@ -43,12 +43,12 @@ class Hardware:
     @property
     def on_cpu(self) -> bool:
         """Whether training runs on CPU processes (vendor cpu, or no GPUs per node)."""
-        return self.vendor == "cpu" or self.gpus_per_node == 0
+        return runs_on_cpu(vars(self))
 
     @property
     def layout(self) -> Layout:
         """Processes per node resolved (0: one per GPU, 2 on CPU) and the world size."""
-        return Layout(self.nodes, self.gpus_per_node, self.processes_per_node or (self.gpus_per_node or 2))
+        return hardware_layout(vars(self))
 
 
 @dataclass(frozen=True)
@@ -479,11 +479,6 @@ class Nightly:
     continue_learning_rate_factor: float | int = 0.25
     # Partition of the scrontab job that drives Snakemake (it only submits jobs).
     partition: str = "cpu"
-
-    @property
-    def gates_on_preference(self) -> bool:
-        """Whether metric is scored by the preference stage on its held-out pairs."""
-        return is_preference_metric(self.metric)
 
 
 @dataclass(frozen=True)

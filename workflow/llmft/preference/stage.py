@@ -18,7 +18,7 @@ import copy
 import json
 from pathlib import Path
 
-from llmft.core.config import BUILTIN_MODEL, ConfigError, uses_reference
+from llmft.core.config import BUILTIN_MODEL, ConfigError, runs_on_cpu, uses_reference
 from llmft.core.objective import Objective, StageTraining
 from llmft.core.platform import Platform
 
@@ -189,8 +189,7 @@ def reference_logps(cfg: dict) -> tuple[str, str]:
             "so the resident reference is the quantized base (no extra weights); the reference step "
             "would score the unquantized model"
         )
-    hw = cfg["hardware"]
-    if hw["gpus_per_node"] == 0 or hw["vendor"] == "cpu":
+    if runs_on_cpu(cfg["hardware"]):
         return "resident", (
             "reference_logps auto -> resident: CPU processes, where the reference's forward in each "
             "step costs less than a job of its own (model load, process start); cached skips it"
