@@ -305,25 +305,10 @@ def cmd_report(args) -> int:
         args.run_dir,
         args.out_dir,
         args.results_dir,
-        stage_pages=_dict_pages(raw),
+        stage_pages=preference_cli.pages(),
         validated=raw,
     )
     return 0
-
-
-def _dict_pages(raw: dict) -> tuple:
-    """The preference stage's part of the page, its load given the validated dict it reads (not yet
-    typed) in place of the Config build_report passes."""
-    from types import SimpleNamespace
-
-    return tuple(
-        SimpleNamespace(
-            load=lambda _cfg, run_dir, page=page: page.load(raw, run_dir),
-            section=page.section,
-            add_to_summary=page.add_to_summary,
-        )
-        for page in preference_cli.pages()
-    )
 
 
 def cmd_gate(args) -> int:
