@@ -108,7 +108,7 @@ def benched(tmp_path_factory):
 
 
 def _scores(work, which: str, run: str = "demo") -> dict:
-    return json.loads((work / f"results/{run}/bench/{which}/scores.json").read_text())
+    return json.loads((work / f"results/{run}/benchmarks/{which}/scores.json").read_text())
 
 
 def test_the_tuned_model_scores_higher_on_both_tasks(benched):

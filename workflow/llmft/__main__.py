@@ -267,7 +267,7 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
-def cmd_bench(args) -> int:
+def cmd_benchmarks(args) -> int:
     from llmft.benchmarks.run import run_benchmarks
     from llmft.benchmarks.score import BenchmarkError
 
@@ -286,7 +286,7 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def cmd_bench_fetch(args) -> int:
+def cmd_benchmarks_fetch(args) -> int:
     from pathlib import Path
 
     from llmft.benchmarks.tasks import fetch
@@ -555,11 +555,11 @@ def _later_commands(sub, add) -> None:
     p.add_argument("--threads", type=int, default=0, help="CPU threads per process (0 = torch default)")
     add_max_rows(p)
     p = add(
-        "bench",
-        cmd_bench,
+        "benchmarks",
+        cmd_benchmarks,
         "model=the model folder to score",
         "out=the results.json to write",
-        "cache-dir=the content-addressed score cache (results/.bench-cache)",
+        "cache-dir=the content-addressed score cache (results/.benchmarks-cache)",
         help="eval.benchmarks (lm-eval) on one model",
     )
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch default)")
@@ -570,7 +570,11 @@ def _later_commands(sub, add) -> None:
         help="lm-eval processes, each scoring a share of the documents (0 = one per GPU of the job, "
         "1 on CPU; more than 1 on CPU: CPU processes over gloo)",
     )
-    add("bench-fetch", cmd_bench_fetch, help="fill the datasets cache for eval.benchmarks (needs internet)")
+    add(
+        "benchmarks-fetch",
+        cmd_benchmarks_fetch,
+        help="fill the datasets cache for eval.benchmarks (needs internet)",
+    )
     add(
         "report",
         cmd_report,

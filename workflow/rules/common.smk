@@ -394,7 +394,7 @@ def benchmark_inputs(wildcards):
     if not CFG["eval"]["benchmarks"]:
         return []
     return expand(
-        "results/{run}/bench/{which}/scores.json",
+        "results/{run}/benchmarks/{which}/scores.json",
         run=wildcards.run,
         which=("base", "tuned"),
     )

@@ -41,7 +41,7 @@ rule prepare_data:
     log:
         "results/{run}/logs/prepare_data.log",
     benchmark:
-        "results/{run}/benchmarks/prepare_data.tsv"
+        "results/{run}/timings/prepare_data.tsv"
     container:
         stage_container()
     # One tokenizing process per thread; Snakemake lowers it to the cores it has (CPU job on Slurm).

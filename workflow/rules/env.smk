@@ -7,7 +7,7 @@ rule verify_env:
     log:
         "results/{run}/logs/verify_env.log",
     benchmark:
-        "results/{run}/benchmarks/verify_env.tsv"
+        "results/{run}/timings/verify_env.tsv"
     container:
         stage_container(per_node=True)
     resources:

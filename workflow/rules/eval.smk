@@ -13,7 +13,7 @@ rule evaluate:
     log:
         "results/{run}/logs/evaluate_{which}.log",
     benchmark:
-        "results/{run}/benchmarks/evaluate_{which}.tsv"
+        "results/{run}/timings/evaluate_{which}.tsv"
     container:
         stage_container()
     params:

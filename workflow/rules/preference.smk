@@ -21,7 +21,7 @@ rule prepare_preference:
     log:
         "results/{run}/logs/prepare_preference.log",
     benchmark:
-        "results/{run}/benchmarks/prepare_preference.tsv"
+        "results/{run}/timings/prepare_preference.tsv"
     container:
         stage_container()
     params:
@@ -46,7 +46,7 @@ rule preference_reference:
     log:
         "results/{run}/logs/preference_reference.log",
     benchmark:
-        "results/{run}/benchmarks/preference_reference.tsv"
+        "results/{run}/timings/preference_reference.tsv"
     container:
         stage_container()
     params:
@@ -104,7 +104,7 @@ rule preference:
     log:
         "results/{run}/logs/preference.job.log",
     benchmark:
-        "results/{run}/benchmarks/preference.tsv"
+        "results/{run}/timings/preference.tsv"
     container:
         stage_container(per_node=True)
     resources:
@@ -132,7 +132,7 @@ rule evaluate_preference:
     log:
         "results/{run}/logs/evaluate_preference_{model}.log",
     benchmark:
-        "results/{run}/benchmarks/evaluate_preference_{model}.tsv"
+        "results/{run}/timings/evaluate_preference_{model}.tsv"
     wildcard_constraints:
         model="base|tuned|preference",
     container:
@@ -161,7 +161,7 @@ rule evaluate_preference_gate:
     log:
         "results/{run}/logs/evaluate_preference_gate_{side}.log",
     benchmark:
-        "results/{run}/benchmarks/evaluate_preference_gate_{side}.tsv"
+        "results/{run}/timings/evaluate_preference_gate_{side}.tsv"
     wildcard_constraints:
         side="gate|promoted|gate_reference|promoted_reference",
     container:

@@ -79,7 +79,7 @@ rule pack_data:
     log:
         "results/{run}/logs/pack_data.log",
     benchmark:
-        "results/{run}/benchmarks/pack_data.tsv"
+        "results/{run}/timings/pack_data.tsv"
     container:
         stage_container()
     threads: 1
@@ -118,7 +118,7 @@ rule sft:
     log:
         "results/{run}/logs/sft.job.log",
     benchmark:
-        "results/{run}/benchmarks/sft.tsv"
+        "results/{run}/timings/sft.tsv"
     container:
         stage_container(per_node=True)
     resources:

@@ -12,12 +12,12 @@ from tests.conftest import REPO
 
 
 def _bench(tmp_path, bench: list, tasks: list, name: str = "", backend: str = "hf", processes: int = 1):
-    """`python -m llmft bench` (the benchmarks job's command) on tmp_path/model, into
+    """`python -m llmft benchmarks` (the benchmarks job's command) on tmp_path/model, into
     tmp_path/<name>scores.json with the score cache tmp_path/<name>cache (and datasets' cache in
     tmp_path/datasets)."""
     overrides = {"eval": {"benchmarks": bench, "benchmark_include_path": tasks, "benchmark_backend": backend}}
     overrides["eval"]["benchmark_data_cache"] = str(tmp_path / "datasets")
-    cmd = [sys.executable, "-m", "llmft", "bench", "--config", str(REPO / "config" / "config.yaml")]
+    cmd = [sys.executable, "-m", "llmft", "benchmarks", "--config", str(REPO / "config" / "config.yaml")]
     cmd += ["--overrides", json.dumps(overrides), "--model", str(tmp_path / "model")]
     cmd += ["--out", str(tmp_path / f"{name}scores.json"), "--cache-dir", str(tmp_path / f"{name}cache")]
     cmd += ["--processes", str(processes)]

@@ -99,7 +99,7 @@ def test_a_missing_score_is_a_refusal_naming_the_metric_and_the_run(night):
 
 def _bench(run_dir, which, acc):
     tasks = {"arc": {"metrics": {"acc": acc}, "higher_is_better": {"acc": True}}}
-    write_json(run_dir / "bench" / which / "scores.json", {"tasks": tasks})
+    write_json(run_dir / "benchmarks" / which / "scores.json", {"tasks": tasks})
 
 
 def test_the_benchmark_budget_refuses_a_drop_past_it_per_task(tmp_path, monkeypatch):

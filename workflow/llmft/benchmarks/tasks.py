@@ -161,7 +161,8 @@ def missing_data(task: str, cfg: dict, cache: Path) -> str | None:
         return None
     return (
         f"its dataset {path} is not in the datasets cache {cache} (expected {folder}); fill the cache "
-        "on a machine with internet: python -m llmft bench-fetch, with the same eval.benchmark_data_cache"
+        "on a machine with internet: python -m llmft benchmarks-fetch, with the same "
+        "eval.benchmark_data_cache"
     )
 
 

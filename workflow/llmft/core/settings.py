@@ -403,7 +403,7 @@ class Eval:
     decoding: str = "auto"
     # Weights and compute of the evaluation.
     precision: str = "auto"
-    # lm-eval-harness tasks run on the base and the tuned model (results/{run}/bench/), e.g.
+    # lm-eval-harness tasks run on the base and the tuned model (results/{run}/benchmarks/), e.g.
     benchmarks: list[dict] = field(default_factory=lambda: [])
     # lm-eval model of the benchmark jobs.
     benchmark_backend: str = "llmft"

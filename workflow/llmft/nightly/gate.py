@@ -204,8 +204,8 @@ def heldout_sides(run_dir: Path, promoted: str) -> tuple[dict, dict]:
 def bench_tasks(run_dir: Path) -> dict | None:
     """This run's tuned model per benchmark task (bench/), on the task's headline metric (the first
     lm-eval reports) where the base model has it too; None without both benchmark jobs."""
-    base = read_optional(run_dir / "bench" / "base" / "scores.json")
-    tuned = read_optional(run_dir / "bench" / "tuned" / "scores.json")
+    base = read_optional(run_dir / "benchmarks" / "base" / "scores.json")
+    tuned = read_optional(run_dir / "benchmarks" / "tuned" / "scores.json")
     if not base or not tuned:
         return None
     tasks = {}

@@ -20,7 +20,8 @@ from llmft.core.lineage import LINEAGE_FILE
 from llmft.core.platform import Platform
 from llmft.core.settings import Config
 from llmft.core.throughput import THROUGHPUT_FORMULA
-from llmft.report import bench
+from llmft.report.benchmarks import load as load_benchmarks
+from llmft.report.benchmarks import section as benchmarks_section
 from llmft.report.lineage import lineage_html
 from llmft.report.trend import build_trend
 
@@ -58,7 +59,7 @@ FIGURES = ["loss", "learning_rate", "grad_norm", "throughput", "mfu", "length_hi
 def _benchmarks(run_dir: Path) -> dict[str, dict]:
     """Snakemake's benchmark TSVs: wall seconds and peak RSS per stage."""
     out = {}
-    for path in sorted((run_dir / "benchmarks").glob("*.tsv")):
+    for path in sorted((run_dir / "timings").glob("*.tsv")):
         with open(path) as fh:
             rows = list(csv.DictReader(fh, delimiter="\t"))
         if rows:
@@ -836,8 +837,8 @@ def build_report(
     figures = report_figures(r)
     metrics = metric_rows(r)
     samples = pick_samples(r.base_pred, r.tuned_pred)
-    # eval.benchmarks: only a run configured with them shows them (a stale bench/ folder is not read)
-    benchmarks = bench.load(r.run) if cfg.eval.benchmarks else None
+    # eval.benchmarks: only a run configured with them shows them (a stale benchmarks/ folder is not read)
+    benchmarks = load_benchmarks(r.run) if cfg.eval.benchmarks else None
     # a stage page reads the validated dict (the preference stage's config is not typed yet)
     stages = [(stage_page, stage_page.load(r.validated, Path(run_dir))) for stage_page in stage_pages]
     git = git_state()
@@ -850,7 +851,7 @@ def build_report(
             overview_section(r, results_dir),
             gate_section(summary, cfg.nightly.metric),
             heldout_section(r, metrics),
-            bench.section(benchmarks),
+            benchmarks_section(benchmarks),
             *(stage_page.section(block) for stage_page, block in stages),
             curves_section(figures),
             throughput_section(r, figures),

@@ -11,7 +11,7 @@ from llmft.core import stack as stack_fp
 from llmft.core.config import RESERVED_RUNS, is_run_name
 from llmft.core.draw import CSP, STYLE, esc, svg_lines, table
 from llmft.core.io import read_optional, write_text
-from llmft.report.bench import trend_section
+from llmft.report.benchmarks import trend_section
 
 log = logging.getLogger("llmft.trend")
 

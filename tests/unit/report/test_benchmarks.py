@@ -1,6 +1,6 @@
 """Benchmarks base vs tuned on the page and in summary.json: the verdict names what regressed."""
 
-from llmft.report.bench import compare, section
+from llmft.report.benchmarks import compare, section
 
 
 def scores(**tasks):

@@ -1,4 +1,4 @@
-"""Standard benchmarks base vs tuned (results/{run}/bench/): per task, lm-eval's metric with its
+"""Standard benchmarks base vs tuned (results/{run}/benchmarks/): per task, lm-eval's metric with its
 standard error, and a verdict naming every task whose tuned score fell beyond its noise."""
 
 from __future__ import annotations
