@@ -136,8 +136,8 @@ done
 if [ $rc -eq 0 ] && [ "${PIPELINE_BENCH_HF:-0}" = 1 ]; then
   S1=$(date +%s)
   timeout -s INT -k 30 $((DEADLINE - $(el) - 20)) "${SMK[@]}" --configfile "${CFGS[@]}" \
-    bench/configs/pipeline_h200_benchmarks_hf.yaml -- "results/$RUN/bench/base/scores.json" \
-    "results/$RUN/bench/tuned/scores.json" >"$R/snakemake_hf.log" 2>&1
+    bench/configs/pipeline_h200_benchmarks_hf.yaml -- "results/$RUN/benchmarks/base/scores.json" \
+    "results/$RUN/benchmarks/tuned/scores.json" >"$R/snakemake_hf.log" 2>&1
   say "hf benchmarks: exit $? after $(($(date +%s) - S1)) s"
   for w in base tuned; do
     f=results/$RUN/bench/$w/scores.json
@@ -146,10 +146,10 @@ if [ $rc -eq 0 ] && [ "${PIPELINE_BENCH_HF:-0}" = 1 ]; then
 fi
 
 # Stage times: each job's start and end from Snakemake's log, and the benchmark files' wall seconds.
-python - "$R/snakemake.log" "results/$RUN/benchmarks" "$S0" <<'PY' 2>&1 | tee -a "$LOG"
+python - "$R/snakemake.log" "results/$RUN/timings" "$S0" <<'PY' 2>&1 | tee -a "$LOG"
 import csv, glob, os, re, sys
 from datetime import datetime
-log, bench, s0 = sys.argv[1], sys.argv[2], int(sys.argv[3])
+log, timings, s0 = sys.argv[1], sys.argv[2], int(sys.argv[3])
 stamp = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]")
 rule = re.compile(r"^(?:local)?(?:checkpoint|rule) (\w+):")
 jobid = re.compile(r"^\s+jobid: (\d+)")
@@ -174,7 +174,7 @@ for j in sorted(start, key=lambda j: start[j] or 0):
         continue
     print(f"{name[j]:<18} {a - s0:7.0f} {'' if b is None else f'{b - s0:6.0f}':>6} "
           f"{'unfinished' if b is None else f'{b - a:7.0f}'}")
-for f in sorted(glob.glob(os.path.join(bench, "*.tsv"))):
+for f in sorted(glob.glob(os.path.join(timings, "*.tsv"))):
     rows = list(csv.DictReader(open(f), delimiter="\t"))
     if rows:
         r = rows[-1]

@@ -52,8 +52,8 @@ def test_no_benchmarks_no_jobs_and_evaluate_never_sees_the_keys(tmp_path):
         cmd.startswith("HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 python -m llmft bench") for cmd in bench
     )
     assert {re.search(r"--out (\S+)", c).group(1) for c in bench} == {
-        "results/demo/bench/base/scores.json",
-        "results/demo/bench/tuned/scores.json",
+        "results/demo/benchmarks/base/scores.json",
+        "results/demo/benchmarks/tuned/scores.json",
     }
 
 
