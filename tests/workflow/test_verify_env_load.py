@@ -16,6 +16,7 @@ import pytest
 from llmft.core.config import validate
 from llmft.core.launch import launch_env
 from llmft.core.platform import Platform
+from llmft.core.settings import Config
 from llmft.core.slurm import current_allocation
 from llmft.env.rules import judge
 from llmft.env.verify import canary_node
@@ -98,7 +99,7 @@ def test_a_probe_over_its_budget_is_reported_as_slow_not_as_a_broken_collective(
 
 
 def test_a_canary_over_what_the_budget_leaves_is_named(tmp_path):
-    cfg = validate({})
+    cfg = Config.from_dict(validate({}))
     env = launch_env(Platform.declared(cfg, vendor="cpu"), current_allocation())
     t0 = time.monotonic()
     got = canary_node(env, tmp_path, {"host": "here", "build": "cpu", "devices": []}, cfg, 3, t0)

@@ -156,8 +156,7 @@ def cmd_pack_data(args) -> int:
 def cmd_verify_env(args) -> int:
     from llmft.env.verify import run_verify
 
-    cfg = config_of(args)
-    return run_verify(cfg, args.out)
+    return run_verify(settings_of(args), args.out)
 
 
 def cmd_lineage(args) -> int:
@@ -227,7 +226,7 @@ def cmd_sft_check(args) -> int:
     from llmft.env.verify import gate
     from llmft.sft.render import check_packed_yaml
 
-    gate(config_of(args), args.verify)
+    gate(settings_of(args).verify, args.verify)
     check_packed_yaml(args.yaml)
     return 0
 

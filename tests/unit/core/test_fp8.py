@@ -12,6 +12,7 @@ import pytest
 from llmft.core import fp8
 from llmft.core.config import ConfigError, validate
 from llmft.core.platform import Platform
+from llmft.core.settings import Config, Sft
 from llmft.env.rules import judge_canary, judge_torchao
 from llmft.sft.plan import describe, resolve
 
@@ -311,8 +312,7 @@ def test_an_8b_lora_plan_turns_fp8_on_by_itself_and_estimates_it_faster(tmp_path
     data_lost="none",
 )
 def test_verify_env_refuses_torchao_that_breaks_peft_or_torch(versions, says, fix):
-    cfg = validate({})
-    found = judge_torchao({"packages": versions}, cfg, "cuda")
+    found = judge_torchao({"packages": versions}, Sft(), "cuda")
     assert len(found) == 1 and not found[0].ok and says in found[0].message and fix in found[0].fix
 
 
@@ -324,7 +324,7 @@ def test_verify_env_refuses_torchao_that_breaks_peft_or_torch(versions, says, fi
      {"torchao": None, "peft": "0.18.1", "torch": "2.13.0"}],
 )  # fmt: skip
 def test_verify_env_accepts_the_pinned_combinations(versions):
-    assert judge_torchao({"packages": versions}, validate({}), "cuda") == []
+    assert judge_torchao({"packages": versions}, Sft(), "cuda") == []
 
 
 def test_verify_env_judges_the_installed_packages():
@@ -332,12 +332,12 @@ def test_verify_env_judges_the_installed_packages():
     from llmft.env.nodefacts import _version
 
     versions = {p: _version(p) for p in ("torchao", "peft", "torch")}
-    assert judge_torchao({"packages": versions}, validate({}), "cpu") == []
+    assert judge_torchao({"packages": versions}, Sft(), "cpu") == []
     # the installed torchao beside peft: a LoRA model builds (torchao 0.18 fails here, at peft's import)
     from peft import LoraConfig, get_peft_model
 
     get_peft_model(_tiny_llama(), LoraConfig(r=8, target_modules="all-linear"))
-    want_fp8 = validate({"sft": {"fp8": True}})
+    want_fp8 = Config.from_dict(validate({"sft": {"fp8": True}})).sft
     missing = judge_torchao({"packages": {**versions, "torchao": None}}, want_fp8, "cpu")
     assert (
         missing
@@ -475,13 +475,13 @@ def test_canary_fails_naming_fp8_when_fp8_silently_did_not_apply(monkeypatch):
     from llmft.env import canary
 
     monkeypatch.setenv(fp8.SKIP_ENV, "1")
-    cfg = validate({"hardware": {"gpus_per_node": 1}, "sft": {"fp8": True}})
+    sft = Config.from_dict(validate({"hardware": {"gpus_per_node": 1}, "sft": {"fp8": True}})).sft
     facts = copy.deepcopy(H200)
     facts["attention"] = {}  # SDPA: the kernels this CPU runs
     facts["modules"] = {}
-    path = canary.planned_path(facts, cfg)
+    path = canary.planned_path(facts, sft)
     bf16 = {"ok": True, "message": "bf16 leg on the golden curve", "run": {"losses": [], "grad_norm": 1.0}}
-    out = canary._with_fp8(copy.deepcopy(bf16), facts, cfg, path, "cpu", "")
+    out = canary._with_fp8(copy.deepcopy(bf16), facts, sft, path, "cpu", "")
     assert out["fp8"]["converted"] == "0 of 15 linear layers in float8 (tensorwise)"
     assert out["ok"] is False and out["suspect"] == ["fp8"]
     assert "FP8 was asked for but did not run: 0 of 15 linear layers in float8" in out["message"]
@@ -490,8 +490,8 @@ def test_canary_fails_naming_fp8_when_fp8_silently_did_not_apply(monkeypatch):
         not finding.ok and "FP8 was asked for but did not run" in finding.message and "sft.fp8" in finding.fix
     )
     # auto on the same node: the failed leg only keeps FP8 off
-    cfg["sft"]["fp8"] = "auto"
-    auto = canary._with_fp8(copy.deepcopy(bf16), facts, cfg, path, "cpu", "")
+    auto_sft = dataclasses.replace(sft, fp8="auto")
+    auto = canary._with_fp8(copy.deepcopy(bf16), facts, auto_sft, path, "cpu", "")
     assert auto["ok"] is True and auto["fp8"]["ok"] is False
 
 

@@ -11,6 +11,7 @@ import yaml
 from llmft.core.config import ConfigError, validate
 from llmft.core.launch import launch_env
 from llmft.core.platform import Platform, choose_attention, read_platform
+from llmft.core.settings import Config
 from llmft.core.shape import shape_from_config
 from llmft.core.slurm import Allocation
 from llmft.sft.plan import resolve
@@ -29,8 +30,12 @@ def nodes(facts, n=2):
     return [{**copy.deepcopy(facts), "host": f"n{i + 1}"} for i in range(n)]
 
 
+def typed(raw: dict) -> Config:
+    return Config.from_dict(validate(raw))
+
+
 def test_mi300x_facts_make_the_rocm_platform_whatever_the_submit_host_runs():
-    p = Platform.from_facts(validate(NODES8), nodes(MI300X))
+    p = Platform.from_facts(typed(NODES8), nodes(MI300X))
     assert (p.vendor, p.gpu, p.arch, p.device_memory_gib) == ("rocm", "mi300x", "gfx942", 192.0)
     assert p.hosts == ("n1", "n2") and p.world_size == 16 and p.torch == "2.9.1+rocm7.0"
     # torch 2.9 has no varlen kernel; flash-attn's ROCm kernel ran; liger-kernel is not installed
@@ -45,7 +50,7 @@ def test_mi300x_facts_make_the_rocm_platform_whatever_the_submit_host_runs():
 
 
 def test_h200_facts_recorded_by_verify_env_on_the_device():
-    p = Platform.from_facts(validate({"hardware": {"gpus_per_node": 1}}), [H200])
+    p = Platform.from_facts(typed({"hardware": {"gpus_per_node": 1}}), [H200])
     assert (p.vendor, p.gpu, p.arch) == ("cuda", "h200", "sm_90")
     assert "varlen" in p.attention and p.liger and "TORCH_SYMM_MEM_DISABLE_MULTICAST" in p.collective_env
 
@@ -55,30 +60,41 @@ def test_facts_that_contradict_the_config_are_refused_naming_both():
     for d in h100["devices"]:
         d.update(name="NVIDIA H100 80GB HBM3", arch="sm_90")
     h100["build"] = "cuda"
-    cfg = validate({"hardware": {"gpus_per_node": 8, "gpu_model": "mi300x"}})
+    cfg = typed({"hardware": {"gpus_per_node": 8, "gpu_model": "mi300x"}})
     with pytest.raises(ConfigError, match=r"mi300x \(AMD Instinct MI300X\) but n1 has NVIDIA H100 80GB HBM3"):
         Platform.from_facts(cfg, nodes(h100, 1))
     with pytest.raises(ConfigError, match="hardware.vendor: 'cuda' but torch on n1 is a rocm build"):
-        Platform.from_facts(validate({"hardware": {"gpus_per_node": 8, "vendor": "cuda"}}), nodes(MI300X, 1))
+        Platform.from_facts(typed({"hardware": {"gpus_per_node": 8, "vendor": "cuda"}}), nodes(MI300X, 1))
     mixed = nodes(MI300X)
     mixed[1]["build"] = "cuda"
     with pytest.raises(ConfigError, match="different torch builds"):
-        Platform.from_facts(validate(NODES8), mixed)
+        Platform.from_facts(typed(NODES8), mixed)
     with pytest.raises(ConfigError, match="no node facts"):
-        Platform.from_facts(validate(NODES8), [])
+        Platform.from_facts(typed(NODES8), [])
 
 
 def test_declared_platform_assumes_generously_and_says_so():
-    open_gpu = Platform.declared(validate({"hardware": {"gpus_per_node": 8}}))
+    open_gpu = Platform.declared(typed({"hardware": {"gpus_per_node": 8}}))
     assert open_gpu.gpu == "mi300x" and "assumed the largest known GPU" in open_gpu.source
-    h100 = Platform.declared(validate({"hardware": {"gpus_per_node": 8, "gpu_model": "h100"}}))
+    h100 = Platform.declared(typed({"hardware": {"gpus_per_node": 8, "gpu_model": "h100"}}))
     assert (h100.vendor, h100.device_memory_gib) == ("cuda", 80) and "declared" in h100.source
-    cpu = Platform.declared(validate({}))
+    cpu = Platform.declared(typed({}))
     assert cpu.vendor == "cpu" and not cpu.on_gpu
+    # vendor cpu with GPUs per node declared (a smoke test of the GPU partition): CPU processes
+    assert Platform.declared(typed({"hardware": {"vendor": "cpu", "gpus_per_node": 2}})).vendor == "cpu"
+
+
+def test_a_validated_dict_makes_the_platform_its_typed_config_makes():
+    """The stages whose config is not typed yet hand the platform the validated dict."""
+    raw = validate(NODES8)
+    assert Platform.declared(raw) == Platform.declared(Config.from_dict(raw))
+    assert Platform.from_facts(raw, nodes(MI300X)) == Platform.from_facts(
+        Config.from_dict(raw), nodes(MI300X)
+    )
 
 
 def test_read_platform_takes_a_verify_report_or_one_nodes_facts(tmp_path):
-    cfg = validate(NODES8)
+    cfg = typed(NODES8)
     (tmp_path / "verify.json").write_text(json.dumps({"nodes": nodes(MI300X)}))
     (tmp_path / "node.json").write_text(json.dumps(MI300X))
     assert read_platform(cfg, tmp_path / "verify.json").hosts == ("n1", "n2")

@@ -81,3 +81,10 @@ def test_sections_are_frozen_and_replace_makes_a_copy():
     other = replace(typed, "model.template", "qwen")
     assert (other.model.template, typed.model.template) == ("qwen", "auto")
     assert other.sft is typed.sft
+
+
+def test_packing_auto_is_neat_on_gpus_and_off_on_cpu():
+    auto = Config.from_dict(validate({})).sft
+    assert (auto.packing_on(True), auto.packing_on(False)) == ("neat", "off")
+    off = Config.from_dict(validate({"sft": {"packing": "off"}})).sft
+    assert (off.packing_on(True), off.packing_on(False)) == ("off", "off")

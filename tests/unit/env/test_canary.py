@@ -7,19 +7,20 @@ import json
 import pytest
 import yaml
 from llmft.core.config import validate
+from llmft.core.settings import Config
 from llmft.env import canary
 from llmft.env.rules import judge_canary
 
 from tests.conftest import REPO
 
-DEMO = validate(yaml.safe_load((REPO / "config/config.yaml").read_text()), base_dir=REPO)
+DEMO = Config.from_dict(validate(yaml.safe_load((REPO / "config/config.yaml").read_text()), base_dir=REPO))
 CPU_NODE = {"host": "n1", "devices": [], "attention": {"sdpa_ok": True}, "torch_version": "2.13.0+cpu"}
 
 
 def test_the_demo_path_matches_the_golden_fp32_curve():
-    path = canary.planned_path(CPU_NODE, DEMO)
+    path = canary.planned_path(CPU_NODE, DEMO.sft)
     assert path == canary.CanaryPath("sdpa", False, False, "fp32", "foreach")
-    result = canary.run_canary(CPU_NODE, DEMO)
+    result = canary.run_canary(CPU_NODE, DEMO.sft)
     assert result["ok"], result["message"]
     losses = result["run"]["losses"]
     assert len(losses) == canary.STEPS and losses[-1] < 0.5 * losses[0]  # it learns
@@ -48,8 +49,8 @@ GPU_NODE = {
     ],
 )
 def test_the_canary_runs_the_attention_sft_would_run_on_a_gpu_node(sft, attention):
-    cfg = validate({"hardware": {"gpus_per_node": 1}, "sft": {"precision": "bf16", **sft}})
-    assert canary.planned_path(GPU_NODE, cfg).attention == attention
+    cfg = Config.from_dict(validate({"hardware": {"gpus_per_node": 1}, "sft": {"precision": "bf16", **sft}}))
+    assert canary.planned_path(GPU_NODE, cfg.sft).attention == attention
 
 
 @pytest.mark.parametrize(
@@ -64,7 +65,7 @@ def test_a_wrong_kernel_or_an_absurd_learning_rate_fails_naming_the_suspect(
     monkeypatch, perturb, suspect, fix
 ):
     monkeypatch.setenv(canary.PERTURB_ENV, perturb)
-    result = canary.run_canary(CPU_NODE, DEMO)
+    result = canary.run_canary(CPU_NODE, DEMO.sft)
     assert result["ok"] is False and result["suspect"] == [suspect], result.get("diagnosis")
     finding = judge_canary({**CPU_NODE, "canary": result})[0]
     assert not finding.ok and fix in finding.fix
@@ -114,6 +115,8 @@ def test_another_platforms_honest_bf16_passes_the_h200_golden_and_its_wrong_kern
 
 
 def test_canary_off_records_nothing():
-    off = validate({**DEMO, "verify": {**DEMO["verify"], "canary": False}})
-    assert off["verify"]["canary"] is False
+    raw = DEMO.to_dict()
+    raw["verify"]["canary"] = False
+    off = Config.from_dict(validate(raw))
+    assert off.verify.canary is False
     assert judge_canary(CPU_NODE) == []

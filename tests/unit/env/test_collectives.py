@@ -13,6 +13,7 @@ import json
 import pytest
 from llmft.core import hardware
 from llmft.core.config import validate
+from llmft.core.settings import Config, Verify
 from llmft.core.slurm import Allocation
 from llmft.env.collectives import bus_bandwidth, parse_nccl_log, summarize_transport
 from llmft.env.rules import judge_collectives, judge_run
@@ -24,8 +25,14 @@ FIX = REPO / "tests/fixtures"
 MI300X = json.loads((FIX / "facts_mi300x.json").read_text())
 XGMI_LOG = (FIX / "rccl_mi300x_xgmi.log").read_text()
 PCIE_LOG = (FIX / "rccl_mi300x_pcie.log").read_text()
-ROCM8 = validate({"hardware": {"vendor": "rocm", "gpus_per_node": 8}})
 GiB = 2**30
+
+
+def typed(raw: dict) -> Config:
+    return Config.from_dict(validate(raw))
+
+
+ROCM8 = typed({"hardware": {"vendor": "rocm", "gpus_per_node": 8}})
 
 
 def coll(busbw=(310.0, 280.0), gemm=650.0, log=XGMI_LOG, world=8, library="rccl", nnodes=1):
@@ -56,7 +63,9 @@ def coll(busbw=(310.0, 280.0), gemm=650.0, log=XGMI_LOG, world=8, library="rccl"
 
 def rules(c, cfg=ROCM8, gpus=8, nnodes=1):
     spec = hardware.GPUS["mi300x"]
-    return judge_collectives(c, cfg, "rocm", hardware.collective_thresholds(spec, gpus, nnodes), spec)
+    return judge_collectives(
+        c, cfg.hardware, "rocm", hardware.collective_thresholds(spec, gpus, nnodes), spec
+    )
 
 
 def failed(findings):
@@ -109,7 +118,7 @@ def test_floors_scale_with_the_xgmi_mesh_not_the_nvlink_switch():
     )
     assert hardware.collective_thresholds(h200, 1, 1).allreduce_busbw_gbs == 0  # nothing to judge
     over = hardware.collective_thresholds(
-        mi300x, 8, 1, {"min_allreduce_busbw_gbs": 250, "min_gemm_tflops": 0}
+        mi300x, 8, 1, Verify(min_allreduce_busbw_gbs=250, min_gemm_tflops=0)
     )
     assert over.allreduce_busbw_gbs == 250 and over.gemm_tflops == 400 and "config overrides" in over.basis
     cpu = hardware.collective_thresholds(None, 0, 1)
@@ -133,7 +142,7 @@ def test_bandwidth_below_floor_is_the_pcie_fallback():
 
 def test_pcie_path_fails_even_when_two_gpus_cannot_tell_by_bandwidth():
     # Two MI300X share one xGMI link (~48 GB/s), as fast as PCIe Gen5: the path type tells.
-    cfg = validate({"hardware": {"vendor": "rocm", "gpus_per_node": 2}})
+    cfg = typed({"hardware": {"vendor": "rocm", "gpus_per_node": 2}})
     bad = failed(rules(coll(busbw=(45.0, 40.0), log=PCIE_LOG, world=2), cfg, gpus=2))
     assert set(bad) == {"transport"}
 
@@ -155,7 +164,7 @@ def test_wrong_sum_and_world_size():
 
 def test_multi_node_over_tcp_sockets():
     log = XGMI_LOG + "n:1:1 [0] NCCL INFO Channel 01/0 : 8[0] -> 0[0] [receive] via NET/Socket/0\n"
-    cfg = validate({"hardware": {"vendor": "rocm", "gpus_per_node": 8, "nodes": 2}})
+    cfg = typed({"hardware": {"vendor": "rocm", "gpus_per_node": 8, "nodes": 2}})
     bad = failed(rules(coll(busbw=(9.0, 8.0), log=log, world=16, nnodes=2), cfg, nnodes=2))
     assert "RDMA" in bad["transport"].message and "NCCL_IB_HCA" in bad["transport"].fix
     assert "between nodes Socket" in bad["bandwidth:all_reduce"].message
@@ -183,7 +192,7 @@ def test_judge_run_prefixes_nodes_and_checks_the_allocation():
     other = copy.deepcopy(MI300X)
     other["host"] = "mi300x-002"
     other["devices"] = other["devices"][:7]
-    cfg = validate({"hardware": {"vendor": "rocm", "gpus_per_node": 8, "nodes": 2}})
+    cfg = typed({"hardware": {"vendor": "rocm", "gpus_per_node": 8, "nodes": 2}})
     findings, thr = judge_run([MI300X, other], coll(world=16, nnodes=2), cfg, "rocm", 2)
     bad = failed(findings)
     assert "gpu_count@mi300x-002" in bad and "gpu_count@mi300x-001" not in bad
@@ -196,7 +205,7 @@ def test_judge_run_prefixes_nodes_and_checks_the_allocation():
 H200_FACTS = json.loads((FIX / "facts_h200x2.json").read_text())
 H200_RUN = json.loads((REPO / "bench/results/verify_env_h200x2.json").read_text())
 P2P_OFF = json.loads((REPO / "bench/results/verify_env_h200x2_p2p_off.json").read_text())
-CUDA2 = validate({"hardware": {"vendor": "cuda", "gpus_per_node": 2}})
+CUDA2 = typed({"hardware": {"vendor": "cuda", "gpus_per_node": 2}})
 
 
 def test_recorded_h200_nccl_logs():

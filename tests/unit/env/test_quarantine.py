@@ -13,9 +13,15 @@ import json
 import pytest
 from llmft.core import stack as stack_fp
 from llmft.core.config import validate
+from llmft.core.settings import Config, replace
 from llmft.env import quarantine as q
 
 from tests.conftest import REPO
+
+
+def typed(raw: dict) -> Config:
+    return Config.from_dict(validate(raw))
+
 
 BROKEN = REPO / "tests/fixtures/broken_trainer/sitecustomize.py"
 
@@ -42,8 +48,8 @@ def test_accumulation_parity_passes_on_this_stack_on_one_process_and_over_two_ra
 
 
 def test_the_ranks_are_the_plan_s_and_a_step_s_rows_a_multiple_of_them():
-    assert q.plan_ranks(validate({"hardware": {"gpus_per_node": 0, "processes_per_node": 2}})) == 2
-    assert q.plan_ranks(validate({"hardware": {"gpus_per_node": 8, "processes_per_node": 0}})) == 8
+    assert q.plan_ranks(typed({"hardware": {"gpus_per_node": 0, "processes_per_node": 2}}).hardware) == 2
+    assert q.plan_ranks(typed({"hardware": {"gpus_per_node": 8, "processes_per_node": 0}}).hardware) == 8
     assert [q.accumulation_rows(r) for r in (1, 2, 3, 8)] == [4, 4, 6, 8]
 
 
@@ -78,18 +84,18 @@ CANARY_OK = {"ok": True, "message": "loss 0.10% off the golden curve", "path": {
 
 
 def test_the_canary_check_takes_verify_env_s_canary_with_every_leg():
-    cfg = validate({})
-    ok = q.canary_check({"canary": CANARY_OK}, cfg, "cpu")
+    sft = typed({}).sft
+    ok = q.canary_check({"canary": CANARY_OK}, sft, "cpu")
     assert ok["ok"] and ok["legs"] == ["bf16"] and "verify_env's canary" in ok["message"]
     fp8_bad = {**CANARY_OK, "fp8": {"ok": False, "message": "FP8 drifts from bf16: 7.1% off"}}
-    bad = q.canary_check({"canary": fp8_bad}, cfg, "cpu")
+    bad = q.canary_check({"canary": fp8_bad}, sft, "cpu")
     assert (
         not bad["ok"]
         and bad["legs"] == ["bf16", "fp8"]
         and "FP8 drifts from bf16: 7.1% off" in bad["message"]
     )
     off = {**CANARY_OK, "ok": False, "message": "loss 5.8% off", "diagnosis": "the attention kernel"}
-    assert not q.canary_check({"canary": off}, cfg, "cpu")["ok"]
+    assert not q.canary_check({"canary": off}, sft, "cpu")["ok"]
 
 
 def rows(losses: list[float], ems: list[float], prefix: str = "p") -> list[dict]:
@@ -130,20 +136,20 @@ def test_verify_env_decides_without_a_child_when_there_is_nothing_to_check(tmp_p
     monkeypatch.setattr(q.subprocess, "run", no_child)
     run = promoted_run(tmp_path, stack_fp.fingerprint(FACTS))
     budget = (tmp_path, FACTS)
-    assert q.node_quarantine({}, *budget, validate({}), 60, 0) is None  # not a night: no compare_with
-    night = validate({"nightly": {"compare_with": "results/night1"}})
+    assert q.node_quarantine({}, *budget, typed({}), 60, 0) is None  # not a night: no compare_with
+    night = typed({"nightly": {"compare_with": "results/night1"}})
     monkeypatch.chdir(tmp_path)
     same = q.node_quarantine({}, *budget, night, 60, 0)
     assert same["status"] == "unchanged" and same["promoted"] == str(run.relative_to(tmp_path))
     changed = {**FACTS, "torch_version": "2.14.0+cpu"}
     refused = q.node_quarantine(
-        {}, tmp_path, changed, validate({"nightly": {**night["nightly"], "on_stack_change": "refuse"}}), 60, 0
+        {}, tmp_path, changed, replace(night, "nightly.on_stack_change", "refuse"), 60, 0
     )
     assert refused["status"] == "refused"
     assert [tuple(c) for c in refused["changes"]] == [("torch", "2.13.0+cpu", "2.14.0+cpu")]
     passed = [stack_fp.stack_hash(stack_fp.fingerprint(changed))]
     skipped = q.node_quarantine(
-        {}, tmp_path, changed, validate({"nightly": {**night["nightly"], "quarantine_passed": passed}}), 60, 0
+        {}, tmp_path, changed, replace(night, "nightly.quarantine_passed", passed), 60, 0
     )
     assert skipped["status"] == "skipped"
 
@@ -154,7 +160,7 @@ def test_a_failed_quarantine_stops_verify_env_whatever_verify_on_failure_says(tm
     from llmft.core import slurm
     from llmft.env import verify
 
-    cfg = validate({"verify": {"on_failure": on_failure}, "nightly": {"compare_with": "results/night1"}})
+    cfg = typed({"verify": {"on_failure": on_failure}, "nightly": {"compare_with": "results/night1"}})
     decision = decisions.decide(
         {**stack_fp.fingerprint(FACTS), "torch": "2.14"},
         stack_fp.run_fingerprint({"vm": stack_fp.fingerprint(FACTS)}),

@@ -298,15 +298,16 @@ def test_container_without_a_readable_sif_uses_the_images_own_labels(tmp_path):
 def test_verify_json_records_each_nodes_and_the_runs_stack(tmp_path, monkeypatch):
     """verify_env with injected node facts (the test-only switch): each node carries its
     fingerprint, the report the run's."""
+    from llmft.core.settings import Config
     from llmft.env.verify import TEST_FACTS_ENV, run_verify
 
     facts = mi300x_facts(tmp_path)
     path = tmp_path / "facts.json"
     path.write_text(json.dumps(facts))
     monkeypatch.setenv(TEST_FACTS_ENV, str(path))
-    cfg = validate({"hardware": {"vendor": "rocm", "gpus_per_node": 8}, "verify": {"on_failure": "warn"}})
+    raw = {"hardware": {"vendor": "rocm", "gpus_per_node": 8}, "verify": {"on_failure": "warn"}}
     out = tmp_path / "verify.json"
-    run_verify(cfg, str(out))
+    run_verify(Config.from_dict(validate(raw)), str(out))
     report = json.loads(out.read_text())
     node_fp = report["nodes"][0]["stack_fingerprint"]
     assert node_fp == core.fingerprint(facts) and node_fp["rocm"] == "7.0.2-56"

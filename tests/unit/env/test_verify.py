@@ -12,6 +12,7 @@ import json
 
 import pytest
 from llmft.core.config import validate
+from llmft.core.settings import Config, replace
 from llmft.env.nodefacts import gather_facts, parse_nvidia_smi, parse_rocminfo
 from llmft.env.rules import judge
 from llmft.env.verify import gate
@@ -21,9 +22,15 @@ from tests.conftest import REPO
 FIX = REPO / "tests/fixtures"
 MI300X = json.loads((FIX / "facts_mi300x.json").read_text())
 ROCMINFO = (FIX / "rocminfo_mi300x.txt").read_text()
-ROCM_CFG = validate({"hardware": {"vendor": "rocm", "gpus_per_node": 8}, "sft": {"flash_attn": "fa2"}})
-ROCM_AUTO = validate({"hardware": {"vendor": "rocm", "gpus_per_node": 8}})
-ROCM_AUTO["sft"]["packing"] = "plain"  # sft.packing comes with the planner; set after validation
+
+
+def typed(raw: dict) -> Config:
+    return Config.from_dict(validate(raw))
+
+
+ROCM_CFG = typed({"hardware": {"vendor": "rocm", "gpus_per_node": 8}, "sft": {"flash_attn": "fa2"}})
+# sft.packing comes with the planner; set after validation
+ROCM_AUTO = replace(typed({"hardware": {"vendor": "rocm", "gpus_per_node": 8}}), "sft.packing", "plain")
 
 
 def failed(findings):
@@ -148,8 +155,7 @@ def test_neat_packing_auto_takes_the_fastest_kernel_that_runs_varlen_only_when_a
         "varlen_ok": False,
         "varlen_error": "RuntimeError: varlen_attn is not supported on this device",
     }
-    neat = copy.deepcopy(ROCM_AUTO)
-    neat["sft"]["packing"] = "neat"
+    neat = replace(ROCM_AUTO, "sft.packing", "neat")
     # auto: no varlen here, no flash-attn: SDPA with neat packing's mask, as the planner chooses
     found = {f.check: f for f in judge(facts, neat, "rocm")}
     assert found["flash_attn"].ok and "sdpa" in found["flash_attn"].message
@@ -159,8 +165,7 @@ def test_neat_packing_auto_takes_the_fastest_kernel_that_runs_varlen_only_when_a
     found = {f.check: f for f in judge(facts, neat, "rocm")}
     assert found["flash_attn"].ok and "fa2" in found["flash_attn"].message
     # varlen asked for by name must run
-    explicit = copy.deepcopy(neat)
-    explicit["sft"]["flash_attn"] = "varlen"
+    explicit = replace(neat, "sft.flash_attn", "varlen")
     f = failed(judge(facts, explicit, "rocm"))["attention:varlen"]
     assert "not supported" in f.message and "sft.flash_attn: auto" in f.fix
 
@@ -169,7 +174,7 @@ def test_a_declared_gpu_model_must_be_what_the_node_has():
     facts = mi300x()
     for d in facts["devices"]:
         d.update(name="NVIDIA H100 80GB HBM3", arch="sm_90", total_gib=79.1)
-    declared = validate({"hardware": {"gpus_per_node": 8, "gpu_model": "mi300x"}})
+    declared = typed({"hardware": {"gpus_per_node": 8, "gpu_model": "mi300x"}})
     f = failed(judge(facts, declared, "rocm"))["gpu_model"]
     assert "mi300x (AMD Instinct MI300X)" in f.message and "NVIDIA H100 80GB HBM3" in f.message
     assert "gpu_model" not in failed(judge(mi300x(), declared, "rocm"))
@@ -200,7 +205,7 @@ def test_offload_needs_cpu_adam():
     facts["deepspeed_ops"] = dict(
         facts["deepspeed_ops"], cpu_adam_load={"ok": False, "error": "RuntimeError: Error building extension"}
     )
-    offload = validate(
+    offload = typed(
         {"hardware": {"vendor": "rocm", "gpus_per_node": 8}, "sft": {"zero_stage": 3, "offload": True}}
     )
     f = failed(judge(facts, offload, "rocm"))["deepspeed_ops:cpu_adam"]
@@ -230,12 +235,12 @@ def test_cuda_sm90_node_passes_with_ptx_forward_compat():
     facts = mi300x(build="cuda", cuda_version="13.0", hip_version=None, arch_list=["sm_80", "sm_90"], smi={})
     for d in facts["devices"]:
         d.update(name="NVIDIA H200", arch="sm_90", total_gib=139.8, free_gib=139.2)
-    cfg = validate({"hardware": {"vendor": "cuda", "gpus_per_node": 8}})
+    cfg = typed({"hardware": {"vendor": "cuda", "gpus_per_node": 8}})
     assert failed(judge(facts, cfg, "cuda")) == {}
 
 
 def test_this_machine_cpu():
-    cfg = validate({})
+    cfg = typed({})
     facts = gather_facts()
     assert facts["build"] in ("cpu", "cuda", "rocm")
     assert facts["attention"]["sdpa_ok"] is True
@@ -247,8 +252,8 @@ def test_gate_refuses_failed_report(tmp_path):
     path = tmp_path / "verify.json"
     path.write_text(json.dumps(report))
     with pytest.raises(SystemExit, match="arch:gfx942"):
-        gate(validate({}), str(path))
-    gate(validate({"verify": {"on_failure": "warn"}}), str(path))
+        gate(typed({}).verify, str(path))
+    gate(typed({"verify": {"on_failure": "warn"}}).verify, str(path))
 
 
 def test_rocminfo_parser_on_output_built_independently_of_the_fixture():

@@ -150,9 +150,11 @@ def facts(**kw) -> dict:
 
 
 def judged(f: dict, **keys) -> list:
+    from llmft.core.settings import Config
+
     cfg = sft(finetuning_type="lora", zero_stage="auto", **keys)
     cfg["hardware"].update({"vendor": "cuda", "gpus_per_node": 8, "processes_per_node": 0})
-    return judge_bitsandbytes(f, validate(cfg, base_dir=REPO), "cuda")
+    return judge_bitsandbytes(f, Config.from_dict(validate(cfg, base_dir=REPO)).sft, "cuda")
 
 
 def test_bitsandbytes_rule():

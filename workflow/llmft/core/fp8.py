@@ -19,8 +19,12 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmft.core.config import ConfigError, fp8_blocker
+
+if TYPE_CHECKING:
+    from llmft.core.settings import Sft
 
 # Scaling recipes, measured on one H200 (four Llama-3-8B-shaped decoder layers, batch 4 x
 # 2048, forward + backward under torch.compile): a decoder layer's bf16 step time over its float8 step
@@ -169,11 +173,11 @@ def pipeline_ratio(finetuning_type: str, hidden: int | None = None) -> tuple[flo
     return by_size[size], size
 
 
-def canary_wants_fp8(sft: dict, vendor: str, arch: str) -> bool:
+def canary_wants_fp8(sft: Sft, vendor: str, arch: str) -> bool:
     """Whether the canary runs its FP8 leg on this node: FP8 asked for, or auto on an FP8 arch."""
-    if sft["fp8"] is True:
+    if sft.fp8 is True:
         return True
-    return sft["fp8"] == "auto" and arch_has_fp8(vendor, arch)[0] and fp8_blocker(sft) is None
+    return sft.fp8 == "auto" and arch_has_fp8(vendor, arch)[0] and sft.fp8_blocker is None
 
 
 def _eligible(module, fqn: str) -> bool:

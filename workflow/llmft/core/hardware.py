@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmft.core.settings import Verify
+
 
 @dataclass(frozen=True)
 class GpuSpec:
@@ -65,13 +67,12 @@ class Thresholds:
 
 
 def collective_thresholds(
-    spec: GpuSpec | None, gpus_per_node: int, nnodes: int, overrides: dict | None = None
+    spec: GpuSpec | None, gpus_per_node: int, nnodes: int, overrides: Verify | None = None
 ) -> Thresholds:
     """Floors for GEMM and bus bandwidth given the GPU model and the layout.
 
-    `overrides` are the config's verify.min_* keys; a non-zero value wins over the table.
+    `overrides`: the config's verify section, whose non-zero verify.min_* keys win over the table.
     """
-    over = overrides or {}
     if spec is None:
         gemm = busbw = 0.0
         basis = "no GPU model known: measured, not judged"
@@ -88,11 +89,12 @@ def collective_thresholds(
             busbw = min(busbw, MIN_INTERNODE_BUSBW_GBS) if busbw else MIN_INTERNODE_BUSBW_GBS
             where += f"; {nnodes} nodes: the network floor {MIN_INTERNODE_BUSBW_GBS:g} GB/s"
         basis = f"{spec.name}: {where}"
-    allreduce = over.get("min_allreduce_busbw_gbs") or busbw
-    allgather = over.get("min_allgather_busbw_gbs") or busbw
-    gemm = over.get("min_gemm_tflops") or gemm
-    if any(over.get(k) for k in ("min_allreduce_busbw_gbs", "min_allgather_busbw_gbs", "min_gemm_tflops")):
+    over = overrides or Verify()  # the schema's defaults: no override
+    allreduce = over.min_allreduce_busbw_gbs or busbw
+    allgather = over.min_allgather_busbw_gbs or busbw
+    if over.min_gemm_tflops or over.min_allreduce_busbw_gbs or over.min_allgather_busbw_gbs:
         basis += " (config overrides)"
+    gemm = over.min_gemm_tflops or gemm
     return Thresholds(float(gemm), float(allreduce), float(allgather), basis)
 
 

@@ -2,7 +2,7 @@
 
 A `Platform` is built in one of two ways and then handed to everything that needs it (the planner,
 the renderer, the node launcher, the report) instead of each re-deriving vendor or GPU from the
-config dict:
+config:
 
 - `Platform.from_facts(cfg, nodes)`: from what verify_env measured on the allocated nodes (its
   verify.json). This is what `render_sft_config` plans with, so a login node without GPUs renders
@@ -23,11 +23,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmft.core import hardware
-from llmft.core.config import ConfigError, Layout, layout
+from llmft.core.config import ConfigError, Layout
+from llmft.core.settings import Config, Hardware, Sft
 
 # Attention kernels a node can run, fastest first for neat packing: torch's varlen FlashAttention
 # (torch >= 2.10), the flash-attn package (CUDA, or its ROCm build), SDPA (always).
 KERNELS = ("varlen", "fa2", "sdpa")
+
+
+def hardware_of(cfg: Config | dict) -> Hardware:
+    """The config's hardware section, typed. Callers that hold the validated dict (the sft and
+    preference stages, and a stage's view of it) get it typed here."""
+    return (cfg if isinstance(cfg, Config) else Config.from_dict(cfg)).hardware
 
 
 def host_memory_gib() -> float:
@@ -123,12 +130,12 @@ class Platform:
         return cls(**data)
 
     @classmethod
-    def from_facts(cls, cfg: dict, nodes: list[dict], where: str = "verify_env") -> Platform:
+    def from_facts(cls, cfg: Config | dict, nodes: list[dict], where: str = "verify_env") -> Platform:
         """The platform the nodes reported (verify.json's `nodes`); refuses facts contradicting the config."""
         if not nodes:
             raise ConfigError(f"{where} recorded no node facts: rerun verify_env")
-        hw = cfg["hardware"]
-        lay = layout(cfg)
+        hw = hardware_of(cfg)
+        lay = hw.layout
         hosts = tuple(str(f.get("host", "?")) for f in nodes)
         builds = {f.get("build") for f in nodes}
         if None in builds:
@@ -142,16 +149,16 @@ class Platform:
                 f"{where}: the nodes run different torch builds ({sorted(builds)}); one stack for all"
             )
         build = builds.pop()
-        vendor = "cpu" if hw["gpus_per_node"] == 0 else build
-        if hw["vendor"] not in ("auto", vendor):
+        vendor = "cpu" if hw.gpus_per_node == 0 else build
+        if hw.vendor not in ("auto", vendor):
             raise ConfigError(
-                f"config key hardware.vendor: {hw['vendor']!r} but torch on {hosts[0]} is a {build} build "
-                f"(torch {nodes[0].get('torch_version')}); install the {hw['vendor']} stack "
+                f"config key hardware.vendor: {hw.vendor!r} but torch on {hosts[0]} is a {build} build "
+                f"(torch {nodes[0].get('torch_version')}); install the {hw.vendor} stack "
                 "or set vendor: auto"
             )
-        if vendor == "cpu" and hw["gpus_per_node"]:
+        if vendor == "cpu" and hw.gpus_per_node:
             raise ConfigError(
-                f"config key hardware.gpus_per_node: {hw['gpus_per_node']} but torch on {hosts[0]} "
+                f"config key hardware.gpus_per_node: {hw.gpus_per_node} but torch on {hosts[0]} "
                 "is a CPU build"
             )
         kernels = tuple(k for k in KERNELS if all(kernel_ok(f, k, vendor != "cpu") for f in nodes))
@@ -166,37 +173,36 @@ class Platform:
         if vendor == "cpu":
             mem = (host_mem or host_memory_gib()) / max(1, lay.processes_per_node)
             return cls._of(
-                cfg, "cpu", "cpu", round(mem, 2), "", torch, kernels, liger, host_mem, source, hosts, cpus
+                hw, "cpu", "cpu", round(mem, 2), "", torch, kernels, liger, host_mem, source, hosts, cpus
             )
         devices = [d for f in nodes for d in f.get("devices", [])]
         if not devices:
             raise ConfigError(f"{where}: torch sees no GPU on {', '.join(hosts)}; see the gpu_count finding")
         first = devices[0]
         key = hardware.gpu_key(devices) or first.get("name", "gpu")
-        declared = hw["gpu_model"].lower()
+        declared = hw.gpu_model.lower()
         if declared and declared != key:
             raise ConfigError(gpu_mismatch(declared, first.get("name", key), hosts[0]))
         arch = first.get("arch", "").split(":")[0]
         mem = min(float(d.get("total_gib") or 0) for d in devices)
         fp8_ok = all(((f.get("canary") or {}).get("fp8") or {}).get("ok") is True for f in nodes)
-        plat = cls._of(cfg, vendor, key, mem, arch, torch, kernels, liger, host_mem, source, hosts, cpus)
+        plat = cls._of(hw, vendor, key, mem, arch, torch, kernels, liger, host_mem, source, hosts, cpus)
         return dataclasses.replace(plat, fp8_canary=fp8_ok)
 
     @classmethod
-    def declared(cls, cfg: dict, vendor: str = "") -> Platform:
+    def declared(cls, cfg: Config | dict, vendor: str = "") -> Platform:
         """What the config says, with generous assumptions for what it leaves open (see the module doc).
 
         `vendor` overrides `hardware.vendor: auto` where the caller knows it (verify_env on its node).
         """
-        hw = cfg["hardware"]
-        lay = layout(cfg)
-        vendor = vendor or ("cpu" if hw["gpus_per_node"] == 0 else hw["vendor"])
+        hw = hardware_of(cfg)
+        vendor = vendor or ("cpu" if hw.on_cpu else hw.vendor)
         if vendor == "cpu":
             host = host_memory_gib()
-            mem = (host or 16.0) / max(1, lay.processes_per_node)
+            mem = (host or 16.0) / max(1, hw.layout.processes_per_node)
             source = "this host (CPU run, not yet measured)"
-            return cls._of(cfg, "cpu", "cpu", round(mem, 2), "", "", KERNELS, False, host, source)
-        key = hw["gpu_model"].lower()
+            return cls._of(hw, "cpu", "cpu", round(mem, 2), "", "", KERNELS, False, host, source)
+        key = hw.gpu_model.lower()
         if key and key not in hardware.GPUS:
             raise ConfigError(
                 f"config key hardware.gpu_model: unknown GPU {key!r}; "
@@ -213,16 +219,28 @@ class Platform:
                 "for this check only"
             )
         vendor = spec.vendor if vendor == "auto" else vendor
-        return cls._of(cfg, vendor, key, spec.memory_gib, spec.arch, "", KERNELS, True, 0.0, source)
+        return cls._of(hw, vendor, key, spec.memory_gib, spec.arch, "", KERNELS, True, 0.0, source)
 
     @classmethod
     def _of(
-        cls, cfg, vendor, gpu, memory, arch, torch, kernels, liger, host_mem, source, hosts=(), cpus=0
+        cls,
+        hw: Hardware,
+        vendor,
+        gpu,
+        memory,
+        arch,
+        torch,
+        kernels,
+        liger,
+        host_mem,
+        source,
+        hosts=(),
+        cpus=0,
     ) -> Platform:
-        """The config's layout and the collective preset for `vendor`, with the given facts."""
-        lay = layout(cfg)
+        """The hardware section's layout and the collective preset for `vendor`, with the given facts."""
+        lay = hw.layout
         gpus = 0 if vendor == "cpu" else lay.gpus_per_node
-        env = _collective_env(cfg, vendor, arch)
+        env = _collective_env(hw, vendor, arch)
         return cls(vendor, lay.nodes, gpus, lay.processes_per_node, gpu, memory, arch, torch, kernels,
                    liger, host_mem, source, hosts, env, cpus)  # fmt: skip
 
@@ -237,6 +255,19 @@ def gpu_mismatch(declared: str, seen: str, host: str) -> str:
     )
 
 
+def node_kernels(facts: dict, gpu: bool) -> tuple[str, ...]:
+    """The attention kernels that ran correctly on the node these facts describe (a subset of KERNELS)."""
+    return tuple(k for k in KERNELS if kernel_ok(facts, k, gpu))
+
+
+def node_attention(sft: Sft, facts: dict, gpu: bool) -> tuple[str, str]:
+    """The attention sft's planner picks on the node these facts describe, and why (choose_attention
+    over the node's kernels, sft.packing resolved for the node)."""
+    kernels = node_kernels(facts, gpu)
+    torch = facts.get("torch_version", "")
+    return choose_attention(sft.flash_attn, sft.packing_on(gpu), kernels, gpu, torch, sft.precision)
+
+
 def kernel_ok(facts: dict, kernel: str, gpu: bool) -> bool:
     att = facts.get("attention") or {}
     if kernel == "sdpa":
@@ -248,13 +279,12 @@ def kernel_ok(facts: dict, kernel: str, gpu: bool) -> bool:
     return bool(att.get("import_ok") and att.get("kernel_ok"))
 
 
-def _collective_env(cfg: dict, vendor: str, arch: str) -> dict:
-    hw = cfg["hardware"]
+def _collective_env(hw: Hardware, vendor: str, arch: str) -> dict:
     rocm_arch = arch if arch.startswith("gfx") else "gfx942"
-    return dict(hardware.collective_preset(vendor, hw["socket_ifname"], hw["ib_hca"], rocm_arch).env)
+    return dict(hardware.collective_preset(vendor, hw.socket_ifname, hw.ib_hca, rocm_arch).env)
 
 
-def read_platform(cfg: dict, verify_path: str | Path) -> Platform:
+def read_platform(cfg: Config | dict, verify_path: str | Path) -> Platform:
     """The platform verify_env measured, from its report (or from one node's facts, as
     `python -m llmft.env.nodefacts --out` writes them, for every node of the config's layout)."""
     from llmft.core.io import read_json
@@ -262,7 +292,7 @@ def read_platform(cfg: dict, verify_path: str | Path) -> Platform:
     report = read_json(verify_path)
     nodes = report.get("nodes")
     if nodes is None and "build" in report:
-        nodes = [report] * cfg["hardware"]["nodes"]
+        nodes = [report] * hardware_of(cfg).nodes
     return Platform.from_facts(cfg, nodes or [], where=f"verify_env ({verify_path})")
 
 

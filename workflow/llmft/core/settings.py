@@ -259,6 +259,11 @@ class Sft:
         """Why the rest of the sft config rules FP8 out, whatever the nodes (None: nothing does)."""
         return fp8_blocker(vars(self))
 
+    def packing_on(self, on_gpu: bool) -> str:
+        """The packing sft trains with on GPUs (`on_gpu`) or on CPU processes: auto is neat on GPUs,
+        off on CPU."""
+        return ("neat" if on_gpu else "off") if self.packing == "auto" else self.packing
+
 
 @dataclass(frozen=True)
 class PreferenceData:

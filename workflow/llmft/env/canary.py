@@ -46,6 +46,10 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llmft.core.settings import Sft
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 # The final gradient norm only catches gross errors: honest platforms differ in it by more than a
@@ -112,25 +116,20 @@ class CanaryPath:
         }[suspect]
 
 
-def planned_path(facts: dict, cfg: dict) -> CanaryPath:
+def planned_path(facts: dict, sft: Sft) -> CanaryPath:
     """The path sft's planner would run on the node these facts describe."""
-    from llmft.core.platform import KERNELS, choose_attention, kernel_ok
+    from llmft.core.platform import node_attention
 
     gpu = bool(facts.get("devices"))
-    sft = cfg["sft"]
-    packing = sft["packing"]
-    packing = ("neat" if gpu else "off") if packing == "auto" else packing
-    kernels = tuple(k for k in KERNELS if kernel_ok(facts, k, gpu))
-    attention, _ = choose_attention(
-        sft["flash_attn"], packing, kernels, gpu, facts.get("torch_version", ""), sft["precision"]
-    )
+    attention, _ = node_attention(sft, facts, gpu)
     # Left to LLaMA-Factory (packing not neat, or the CPU): its `auto` sets nothing and transformers
     # then takes SDPA; its `disabled` asks transformers for eager (math) attention.
     attention = {"auto": "sdpa", "disabled": "eager"}.get(attention, attention)
     modules = facts.get("modules") or {}
-    liger_setting = sft["liger_kernel"]
-    liger = gpu and bool(modules.get("liger_kernel") and modules.get("triton")) and liger_setting is not False
-    precision = "fp32" if sft["precision"] == "fp32" or not gpu else "bf16"
+    liger = (
+        gpu and bool(modules.get("liger_kernel") and modules.get("triton")) and sft.liger_kernel is not False
+    )
+    precision = "fp32" if sft.precision == "fp32" or not gpu else "bf16"
     return CanaryPath(attention, liger, False, precision, "fused" if gpu else "foreach")
 
 
@@ -380,29 +379,29 @@ def frozen_verdict(ok: bool, message: str, frozen: dict) -> tuple[bool, str]:
 
 
 def _with_fp8(
-    out: dict, facts: dict, cfg: dict, path: CanaryPath, device: str, perturb: str, step=lambda name: None
+    out: dict, facts: dict, sft: Sft, path: CanaryPath, device: str, perturb: str, step=lambda name: None
 ) -> dict:
     """Add the FP8 leg where sft would train in FP8 on this node; sft.fp8: true fails on it."""
     from llmft.core import fp8
 
     devices = facts.get("devices") or [{}]
     vendor = facts.get("build", "cpu") if facts.get("devices") else "cpu"
-    if not fp8.canary_wants_fp8(cfg["sft"], vendor, devices[0].get("arch", "")):
+    if not fp8.canary_wants_fp8(sft, vendor, devices[0].get("arch", "")):
         return out
     step("FP8 leg")
     leg = fp8_leg(path, device, out["run"], perturb)
     out["fp8"] = leg
-    if not leg["ok"] and cfg["sft"]["fp8"] is True:
+    if not leg["ok"] and sft.fp8 is True:
         out.update(ok=False, suspect=["fp8"], diagnosis=leg["message"])
         out["message"] = f"{leg['message']} (sft.fp8: true); bf16 leg: {out.get('message')}"
     return out
 
 
-def run_canary(facts: dict, cfg: dict, device: str | None = None, step=lambda name: None) -> dict:
-    """The canary for one node, with the diagnosis when it fails. `step(name)` before each part, so
-    a launcher that kills a slow canary can say which part it was in."""
+def run_canary(facts: dict, sft: Sft, device: str | None = None, step=lambda name: None) -> dict:
+    """The canary for one node and the config's sft section, with the diagnosis when it fails.
+    `step(name)` before each part, so a launcher that kills a slow canary can say which part it was in."""
     perturb = os.environ.get(PERTURB_ENV, "")
-    path = planned_path(facts, cfg)
+    path = planned_path(facts, sft)
     device = device or ("cuda" if facts.get("devices") else "cpu")
     gold = golden(path.precision)
     step(f"{path.precision} training on {device}")
@@ -410,12 +409,12 @@ def run_canary(facts: dict, cfg: dict, device: str | None = None, step=lambda na
     out = {"path": asdict(path), "run": result, "perturbed": perturb or None}
     if gold is None:
         out.update(ok=None, message=f"no golden curve for {path.precision}: recorded, not judged")
-        return _with_fp8(out, facts, cfg, path, device, perturb, step)
+        return _with_fp8(out, facts, sft, path, device, perturb, step)
     out["golden"] = {k: gold[k] for k in ("losses", "grad_norm", "tolerance", "recorded_on")}
     ok, message = compare(result, gold)
     out.update(ok=ok, message=message)
     if ok:
-        return _with_fp8(out, facts, cfg, path, device, perturb, step)
+        return _with_fp8(out, facts, sft, path, device, perturb, step)
     fixed = []
     for suspect in SUSPECTS:
         ref = path.reference(suspect)
@@ -534,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({k: data[k] for k in ("recorded_on", "tolerance", "spread")}))
         return 0
     from llmft.core.config import validate
+    from llmft.core.settings import Config
 
     def step(name: str) -> None:
         if args.progress:
@@ -541,7 +541,8 @@ def main(argv: list[str] | None = None) -> int:
                 fh.write(name + "\n")
 
     facts = json.loads(Path(args.facts).read_text())
-    result = run_canary(facts, validate(json.loads(args.config_json)), step=step)
+    cfg = Config.from_dict(validate(json.loads(args.config_json)))
+    result = run_canary(facts, cfg.sft, step=step)
     Path(args.out).write_text(json.dumps(result))
     return 0
 

@@ -34,10 +34,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmft.core import quarantine as decisions
 from llmft.core import stack as stack_fp
 from llmft.core.io import read_json, write_json
+
+if TYPE_CHECKING:
+    from llmft.core.settings import Config, Hardware, Sft
 
 # Relative difference of a step's loss / gradient norm between 1 x N and N x 1 micro-batches. fp32
 # on one device differs in the last bits (summation order); a dropped micro-batch moves the gradient
@@ -136,10 +140,9 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 
 
-def plan_ranks(cfg: dict) -> int:
+def plan_ranks(hw: Hardware) -> int:
     """The training processes per node the plan uses (hardware.processes_per_node; 0: one per GPU)."""
-    hw = cfg["hardware"]
-    return max(1, int(hw["processes_per_node"] or hw["gpus_per_node"] or 1))
+    return max(1, int(hw.processes_per_node or hw.gpus_per_node or 1))
 
 
 def accumulation_rows(ranks: int) -> int:
@@ -320,16 +323,17 @@ def resume_parity(scratch: Path, device: str) -> dict:
     }
 
 
-def canary_check(facts: dict, cfg: dict, device: str) -> dict:
+def canary_check(facts: dict, sft: Sft, device: str) -> dict:
     """Check 3: the canary's legs (the planned precision's, and FP8's where planned) against the
-    golden curves: verify_env's own result on this node when it ran, else a run here."""
+    golden curves: verify_env's own result on this node when it ran, else a run here for the config's
+    sft section."""
     from llmft.env.canary import run_canary
 
     t0 = time.monotonic()
     canary = facts.get("canary")
     reused = isinstance(canary, dict)
     if not reused:
-        canary = run_canary(facts, cfg, device=device)
+        canary = run_canary(facts, sft, device=device)
     legs = [f"{canary.get('path', {}).get('precision', '?')}: {canary.get('message')}"]
     ok = canary.get("ok") is True
     if "fp8" in canary:
@@ -415,18 +419,16 @@ def eval_drift(promoted: Path, scratch: Path, env: dict, timeout_s: float) -> di
     return {**compare_scores(recorded, now), "seconds": round(time.monotonic() - t0, 2)}
 
 
-def run_checks(facts: dict, cfg: dict, promoted: Path, scratch: Path, step=lambda name: None) -> dict:
+def run_checks(facts: dict, cfg: Config, promoted: Path, scratch: Path, step=lambda name: None) -> dict:
     """Every check in order, each reported even when one fails ({check: result})."""
     device = "cuda" if facts.get("devices") else "cpu"
     env = {k: v for k, v in os.environ.items() if k not in RANK_ENV}
     checks: dict[str, dict] = {}
     parts = {
-        "accumulation": lambda: accumulation_parity(scratch, device, plan_ranks(cfg), env),
+        "accumulation": lambda: accumulation_parity(scratch, device, plan_ranks(cfg.hardware), env),
         "resume": lambda: resume_parity(scratch, device),
-        "canary": lambda: canary_check(facts, cfg, device),
-        "eval_drift": lambda: eval_drift(
-            promoted, scratch, env, float(cfg["verify"]["probe_timeout_seconds"])
-        ),
+        "canary": lambda: canary_check(facts, cfg.sft, device),
+        "eval_drift": lambda: eval_drift(promoted, scratch, env, float(cfg.verify.probe_timeout_seconds)),
     }
     for name, part in parts.items():
         step(decisions.CHECKS[name])
@@ -440,18 +442,18 @@ def run_checks(facts: dict, cfg: dict, promoted: Path, scratch: Path, step=lambd
 
 
 def node_quarantine(
-    env: dict, scratch: Path, facts: dict, cfg: dict, budget_s: float, t0: float
+    env: dict, scratch: Path, facts: dict, cfg: Config, budget_s: float, t0: float
 ) -> dict | None:
     """verify_env's part on one node (after its facts and canary): the decision against the promoted
     run's recorded stack and, for a quarantine, the checks in a child within what the probe's budget
     (`budget_s` from `t0`) leaves. None when the night asked for none (no nightly.compare_with)."""
-    n = cfg.get("nightly") or {}
-    if not n.get("compare_with"):
+    night = cfg.nightly
+    if not night.compare_with:
         return None
-    promoted = Path(n["compare_with"])
+    promoted = Path(night.compare_with)
     node_fp = stack_fp.fingerprint(facts)
     decision = decisions.decide(
-        node_fp, decisions.promoted_stack(promoted), n["on_stack_change"], n.get("quarantine_passed") or []
+        node_fp, decisions.promoted_stack(promoted), night.on_stack_change, night.quarantine_passed
     )
     node = {**decision, "promoted": str(promoted)}
     if decision["action"] != "quarantine":
@@ -466,7 +468,8 @@ def node_quarantine(
     )
     write_json(facts_path, facts)
     cmd = [sys.executable, "-m", "llmft.env.quarantine", "--facts", str(facts_path), "--out", str(out)]
-    cmd += ["--promoted", str(promoted), "--progress", str(progress), "--config-json", json.dumps(cfg)]
+    config_json = json.dumps(cfg.to_dict())
+    cmd += ["--promoted", str(promoted), "--progress", str(progress), "--config-json", config_json]
     child_env = {k: v for k, v in env.items() if k not in RANK_ENV}
     left_s = max(budget_s - (t - t0), 0.1)
     try:
@@ -501,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from llmft.core.config import validate
     from llmft.core.imports import UNUSED, hidden
+    from llmft.core.settings import Config
 
     if args.ranks_part:
         with hidden(*UNUSED):
@@ -513,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
                 fh.write(name + "\n")
 
     facts = read_json(args.facts)
-    cfg = validate(json.loads(args.config_json))
+    cfg = Config.from_dict(validate(json.loads(args.config_json)))
     with hidden(*UNUSED), tempfile.TemporaryDirectory(prefix="llmft-quarantine-") as tmp:
         checks = run_checks(facts, cfg, Path(args.promoted), Path(tmp), step)
     write_json(args.out, checks)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmft.core import hardware
-from llmft.core.config import layout
-from llmft.core.platform import KERNELS, choose_attention, gpu_mismatch, kernel_ok
+from llmft.core.platform import gpu_mismatch, node_attention, node_kernels
+from llmft.core.settings import Config, Hardware, Sft, Verify
 
 
 @dataclass
@@ -64,8 +64,8 @@ def _flash_attn_fix(vendor: str, error: str) -> str:
     )
 
 
-def _judge_attention(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
-    want = cfg["sft"]["flash_attn"]
+def _judge_attention(facts: dict, sft: Sft, vendor: str) -> list[Finding]:
+    want = sft.flash_attn
     att = facts.get("attention")
     if att is None:  # facts recorded before this check existed: only the import is known
         fa = facts.get("imports", {}).get("flash_attn")
@@ -104,13 +104,8 @@ def _judge_attention(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
     out = []
     # What sft will run on this node: the planner's own choice from the same facts. `auto` takes
     # the fastest kernel that runs here; an explicit varlen must run.
-    packing = cfg["sft"]["packing"]
-    packing = ("neat" if gpu else "off") if packing == "auto" else packing
-    kernels = tuple(k for k in KERNELS if kernel_ok(facts, k, gpu))
-    chosen, why = choose_attention(
-        want, packing, kernels, gpu, facts.get("torch_version", ""), cfg["sft"]["precision"]
-    )
-    if want == "varlen" and gpu and "varlen" not in kernels:
+    chosen, why = node_attention(sft, facts, gpu)
+    if want == "varlen" and gpu and "varlen" not in node_kernels(facts, gpu):
         out.append(
             Finding(
                 "attention:varlen",
@@ -182,9 +177,9 @@ def judge_canary(facts: dict) -> list[Finding]:
     ]
 
 
-def _judge_gpu_model(facts: dict, cfg: dict) -> list[Finding]:
+def _judge_gpu_model(facts: dict, hw: Hardware) -> list[Finding]:
     """A declared hardware.gpu_model must be what the node has: the plan budgets its memory."""
-    declared = cfg["hardware"]["gpu_model"].lower()
+    declared = hw.gpu_model.lower()
     devices = facts.get("devices", [])
     if not declared or not devices:
         return []
@@ -201,10 +196,10 @@ def _judge_gpu_model(facts: dict, cfg: dict) -> list[Finding]:
     ]
 
 
-def _judge_packages(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
+def _judge_packages(facts: dict, verify: Verify, vendor: str) -> list[Finding]:
     """verify.required_packages: each installed and importable."""
     out = []
-    for pkg in cfg["verify"]["required_packages"]:
+    for pkg in verify.required_packages:
         ver = facts.get("packages", {}).get(pkg)
         imp = facts.get("imports", {}).get(pkg, {})
         if ver is None:
@@ -258,12 +253,12 @@ def _judge_build(facts: dict, vendor: str) -> Finding:
     )
 
 
-def _judge_gpu_count(facts: dict, cfg: dict) -> list[Finding]:
+def _judge_gpu_count(facts: dict, hw: Hardware) -> list[Finding]:
     """torch sees at least hardware.gpus_per_node GPUs."""
     devices = facts.get("devices", [])
     smi = facts.get("smi") or {}
     smi_gpus = smi.get("gpus", [])
-    want = cfg["hardware"]["gpus_per_node"]
+    want = hw.gpus_per_node
     if len(devices) >= want:
         return [Finding("gpu_count", True, f"{len(devices)} GPU(s)")]
     extra = ""
@@ -358,15 +353,15 @@ def _judge_gpu_memory(facts: dict) -> list[Finding]:
     return []
 
 
-def judge(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
+def judge(facts: dict, cfg: Config, vendor: str) -> list[Finding]:
     """Every per-node rule, applied to recorded facts. Pure: no machine access."""
     out: list[Finding] = []
     probe_error = facts.get("probe_error")
     if probe_error:
         out.append(_probe_finding(probe_error, vendor))
-    out.extend(_judge_packages(facts, cfg, vendor))
-    out.extend(judge_bitsandbytes(facts, cfg, vendor))
-    out.extend(judge_torchao(facts, cfg, vendor))
+    out.extend(_judge_packages(facts, cfg.verify, vendor))
+    out.extend(judge_bitsandbytes(facts, cfg.sft, vendor))
+    out.extend(judge_torchao(facts, cfg.sft, vendor))
     if "build" not in facts:
         return out  # the probe died before torch loaded: the probe finding says why
     build = _judge_build(facts, vendor)
@@ -374,23 +369,23 @@ def judge(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
     if not build.ok:
         return out  # the GPU rules would only repeat the wrong build
     if vendor != "cpu":
-        out.extend(_judge_gpu_count(facts, cfg))
-        out.extend(_judge_gpu_model(facts, cfg))
+        out.extend(_judge_gpu_count(facts, cfg.hardware))
+        out.extend(_judge_gpu_model(facts, cfg.hardware))
         out.extend(_judge_arch(facts, vendor))
         out.extend(_judge_gpu_memory(facts))
-    out.extend(_judge_attention(facts, cfg, vendor))
-    out.extend(_judge_ds(facts, cfg, vendor))
+    out.extend(_judge_attention(facts, cfg.sft, vendor))
+    out.extend(_judge_ds(facts, cfg.sft, vendor))
     return out
 
 
-def judge_torchao(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
+def judge_torchao(facts: dict, sft: Sft, vendor: str) -> list[Finding]:
     """torchao against peft and torch (llmft.core.fp8.package_conflicts), and installed when sft.fp8
     is true. Without torchao, sft.fp8: auto stays off (the canary's FP8 leg cannot run)."""
     from llmft.core import fp8
 
     versions = facts.get("packages", {})
     out = [Finding("torchao", False, what, fix) for what, fix in fp8.package_conflicts(versions)]
-    if versions.get("torchao") is None and cfg["sft"]["fp8"] is True:
+    if versions.get("torchao") is None and sft.fp8 is True:
         pin = fp8._torchao_for(versions.get("torch") or "")
         out.append(
             Finding(
@@ -407,10 +402,10 @@ def judge_torchao(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
 BNB_MIN = {8: "0.37.0", 4: "0.39.0", "zero3": "0.43.0"}
 
 
-def judge_bitsandbytes(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
+def judge_bitsandbytes(facts: dict, sft: Sft, vendor: str) -> list[Finding]:
     """sft.quantization_bit (QLoRA): bitsandbytes installed, new enough, and its quantized layer ran
     on the node (nodefacts._bitsandbytes). Nothing to judge without quantization."""
-    bits = cfg["sft"]["quantization_bit"]
+    bits = sft.quantization_bit
     if bits == "none":
         return []
     check = "bitsandbytes"
@@ -426,7 +421,7 @@ def judge_bitsandbytes(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
                 f"pip install bitsandbytes (a build for this torch: {vendor}; see envs/{vendor}.txt) {off}",
             )
         ]
-    need = BNB_MIN["zero3"] if bits == 4 and cfg["sft"]["zero_stage"] in (3, "auto") else BNB_MIN[bits]
+    need = BNB_MIN["zero3"] if bits == 4 and sft.zero_stage in (3, "auto") else BNB_MIN[bits]
     if _version_tuple(ver) < _version_tuple(need):
         return [
             Finding(
@@ -472,10 +467,9 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def _judge_ds(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
+def _judge_ds(facts: dict, sft: Sft, vendor: str) -> list[Finding]:
     ds = facts.get("deepspeed_ops") or {}
-    sft = cfg["sft"]
-    if sft["zero_stage"] == 0:  # "auto" may still pick ZeRO: DeepSpeed must load
+    if sft.zero_stage == 0:  # "auto" may still pick ZeRO: DeepSpeed must load
         return []
     if not ds.get("ok"):
         return [
@@ -499,7 +493,7 @@ def _judge_ds(facts: dict, cfg: dict, vendor: str) -> list[Finding]:
             )
         )
     load = ds.get("cpu_adam_load")
-    if sft["offload"] is True and load is not None and not load.get("ok"):
+    if sft.offload is True and load is not None and not load.get("ok"):
         out.append(
             Finding(
                 "deepspeed_ops:cpu_adam",
@@ -561,10 +555,10 @@ def _largest(rows: list[dict]) -> dict | None:
     return max(rows, key=lambda r: r["bytes"]) if rows else None
 
 
-def _judge_collective_result(coll: dict, cfg: dict) -> list[Finding]:
+def _judge_collective_result(coll: dict, hw: Hardware) -> list[Finding]:
     """The collective ran over every process the config expects, and summed right."""
     out = []
-    lay = layout(cfg)
+    lay = hw.layout
     if coll["world_size"] != lay.world_size:
         out.append(
             Finding(
@@ -633,7 +627,7 @@ def _judge_bandwidth(
 
 
 def _judge_transport(
-    coll: dict, cfg: dict, vendor: str, spec: hardware.GpuSpec | None, env: dict | None
+    coll: dict, hw: Hardware, vendor: str, spec: hardware.GpuSpec | None, env: dict | None
 ) -> list[Finding]:
     """The links the library picked: the GPU fabric within a node, RDMA between nodes."""
     if vendor == "cpu":
@@ -642,7 +636,7 @@ def _judge_transport(
     if not tr.get("reported"):
         return [Finding("transport", True, f"{tr.get('library')}: transport not reported by the library")]
     multi = coll.get("nnodes", 1) > 1
-    gpus = cfg["hardware"]["gpus_per_node"]
+    gpus = hw.gpus_per_node
     pcie = [t for t in tr.get("intra_path_types", []) if t in hardware.PCIE_PATHS]
     if gpus >= 2 and spec is not None and pcie:
         return [
@@ -707,13 +701,14 @@ def _judge_gemm(
 
 def judge_collectives(
     coll: dict,
-    cfg: dict,
+    hw: Hardware,
     vendor: str,
     thresholds: hardware.Thresholds,
     spec: hardware.GpuSpec | None,
     env: dict | None = None,
 ) -> list[Finding]:
-    """Rules for the collective check: it ran, it summed right, bandwidth, transport, GEMM. Pure.
+    """Rules for the collective check against the config's hardware section: it ran, it summed right,
+    bandwidth, transport, GEMM. Pure.
 
     `env`: the collective variables the nodes' launchers saw (facts["env"]), to name a cause.
     """
@@ -721,9 +716,9 @@ def judge_collectives(
         f = coll["failure"]
         return [Finding(f["check"], False, f["message"], f["fix"])]
     return (
-        _judge_collective_result(coll, cfg)
+        _judge_collective_result(coll, hw)
         + _judge_bandwidth(coll, vendor, thresholds, spec, env)
-        + _judge_transport(coll, cfg, vendor, spec, env)
+        + _judge_transport(coll, hw, vendor, spec, env)
         + _judge_gemm(coll, vendor, thresholds, spec)
     )
 
@@ -755,23 +750,24 @@ def _bandwidth_fix(vendor: str, spec: hardware.GpuSpec | None, multi: bool, env:
     )
 
 
-def gpu_spec(cfg: dict, nodes: list[dict]) -> hardware.GpuSpec | None:
+def gpu_spec(hw: Hardware, nodes: list[dict]) -> hardware.GpuSpec | None:
     """The GPU verify_env's thresholds are for: the declared hardware.gpu_model, else the nodes' own."""
     devices = [d for facts in nodes for d in facts.get("devices", [])]
-    return hardware.GPUS.get(cfg["hardware"]["gpu_model"].lower() or hardware.gpu_key(devices))
+    return hardware.GPUS.get(hw.gpu_model.lower() or hardware.gpu_key(devices))
 
 
 def judge_run(
-    nodes: list[dict], coll: dict, cfg: dict, vendor: str, alloc_nodes: int
+    nodes: list[dict], coll: dict, cfg: Config, vendor: str, alloc_nodes: int
 ) -> tuple[list[Finding], hardware.Thresholds]:
     """All rules over every node's facts and the collective check."""
     findings: list[Finding] = []
-    if alloc_nodes != cfg["hardware"]["nodes"]:
+    hw = cfg.hardware
+    if alloc_nodes != hw.nodes:
         findings.append(
             Finding(
                 "allocation",
                 False,
-                f"the job has {alloc_nodes} node(s) but hardware.nodes is {cfg['hardware']['nodes']}",
+                f"the job has {alloc_nodes} node(s) but hardware.nodes is {hw.nodes}",
                 "make the Slurm resources (nodes) and hardware.nodes agree",
             )
         )
@@ -780,10 +776,10 @@ def judge_run(
             if len(nodes) > 1:
                 f.check = f"{f.check}@{facts.get('host', '?')}"
             findings.append(f)
-    spec = gpu_spec(cfg, nodes) if vendor != "cpu" else None
+    spec = gpu_spec(hw, nodes) if vendor != "cpu" else None
     thresholds = hardware.collective_thresholds(
-        spec, cfg["hardware"]["gpus_per_node"], max(alloc_nodes, len(nodes)), cfg["verify"]
+        spec, hw.gpus_per_node, max(alloc_nodes, len(nodes)), cfg.verify
     )
     env = {k: v for facts in nodes for k, v in facts.get("env", {}).items() if v}
-    findings.extend(judge_collectives(coll, cfg, vendor, thresholds, spec, env))
+    findings.extend(judge_collectives(coll, hw, vendor, thresholds, spec, env))
     return findings, thresholds

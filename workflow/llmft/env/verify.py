@@ -36,10 +36,10 @@ from pathlib import Path
 from llmft.core import quarantine as stack_quarantine
 from llmft.core import slurm
 from llmft.core import stack as stack_fp
-from llmft.core.config import layout
 from llmft.core.io import read_json, write_json
 from llmft.core.launch import dies_with_this_process, launch_env
 from llmft.core.platform import Platform
+from llmft.core.settings import Config, Hardware, Nightly, Verify
 from llmft.env import collectives
 from llmft.env.quarantine import node_quarantine
 from llmft.env.rules import Finding, judge_run
@@ -74,32 +74,31 @@ def injected_facts(alloc: slurm.Allocation) -> list[dict] | None:
     return [{**facts, "host": host, "injected_from": path} for host in alloc.nodes]
 
 
-def local_vendor(cfg: dict) -> str:
+def local_vendor(hw: Hardware) -> str:
     """The vendor verify_env checks on this node: the config's, else what this node's torch was built for."""
-    hw = cfg["hardware"]
-    if hw["gpus_per_node"] == 0:
+    if hw.on_cpu:
         return "cpu"
-    if hw["vendor"] != "auto":
-        return hw["vendor"]
+    if hw.vendor != "auto":
+        return hw.vendor
     import torch
 
     return "rocm" if getattr(torch.version, "hip", None) else "cuda"
 
 
-def probe_node(env: dict, scratch: Path, budget_s: float, cfg: dict) -> dict:
+def probe_node(env: dict, scratch: Path, budget_s: float, cfg: Config) -> dict:
     """Run the probe child, then the canary; its facts, plus `probe_error` when it crashed, failed
     or outlasted `budget_s` (verify.probe_timeout_seconds, for both parts together)."""
     t0 = time.monotonic()
     out = scratch / "probe.json"
     # Import what the config needs: the required packages, DeepSpeed unless ZeRO is off ("auto"
     # may pick it); with offload, DeepSpeed's CPU Adam must build ("auto": decided later, not built).
-    imports = list(cfg["verify"]["required_packages"])
-    if cfg["sft"]["zero_stage"] != 0:
+    imports = list(cfg.verify.required_packages)
+    if cfg.sft.zero_stage != 0:
         imports.append("deepspeed")
     cmd = [sys.executable, "-m", "llmft.env.nodefacts", "--out", str(out), "--imports", ",".join(imports)]
-    if cfg["sft"]["offload"] is True:
+    if cfg.sft.offload is True:
         cmd.append("--cpu-adam")
-    bits = cfg["sft"]["quantization_bit"]
+    bits = cfg.sft.quantization_bit
     if bits != "none":
         # QLoRA: bitsandbytes must import and run a quantized layer on this node's GPU.
         cmd += ["--bnb", str(bits)]
@@ -122,7 +121,7 @@ def probe_node(env: dict, scratch: Path, budget_s: float, cfg: dict) -> dict:
     if err is not None:
         err["last_step"] = facts.get("probe_step", "start")
         facts["probe_error"] = err
-    elif cfg["verify"]["canary"]:
+    elif cfg.verify.canary:
         canary = canary_node(env, scratch, facts, cfg, budget_s, t0)
         facts["probe_seconds"]["canary"] = round(time.monotonic() - t0 - facts_s, 1)
         if "probe_error" in canary:
@@ -147,7 +146,7 @@ def _slow(part: str, budget_s: float, t0: float) -> dict:
     }
 
 
-def canary_node(env: dict, scratch: Path, facts: dict, cfg: dict, budget_s: float, t0: float) -> dict:
+def canary_node(env: dict, scratch: Path, facts: dict, cfg: Config, budget_s: float, t0: float) -> dict:
     """The numerics canary (llmft.env.canary) in its own child, through this node's planned kernels,
     in what the probe's budget (`budget_s` from `t0`) leaves; `probe_error` when that ran out."""
     t = time.monotonic()
@@ -156,7 +155,7 @@ def canary_node(env: dict, scratch: Path, facts: dict, cfg: dict, budget_s: floa
     progress = scratch / "canary.steps"
     write_json(facts_path, facts)
     cmd = [sys.executable, "-m", "llmft.env.canary", "--facts", str(facts_path), "--out", str(out)]
-    cmd += ["--progress", str(progress), "--config-json", json.dumps(cfg)]
+    cmd += ["--progress", str(progress), "--config-json", json.dumps(cfg.to_dict())]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=left_s)
     except subprocess.TimeoutExpired:
@@ -366,20 +365,20 @@ def finish_collectives(
     }
 
 
-def run_verify(cfg: dict, out_path: str) -> int:
+def run_verify(cfg: Config, out_path: str) -> int:
     """This node's part of verify_env; node rank 0 writes the report. Non-zero: failed and on_failure=fail."""
     t0 = time.monotonic()
     alloc = slurm.current_allocation()
     injected = injected_facts(alloc)
     vendor = (
         injected[0].get("build", "cpu")
-        if injected and cfg["hardware"]["gpus_per_node"]
-        else local_vendor(cfg)
+        if injected and cfg.hardware.gpus_per_node
+        else local_vendor(cfg.hardware)
     )
     # What this node runs the check with (vendor, layout, collective preset); the facts come next.
     platform = Platform.declared(cfg, vendor=vendor)
     env = launch_env(platform, alloc)
-    timeout_s = float(cfg["verify"]["timeout_seconds"])
+    timeout_s = float(cfg.verify.timeout_seconds)
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     print(f"[verify_env] node {host} rank {alloc.node_rank}/{alloc.nnodes}, vendor {vendor}", flush=True)
     if injected:
@@ -403,7 +402,7 @@ def run_verify(cfg: dict, out_path: str) -> int:
     with tempfile.TemporaryDirectory(prefix="llmft-verify-") as tmp:
         scratch = Path(tempfile.mkdtemp(prefix="verify-", dir=keep)) if keep else Path(tmp)
         print(f"[verify_env] scratch {scratch}", flush=True)
-        probe_s = float(cfg["verify"]["probe_timeout_seconds"])
+        probe_s = float(cfg.verify.probe_timeout_seconds)
         # The workers wait for this node's facts, then for every other node (whose probe may
         # take its whole budget), before anything is timed.
         wait_s = probe_s + timeout_s
@@ -429,12 +428,12 @@ def run_verify(cfg: dict, out_path: str) -> int:
     return _report(cfg, out_path, alloc, vendor, coll.get("nodes") or [facts], coll, t0, timeout_s)
 
 
-def _report(cfg, out_path, alloc, vendor, nodes, coll, t0, timeout_s) -> int:
+def _report(cfg: Config, out_path, alloc, vendor, nodes, coll, t0, timeout_s) -> int:
     """Judge every node's facts and the collective check; write verify.json (node rank 0)."""
     if alloc.node_rank != 0:
         return 0
     findings, thresholds = judge_run(nodes, coll, cfg, vendor, alloc.nnodes)
-    quarantine = _quarantine(cfg, nodes)
+    quarantine = _quarantine(cfg.nightly, nodes)
     if quarantine is not None:
         fix = "" if quarantine["ok"] else QUARANTINE_FIX
         findings.append(Finding("quarantine", quarantine["ok"], quarantine["message"], fix))
@@ -444,7 +443,7 @@ def _report(cfg, out_path, alloc, vendor, nodes, coll, t0, timeout_s) -> int:
     report = {
         "ok": ok,
         "vendor": vendor,
-        "world_size": layout(cfg).world_size,
+        "world_size": cfg.hardware.layout.world_size,
         "nnodes": alloc.nnodes,
         "elapsed_s": round(time.monotonic() - t0, 1),
         "timeout_s": timeout_s,
@@ -465,7 +464,7 @@ def _report(cfg, out_path, alloc, vendor, nodes, coll, t0, timeout_s) -> int:
     print(f"[verify_env] {'passed' if ok else 'FAILED'} in {report['elapsed_s']} s", flush=True)
     write_json(out_path, report)
     # A failed quarantine stops the night whatever verify.on_failure says (nightly.on_stack_change).
-    if not ok and (cfg["verify"]["on_failure"] == "fail" or not (quarantine or {"ok": True})["ok"]):
+    if not ok and (cfg.verify.on_failure == "fail" or not (quarantine or {"ok": True})["ok"]):
         # Keep the report where a failed job's outputs are not deleted.
         failed = Path(out_path).with_name("verify.failed.json")
         write_json(failed, report)
@@ -481,7 +480,7 @@ QUARANTINE_FIX = (
 )
 
 
-def _quarantine(cfg: dict, nodes: list[dict]) -> dict | None:
+def _quarantine(night: Nightly, nodes: list[dict]) -> dict | None:
     """verify.json's `quarantine` from every node's (llmft.core.quarantine.summarize); None when the
     night asked for none (no nightly.compare_with) or no node reported one (injected facts)."""
     per_node = {
@@ -489,16 +488,16 @@ def _quarantine(cfg: dict, nodes: list[dict]) -> dict | None:
         for i, facts in enumerate(nodes)
         if isinstance(facts.get("quarantine"), dict)
     }
-    if not (cfg.get("nightly") or {}).get("compare_with") or not per_node:
+    if not night.compare_with or not per_node:
         return None
-    promoted = Path(cfg["nightly"]["compare_with"]).name
-    return stack_quarantine.summarize(per_node, cfg["nightly"]["on_stack_change"], promoted)
+    promoted = Path(night.compare_with).name
+    return stack_quarantine.summarize(per_node, night.on_stack_change, promoted)
 
 
-def gate(cfg: dict, verify_path: str) -> None:
+def gate(verify: Verify, verify_path: str) -> None:
     """Refuse to train when verification failed (unless verify.on_failure is warn)."""
     report = read_json(verify_path)
-    if report["ok"] or cfg["verify"]["on_failure"] == "warn":
+    if report["ok"] or verify.on_failure == "warn":
         return
     bad = [f"{f['check']}: {f['message']}" for f in report["findings"] if not f["ok"]]
     raise SystemExit("sft refused: environment verification failed:\n  " + "\n  ".join(bad))
