@@ -17,6 +17,7 @@ import pytest
 import yaml
 from llmft.core.config import validate
 from llmft.core.platform import Platform
+from llmft.core.settings import Config
 from llmft.env.verify import TEST_FACTS_ENV
 from llmft.sft.render import render
 
@@ -76,7 +77,7 @@ def test_mi300x_plan_made_on_a_host_without_gpus_is_the_nodes_plan(tmp_path, slu
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(work)
         render(
-            cfg,
+            Config.from_dict(cfg),
             f"results/{RUN}/base_model",
             f"results/{RUN}/data",
             str(out / "llamafactory.yaml"),

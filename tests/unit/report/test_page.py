@@ -226,7 +226,14 @@ def write_lineage(run, run_name: str = "r"):
     """The run's lineage.json as the lineage rule writes it, from the run's verify.json (its stack)."""
     from llmft.core.lineage_record import make
 
-    make(validate({"run": run_name}), "m", run / "data", run / "env/verify.json", {}, run / "lineage.json")
+    make(
+        Config.from_dict(validate({"run": run_name})),
+        "m",
+        run / "data",
+        run / "env/verify.json",
+        {},
+        run / "lineage.json",
+    )
 
 
 def test_a_resumed_run_shows_the_runtime_of_every_attempt_and_says_it_resumed(tmp_path):

@@ -93,6 +93,11 @@ class Model:
     # Shape of the builtin tiny model.
     tiny: TinyModel = field(default_factory=TinyModel)
 
+    @property
+    def continues(self) -> bool:
+        """Whether the run continues from an earlier run (model.continue_from set)."""
+        return bool(self.continue_from)
+
 
 @dataclass(frozen=True)
 class Dedup:
@@ -258,6 +263,19 @@ class Sft:
     def fp8_blocker(self) -> str | None:
         """Why the rest of the sft config rules FP8 out, whatever the nodes (None: nothing does)."""
         return fp8_blocker(vars(self))
+
+    @property
+    def finetuning_args(self) -> dict:
+        """LLaMA-Factory's arguments of finetuning_type's own keys: LoRA's adapter settings (and
+        QLoRA's quantization_bit), freeze's trainable layers; none for full."""
+        if self.finetuning_type == "lora":
+            out = self.lora
+            if self.quantization_bit != "none":
+                out["quantization_bit"] = self.quantization_bit
+            return out
+        if self.finetuning_type == "freeze":
+            return {"freeze_trainable_layers": self.freeze_trainable_layers}
+        return {}
 
 
 @dataclass(frozen=True)
