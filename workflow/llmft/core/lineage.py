@@ -8,7 +8,6 @@ changes no running job. Each refusal names the key, the parent run and both valu
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -20,7 +19,7 @@ import yaml
 from llmft.core.assets import build_tokenizer
 from llmft.core.config import BUILTIN_MODEL, ConfigError, is_run_name
 from llmft.core.io import read_json, read_optional
-from llmft.core.settings import Config, Model
+from llmft.core.settings import Config, Model, replace
 
 KEY = "config key model.continue_from"
 # prepare_data's record of every train row of the split (before a continued run's selection): sorted
@@ -69,7 +68,7 @@ def resolve(cfg: Config, base_dir: str | Path = ".") -> tuple[Config, dict | Non
     if real.name == cfg.run:
         real = _recorded_parent(cfg, base_dir, given)
     shown = _display(real, base_dir)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, continue_from=shown))
+    cfg = replace(cfg, "model.continue_from", shown)
     _check_finished(real, cfg.sft.finetuning_type)
     # paths as the jobs see them: relative to the working directory
     head = lineage_head(Path(shown), cwd=base_dir)

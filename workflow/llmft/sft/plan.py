@@ -23,7 +23,6 @@ refuses a config that cannot fit with a ConfigError that names the keys to chang
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ from llmft.core import flops, fp8
 from llmft.core.config import ConfigError
 from llmft.core.objective import PADFREE_CHUNK, SFT, Objective
 from llmft.core.platform import Platform, choose_attention
-from llmft.core.settings import Config, Sft
+from llmft.core.settings import Config, Sft, replace
 from llmft.core.shape import ModelShape, model_shape
 from llmft.sft.steptime import StepTime, offload_host_gib, step_time
 
@@ -753,8 +752,7 @@ def _eager_fp8_off(cfg: Config, model_dir, platform, shape, objective, stage: in
     """sft.fp8 auto whose plan does not compile: trained float8 layers pay off compiled only (eager
     0.49x bf16), so the run is planned in bf16, saying why."""
     sft = cfg.sft
-    bf16 = dataclasses.replace(cfg, sft=dataclasses.replace(sft, fp8=False))
-    plan = resolve(bf16, model_dir, platform, shape, objective)
+    plan = resolve(replace(cfg, "sft.fp8", False), model_dir, platform, shape, objective)
     plan.reasons = [r for r in plan.reasons if r != fp8.OFF_REASON] + [
         f"sft.fp8: auto -> off: the plan's decoder layers do not compile (ZeRO-{stage}, "
         f"sft.torch_compile {str(sft.torch_compile).lower()}), and eager float8 on trained "
