@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO / "workflow"))
 from llmft.core.config import validate  # noqa: E402
 from llmft.core.io import read_jsonl  # noqa: E402
 from llmft.core.platform import Platform  # noqa: E402
+from llmft.core.settings import Config  # noqa: E402
 from llmft.sft.render import render  # noqa: E402
 
 # The plans compared: the planner's own choice and the best plan on the other side of each trade-off.
@@ -122,12 +123,20 @@ def main() -> int:
 
     for name in args.only.split(","):
         cfg = validate({**base, "sft": {**base["sft"], **VARIANTS[name]}})
-        platform = Platform.from_facts(cfg, [node], where="nodefacts on this machine")
+        platform = Platform.from_facts(Config.from_dict(cfg), [node], where="nodefacts on this machine")
         rd = work / name
         rd.mkdir(exist_ok=True)
         yaml_path, ds_path = rd / "llamafactory.yaml", rd / "deepspeed.json"
         t = time.time()
-        rendered = render(cfg, args.model, str(data), str(yaml_path), str(ds_path), str(rd / "w"), platform)
+        rendered = render(
+            Config.from_dict(cfg),
+            args.model,
+            str(data),
+            str(yaml_path),
+            str(ds_path),
+            str(rd / "w"),
+            platform,
+        )
         plan = rendered["llmft"]["plan"]
         pack = ["pack-data", "--yaml", str(yaml_path), "--tokenizer", args.model, "--data-dir", str(data)]
         run([py, "-m", "llmft", *pack, "--stamp-out", str(rd / "packed.json")], rd / "pack.log", 600)

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from llmft.core.config import validate
 from llmft.core.platform import Platform
+from llmft.core.settings import Config
 from llmft.env.verify import TEST_FACTS_ENV
 from llmft.sft.render import render
 
@@ -70,13 +71,15 @@ def test_mi300x_plan_made_on_a_host_without_gpus_is_the_nodes_plan(tmp_path, slu
     # the same plan, made from the same facts directly (no Slurm, no verify_env)
     cfg = validate(yaml.safe_load((work / "config/config.yaml").read_text()), base_dir=work)
     nodes = [{**json.loads(MI300X_FACTS.read_text()), "host": h} for h in ("n1", "n2")]
-    direct = Platform.from_facts(cfg, nodes, where=f"verify_env (results/{RUN}/env/verify.json)")
+    direct = Platform.from_facts(
+        Config.from_dict(cfg), nodes, where=f"verify_env (results/{RUN}/env/verify.json)"
+    )
     out = tmp_path / "direct"
     out.mkdir()
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(work)
         render(
-            cfg,
+            Config.from_dict(cfg),
             f"results/{RUN}/base_model",
             f"results/{RUN}/data",
             str(out / "llamafactory.yaml"),

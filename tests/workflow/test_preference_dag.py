@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+from llmft.core.settings import Preference
 from llmft.preference.evaluate import gate_block
 
 from tests.conftest import REPO, make_workdir, snakemake
@@ -132,6 +133,6 @@ def test_the_preference_gate_scores_both_models_on_the_same_pairs_for_real(tmp_p
     assert ours["rows"] == theirs["rows"] == 6 and ours["kind"] == "dpo"
     assert ours["heldout_fingerprint"] == theirs["heldout_fingerprint"]
     assert (ours["model"], theirs["model"]) == ("results/demo/base_model", "results/n1/preference/model")
-    block = gate_block({"beta": 0.1}, folder / "promoted", folder / "gate_reference")
+    block = gate_block(Preference(beta=0.1), folder / "promoted", folder / "gate_reference")
     assert block["tuned"]["preference_accuracy"] == 0.0 and block["tuned"]["reward_margin"] == 0.0
     assert (block["heldout_rows"], block["rows_unit"]) == (6, "pairs")

@@ -7,6 +7,7 @@ error, exit 2. `check-config` takes Snakemake's own config arguments and prints 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -24,7 +25,7 @@ from llmft.core.cli import (
 from llmft.core.config import BUILTIN_DATA, WORKFLOW_CONFIG, ConfigError, effective_config
 from llmft.core.imports import UNUSED, UNUSED_BY_INFERENCE, hidden
 from llmft.core.objective import StageTraining, sft_objective
-from llmft.core.settings import Config
+from llmft.core.settings import Config, replace
 from llmft.preference import cli as preference_cli
 
 # The training stages render-sft and plan take (--stage): sft's own config and objective, and each
@@ -32,7 +33,7 @@ from llmft.preference import cli as preference_cli
 TRAINING = {"sft": lambda cfg, ref_model=None: StageTraining(cfg, sft_objective), **preference_cli.TRAINING}
 
 
-def _training(cfg: dict, stage: str, ref_model: str | None = None) -> StageTraining:
+def _training(cfg: Config, stage: str, ref_model: str | None = None) -> StageTraining:
     """The config the planner and renderer see, with the stage's objective: sft's, or another stage's."""
     return TRAINING[stage](cfg, ref_model)
 
@@ -45,13 +46,17 @@ def cmd_check_config(args) -> int:
     from llmft.sft.render import precheck
 
     cfg, sources = effective_config(args.configfile, args.config, args.directory)
-    precheck(cfg)
+    settings = Config.from_dict(cfg)
+    precheck(settings)
     for stage, training in TRAINING.items():
-        if stage != "sft" and cfg.get(stage) is not None:
-            staged = training(cfg)
+        if stage != "sft" and getattr(settings, stage) is not None:
+            staged = training(settings)
             precheck(staged.cfg, staged.objective_for)
-    cfg["model"]["template"], _ = template_for_workflow(cfg, args.directory)
-    resolve_parent(cfg, args.directory)  # model.continue_from: checked, a link resolved to its run
+    template, _ = template_for_workflow(settings.model, args.directory)
+    # model.continue_from: checked, a link resolved to its run
+    resolved, _ = resolve_parent(replace(settings, "model.template", template), args.directory)
+    # printed as merged (the keys in the order the files gave them), with what the workflow resolves
+    cfg["model"].update(template=template, continue_from=resolved.model.continue_from)
     print(f"llmft: {', then '.join(sources)}; the schema's defaults for the rest", file=sys.stderr)
     print(json.dumps(cfg, indent=2))
     return 0
@@ -60,11 +65,8 @@ def cmd_check_config(args) -> int:
 def cmd_base_model(args) -> int:
     from llmft.core.assets import build_tiny_model
 
-    cfg = config_of(args)
-    tiny = cfg["model"]["tiny"]
-    info = build_tiny_model(
-        args.out, tiny["hidden_size"], tiny["num_layers"], tiny["num_heads"], tiny["vocab_size"]
-    )
+    tiny = settings_of(args).model.tiny
+    info = build_tiny_model(args.out, tiny.hidden_size, tiny.num_layers, tiny.num_heads, tiny.vocab_size)
     print(json.dumps(info))
     return 0
 
@@ -72,8 +74,7 @@ def cmd_base_model(args) -> int:
 def cmd_synthetic(args) -> int:
     from llmft.core.assets import write_synthetic
 
-    cfg = config_of(args)
-    n = write_synthetic(args.out, cfg["data"]["synthetic_rows"])
+    n = write_synthetic(args.out, settings_of(args).data.synthetic_rows)
     print(f"wrote {n} synthetic rows to {args.out}")
     return 0
 
@@ -81,31 +82,31 @@ def cmd_synthetic(args) -> int:
 def cmd_prepare_data(args) -> int:
     from llmft.data.prepare import prepare
 
-    cfg = config_of(args)
-    sources = read_sources(cfg["data"]["sources"], "data.sources", {BUILTIN_DATA: args.synthetic})
-    d = cfg["data"]
-    template = template_for(cfg, args.tokenizer)
+    settings = settings_of(args)
+    d = settings.data
+    sources = read_sources(d.sources, "data.sources", {BUILTIN_DATA: args.synthetic})
+    template = template_for(settings.model, args.tokenizer)
     prepare(
         sources,
         args.out_dir,
         args.tokenizer,
         template,
-        d["cutoff_len"],
-        d["heldout_fraction"],
-        d["split_salt"],
-        d["invalid_rows"],
-        dedup=d["dedup"],
-        clean_text=d["clean_text"],
-        tokenizer_check=d["tokenizer_check"],
-        max_row_bytes=d["max_row_bytes"],
+        d.cutoff_len,
+        d.heldout_fraction,
+        d.split_salt,
+        d.invalid_rows,
+        dedup=dataclasses.asdict(d.dedup),
+        clean_text=d.clean_text,
+        tokenizer_check=d.tokenizer_check,
+        max_row_bytes=d.max_row_bytes,
         workers=int(args.workers or 0),
-        max_dropped=d["max_dropped_fraction"],
-        parent=_continue_parent(cfg),
+        max_dropped=d.max_dropped_fraction,
+        parent=_continue_parent(settings),
     )
     return 0
 
 
-def _continue_parent(cfg: dict) -> dict | None:
+def _continue_parent(cfg: Config) -> dict | None:
     """model.continue_from as prepare-data selects rows by it (data.delta.select), or None."""
     from llmft.core.lineage import parent_of
     from llmft.data.delta import parent_keys
@@ -116,8 +117,8 @@ def _continue_parent(cfg: dict) -> dict | None:
     return {
         "run": parent.name,
         "keys": parent_keys(parent),
-        "fraction": cfg["nightly"]["replay_fraction"],
-        "salt": f"{cfg['data']['split_salt']}:replay:{parent.name}",
+        "fraction": cfg.nightly.replay_fraction,
+        "salt": f"{cfg.data.split_salt}:replay:{parent.name}",
     }
 
 
@@ -166,7 +167,7 @@ def cmd_lineage(args) -> int:
     from llmft.core.platform import read_platform
     from llmft.sft.render import planned_steps
 
-    cfg = config_of(args)
+    cfg = settings_of(args)
     steps = planned_steps(cfg, args.base_model, read_platform(cfg, args.verify))
     lineage_record.make(cfg, args.base_model, args.data_dir, args.verify, steps, args.out)
     return 0
@@ -178,7 +179,8 @@ def cmd_render_sft(args) -> int:
     from llmft.core.platform import read_platform
     from llmft.sft.render import render
 
-    cfg = config_of(args)
+    raw = config_of(args)
+    cfg = Config.from_dict(raw)
     platform = read_platform(cfg, args.verify)
     staged = _training(cfg, args.stage, args.ref_model or None)
     render(
@@ -195,7 +197,7 @@ def cmd_render_sft(args) -> int:
     )
     if args.out_config:
         # The config sft's three steps read (`--config`): the slice this render was made from.
-        write_json(args.out_config, json.loads(args.config_json) if args.config_json else cfg)
+        write_json(args.out_config, json.loads(args.config_json) if args.config_json else raw)
     return 0
 
 
@@ -209,10 +211,11 @@ def cmd_plan(args) -> int:
     from llmft.sft.plan import describe, resolve
     from llmft.sft.render import config_shape
 
-    staged = _training(config_of(args), args.stage)
+    settings = settings_of(args)
+    staged = _training(settings, args.stage)
     cfg = staged.cfg
-    platform = read_platform(cfg, args.facts) if args.facts else Platform.declared(cfg)
-    model = args.model or cfg["model"]["name_or_path"]
+    platform = read_platform(settings, args.facts) if args.facts else Platform.declared(settings)
+    model = args.model or cfg.model.name_or_path
     plan = resolve(cfg, model, platform, config_shape(cfg, model), staged.objective_for(platform))
     if args.json:
         print(json.dumps({**plan.to_json(), "platform": platform.to_json()}, indent=2))
@@ -235,7 +238,7 @@ def cmd_sft_launch(args) -> int:
     """This node's torchrun (once per node, under srun on several)."""
     from llmft.sft.run import launch
 
-    rc = launch(config_of(args), args.yaml, worker="llmft.worker")
+    rc = launch(settings_of(args), args.yaml, worker="llmft.worker")
     if rc:
         print(f"[llmft] training failed with exit code {rc}", file=sys.stderr)
     return rc
@@ -318,12 +321,7 @@ def cmd_gate(args) -> int:
     from llmft.nightly.gate import write_gate
     from llmft.preference.page import gate_blocks
 
-    raw = config_of(args)
-
-    def preference_sides(_cfg: Config, run_dir: Path) -> tuple[dict, dict]:
-        return gate_blocks(raw, run_dir)  # the preference stage reads the validated dict (not yet typed)
-
-    verdict = write_gate(Config.from_dict(raw), Path(args.run_dir), Path(args.out), preference_sides)
+    verdict = write_gate(settings_of(args), Path(args.run_dir), Path(args.out), gate_blocks)
     print(json.dumps({k: verdict[k] for k in ("run", "metric", "status", "reason")}))
     return 0
 
@@ -628,17 +626,10 @@ def _promotion_commands(sub) -> None:
 
 def _evaluation() -> tuple:
     """evaluate's loss pass and generation, which the preference stage's evaluation runs (given to it
-    here: a stage imports no other stage). They take the Config; the preference stage passes the
-    validated dict it reads, so each call builds the Config from that dict."""
+    here: a stage imports no other stage)."""
     from llmft.evaluate.run import answer_nll, evaluate
 
-    def score_answers(cfg: dict, *args, **kwargs):
-        return answer_nll(Config.from_dict(cfg), *args, **kwargs)
-
-    def generate(cfg: dict, *args, **kwargs):
-        return evaluate(Config.from_dict(cfg), *args, **kwargs)
-
-    return score_answers, generate
+    return answer_nll, evaluate
 
 
 def build_parser() -> argparse.ArgumentParser:

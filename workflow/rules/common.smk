@@ -12,6 +12,8 @@ from llmft.core.lf.chat_templates import AUTO as AUTO_TEMPLATE
 from llmft.core.lf.chat_templates import for_workflow as template_for_workflow
 from llmft.core.config import BUILTIN_DATA, BUILTIN_MODEL, ConfigError, layout, validate
 from llmft.core.lf.lfdataset import resolve as resolve_lf_entry
+from llmft.core.settings import Config
+from llmft.core.settings import replace as replace_setting
 from llmft.sft.render import precheck
 from llmft.core.slurm import launcher_resources_error, launcher_words, profile_mismatch
 
@@ -20,7 +22,8 @@ try:
     # A config that could fit on no node of the declared kind stops here, naming the keys to
     # change; the plan sft trains with is made later from the nodes' facts (render_sft_config).
     # (Another training stage's config is checked so by its own snakefile: rules/preference_helpers.smk.)
-    precheck(CFG)
+    SETTINGS = Config.from_dict(CFG)
+    precheck(SETTINGS)
 except ConfigError as exc:
     # The message alone, first and last: Snakemake would print a file, a line and a trace around it.
     sys.exit(f"llmft config error: {exc}")
@@ -29,22 +32,25 @@ except ConfigError as exc:
 # template must fit the tokenizer (its special tokens in the vocabulary, its ids in the embedding
 # table).
 try:
-    _template, _why = template_for_workflow(CFG, Path.cwd())
+    _template, _why = template_for_workflow(SETTINGS.model, Path.cwd())
 except ConfigError as exc:
     sys.exit(f"llmft config error: {exc}")
-if CFG["model"]["template"] == AUTO_TEMPLATE:
+if SETTINGS.model.template == AUTO_TEMPLATE:
     print(f"llmft: model.template auto -> {_template} ({_why})", file=sys.stderr)
 CFG["model"]["template"] = _template
+SETTINGS = replace_setting(SETTINGS, "model.template", _template)
 
 # model.continue_from: the parent run is checked (finished, readable, same base model, tokenizer,
 # template, finetuning type and split) and a link to it (results/current) resolved to its folder,
-# which every job then sees.
+# which every job then sees. SETTINGS: the config as the stages' helpers take it (typed).
 from llmft.core.lineage import resolve as resolve_parent
 
 try:
-    LINEAGE = resolve_parent(CFG, Path.cwd())
+    SETTINGS, LINEAGE = resolve_parent(SETTINGS, Path.cwd())
 except ConfigError as exc:
     sys.exit(f"llmft config error: {exc}")
+# the config slices of the jobs (cfg_arg) name the resolved folder too
+CFG["model"]["continue_from"] = SETTINGS.model.continue_from
 
 # The run's published folders against the seals their stage wrote: weights changed in place at the
 # same size keep their times as Snakemake sees them (a folder's), so its scores and page would
@@ -380,11 +386,10 @@ def gate_cfg():
 
 # -- eval.benchmarks (rules/benchmarks.smk) -------------------------------------------------------
 from llmft.benchmarks.tasks import check as check_benchmarks
-from llmft.core.settings import Config
 
 try:
     # An unknown task (with close matches) or one whose data is not here stops the run before any job.
-    check_benchmarks(Config.from_dict(CFG).eval, Path.cwd())
+    check_benchmarks(SETTINGS.eval, Path.cwd())
 except ConfigError as exc:
     sys.exit(f"llmft config error: {exc}")
 

@@ -7,13 +7,13 @@ from llmft.core.config import is_preference_metric
 from llmft.preference import stage as preference_stage
 from llmft.preference.page import reference_model as pref_reference_model
 
-PREF = CFG.get("preference")
+PREF = SETTINGS.preference
 
 try:
     # As sft's (common.smk): a preference stage that could fit on no node of the declared kind stops
     # here, naming the keys to change.
     if PREF is not None:
-        _staged = preference_stage.training(CFG)
+        _staged = preference_stage.training(SETTINGS)
         precheck(_staged.cfg, _staged.objective_for)
 except ConfigError as exc:
     sys.exit(f"llmft config error: {exc}")
@@ -24,7 +24,7 @@ def preference_published():
     if PREF is None:
         return []
     published = [f"results/{RUN}/preference/model"]
-    if preference_stage.finetuning_type(CFG) == "lora":
+    if preference_stage.finetuning_type(SETTINGS) == "lora":
         published.append(f"results/{RUN}/preference/adapter")
     return published
 
@@ -38,7 +38,7 @@ def preference_inputs(wildcards):
     """The files prepare_preference reads: data files, and for a LLaMA-Factory entry its file and
     its dataset_info.json; the builtin task is made in the job."""
     out = []
-    for i, src in enumerate(CFG["preference"]["data"]["sources"]):
+    for i, src in enumerate(PREF.data.sources):
         if src.get("dataset_info"):
             where = f"preference.data.sources[{i}]"
             entry = resolve_lf_entry(src, Path.cwd(), where=where, preference=True)
@@ -66,26 +66,28 @@ def preference_output_log(wildcards):
 
 def preference_start(wildcards):
     """The model the preference stage trains: sft's published model, or the base model."""
-    if PREF["start_from"] == "sft":
+    if PREF.start_from == "sft":
         return f"results/{wildcards.run}/sft/model"
     return base_model_dir(wildcards)
 
 
 def preference_reference(wildcards):
     """The reference model's folder when it is not the starting model (reference: base), else none."""
-    if preference_stage.reference(CFG) == "base":
+    if preference_stage.reference(SETTINGS) == "base":
         return {"ref": base_model_dir(wildcards)}
     return {}
 
 
 # preference.reference_logps: cached (auto: on GPUs) puts the reference step in the DAG; training
 # then loads no reference model.
-PREF_CACHED = PREF is not None and preference_stage.reference_logps(CFG)[0] == "cached"
+PREF_CACHED = (
+    PREF is not None and preference_stage.reference_logps(SETTINGS)[0] == "cached"
+)
 
 
 def preference_reference_model(wildcards):
     """The reference model's folder: the base model (reference: base) or the starting model."""
-    if preference_stage.reference(CFG) == "base":
+    if preference_stage.reference(SETTINGS) == "base":
         return base_model_dir(wildcards)
     return preference_start(wildcards)
 
@@ -106,7 +108,7 @@ def preference_ref_arg(wildcards, input):
 
 def preference_adapter_output():
     """The preference stage's extra output under LoRA: its new adapter, beside the merged model."""
-    if PREF is None or preference_stage.finetuning_type(CFG) != "lora":
+    if PREF is None or preference_stage.finetuning_type(SETTINGS) != "lora":
         return {}
     return {"adapter": directory("results/{run}/preference/adapter")}
 
@@ -155,7 +157,7 @@ def pref_gate_sides():
     (promoted); with a reference model also theirs: reference base, the one base model for both
     (gate_reference); reference sft, each run's own sft model (gate_reference, promoted_reference).
     """
-    ref = pref_reference_model(CFG)
+    ref = pref_reference_model(SETTINGS)
     return {
         "none": [],
         "base": ["gate_reference"],
@@ -168,7 +170,7 @@ def pref_gate_model(wildcards):
     if wildcards.side == "gate":
         return f"results/{wildcards.run}/preference/model"
     if wildcards.side == "gate_reference":
-        if pref_reference_model(CFG) == "base":
+        if pref_reference_model(SETTINGS) == "base":
             return base_model_dir(wildcards)
         return f"results/{wildcards.run}/sft/model"
     # not an input (see eval_model): the promoted run's folders, checked before any job

@@ -103,10 +103,14 @@ def test_auto_turns_full_fp8_on_from_the_measured_size_up_once_the_canary_passed
 ):
     hardware = {"gpus_per_node": gpus, "nodes": 2}
     cfg = validate({"hardware": hardware, "sft": {"precision": "bf16", "finetuning_type": kind}})
-    on, reason = fp8.decide(cfg["sft"], Platform.from_facts(cfg, _facts(base, 2, True)), hidden)
+    on, reason = fp8.decide(
+        Config.from_dict(cfg).sft, Platform.from_facts(Config.from_dict(cfg), _facts(base, 2, True)), hidden
+    )
     assert on is True and f"auto -> on: {arch}" in reason
     assert f"llmft's float8 path measured 1.20x bf16 end to end ({kind}, hidden 2048, one H200)" in reason
-    off, why = fp8.decide(cfg["sft"], Platform.from_facts(cfg, _facts(base, 2, False)), hidden)
+    off, why = fp8.decide(
+        Config.from_dict(cfg).sft, Platform.from_facts(Config.from_dict(cfg), _facts(base, 2, False)), hidden
+    )
     assert off is False and "canary's FP8 leg did not pass on every node" in why
 
 
@@ -114,12 +118,21 @@ def test_auto_turns_full_fp8_on_from_the_measured_size_up_once_the_canary_passed
 def test_auto_leaves_full_training_of_smaller_models_in_bf16(kind, hidden):
     # measured at hidden 2048 only: a smaller model's GEMMs save less than the casts cost
     cfg = validate({"hardware": {"gpus_per_node": 1}, "sft": {"precision": "bf16", "finetuning_type": kind}})
-    got, reason = fp8.decide(cfg["sft"], Platform.from_facts(cfg, _facts(H200, 1, True)), hidden)
+    got, reason = fp8.decide(
+        Config.from_dict(cfg).sft, Platform.from_facts(Config.from_dict(cfg), _facts(H200, 1, True)), hidden
+    )
     assert got is False and "auto -> off" in reason and "sft.fp8: true turns it on" in reason
     assert f"at hidden 2048 and up only (this model: {hidden}" in reason
     # LoRA keeps the smallest measurement below it (its frozen weights cast once)
     lora = validate({"hardware": {"gpus_per_node": 1}, "sft": {"finetuning_type": "lora"}})
-    assert fp8.decide(lora["sft"], Platform.from_facts(lora, _facts(H200, 1, True)), hidden)[0] is True
+    assert (
+        fp8.decide(
+            Config.from_dict(lora).sft,
+            Platform.from_facts(Config.from_dict(lora), _facts(H200, 1, True)),
+            hidden,
+        )[0]
+        is True
+    )
 
 
 @pytest.mark.parametrize(
@@ -138,22 +151,28 @@ def test_auto_turns_lora_fp8_on_at_the_sizes_it_was_measured_faster_once_the_can
     hardware = {"gpus_per_node": gpus, "nodes": 2}
     cfg = validate({"hardware": hardware, "sft": {"finetuning_type": "lora"}})
     assert cfg["sft"]["fp8"] == "auto" and cfg["sft"]["precision"] == "bf16"  # the defaults
-    on, reason = fp8.decide(cfg["sft"], Platform.from_facts(cfg, _facts(base, 2, True)), hidden)
+    on, reason = fp8.decide(
+        Config.from_dict(cfg).sft, Platform.from_facts(Config.from_dict(cfg), _facts(base, 2, True)), hidden
+    )
     # on MI300X (hand-written facts: never run there) the speed is the H200's, and the reason says so;
     # the node's own canary FP8 leg is what must pass
     assert on is True and f"auto -> on: {arch}" in reason
     assert f"measured {measured}, one H200)" in reason
     assert "the canary's FP8 leg passed on every node" in reason
     # the same node without a passing FP8 leg, or a node never measured: off, saying which
-    off, why = fp8.decide(cfg["sft"], Platform.from_facts(cfg, _facts(base, 2, False)), hidden)
+    off, why = fp8.decide(
+        Config.from_dict(cfg).sft, Platform.from_facts(Config.from_dict(cfg), _facts(base, 2, False)), hidden
+    )
     assert off is False and "canary's FP8 leg did not pass on every node" in why
-    off, why = fp8.decide(cfg["sft"], Platform.declared(cfg), hidden)
+    off, why = fp8.decide(Config.from_dict(cfg).sft, Platform.declared(Config.from_dict(cfg)), hidden)
     assert off is False and "no node is measured yet" in why
 
 
 def test_true_turns_fp8_on_where_the_gpu_has_it():
     cfg = validate({"hardware": {"gpus_per_node": 1, "nodes": 2}, "sft": {"precision": "bf16", "fp8": True}})
-    got, reason = fp8.decide(cfg["sft"], Platform.from_facts(cfg, _facts(H200, 2, True)))
+    got, reason = fp8.decide(
+        Config.from_dict(cfg).sft, Platform.from_facts(Config.from_dict(cfg), _facts(H200, 2, True))
+    )
     assert got is True and "sft.fp8: true on sm_90" in reason
 
 
@@ -162,12 +181,12 @@ def test_auto_is_off_on_an_arch_without_fp8_even_when_its_canary_leg_passed():
     for d in mi250["devices"]:
         d["arch"] = "gfx90a:sramecc+:xnack-"
     cfg = validate({"hardware": {"gpus_per_node": 8}, "sft": {"precision": "bf16", "fp8": "auto"}})
-    platform = Platform.from_facts(cfg, _facts(mi250, 1, True))
-    on, reason = fp8.decide(cfg["sft"], platform)
+    platform = Platform.from_facts(Config.from_dict(cfg), _facts(mi250, 1, True))
+    on, reason = fp8.decide(Config.from_dict(cfg).sft, platform)
     assert not on and "gfx90a has no FP8 matmuls" in reason
     cfg["sft"]["fp8"] = True
     with pytest.raises(ConfigError, match=r"config key sft\.fp8: true but gfx90a has no FP8 matmuls"):
-        fp8.decide(cfg["sft"], platform)
+        fp8.decide(Config.from_dict(cfg).sft, platform)
 
 
 @pytest.mark.reliability(
@@ -185,9 +204,9 @@ def test_config_refuses_fp8_with_fp32_and_llamafactorys_inert_flag():
         validate({"sft": {"extra": {"fp8": True, "fp8_backend": "torchao"}}})
 
 
-def _h200_plan(**sft):
+def _h200_plan(**sft) -> Config:
     hardware = {"vendor": "cuda", "gpus_per_node": 1, "gpu_model": "h200"}
-    return validate({"hardware": hardware, "data": {"cutoff_len": 2048}, "sft": sft})
+    return Config.from_dict(validate({"hardware": hardware, "data": {"cutoff_len": 2048}, "sft": sft}))
 
 
 def _llama_folder(model, hidden: int, layers: int, intermediate: int, tied: bool):
@@ -236,7 +255,10 @@ def test_plan_text_says_fp8_why_and_the_recipe_and_estimates_it_as_measured(tmp_
         assert on.compile and off.compile is (kind == "lora")
         assert "torch.compile per decoder layer" in text
     cpu = validate({"hardware": {"gpus_per_node": 0}})
-    assert "auto -> off: CPU processes have no FP8" in fp8.decide(cpu["sft"], Platform.declared(cpu))[1]
+    assert (
+        "auto -> off: CPU processes have no FP8"
+        in fp8.decide(Config.from_dict(cpu).sft, Platform.declared(Config.from_dict(cpu)))[1]
+    )
 
 
 def test_static_shapes_and_kernel_tuning_follow_the_plan(tmp_path):

@@ -11,12 +11,12 @@ from llmft.core.config import ConfigError, validate
 from llmft.core.lineage import LINEAGE_FILE, recorded_lineage
 from llmft.core.lineage_record import build, make, read, read_for, summary_view
 from llmft.core.platform import Platform
-from llmft.core.settings import Config
+from llmft.core.settings import Config, replace
 from llmft.sft.render import planned_steps, render
 
 from tests.conftest import REPO, tiny_config
 
-DEMO = validate(yaml.safe_load((REPO / "config/config.yaml").read_text()), base_dir=REPO)
+DEMO = Config.from_dict(validate(yaml.safe_load((REPO / "config/config.yaml").read_text()), base_dir=REPO))
 DELTA = {
     "new": 90,
     "replayed": 30,
@@ -27,7 +27,7 @@ DELTA = {
 }
 
 
-def continued(tmp_path: Path, adapter: bool = False) -> dict:
+def continued(tmp_path: Path, adapter: bool = False) -> Config:
     """A config continuing from run `p` under tmp_path/results, whose own record is two runs deep."""
     parent = tmp_path / "results/p"
     (parent / "sft").mkdir(parents=True)
@@ -37,10 +37,7 @@ def continued(tmp_path: Path, adapter: bool = False) -> dict:
     (parent / LINEAGE_FILE).write_text(
         json.dumps({"parent": "o", "base_model": "builtin:tiny", "chain": ["o"]})
     )
-    cfg = json.loads(json.dumps(DEMO))
-    cfg["run"] = "c"
-    cfg["model"]["continue_from"] = str(parent)
-    return cfg
+    return replace(replace(DEMO, "run", "c"), "model.continue_from", str(parent))
 
 
 def data_dir(tmp_path: Path, delta: dict | None = DELTA, fingerprint: str = "fp1") -> Path:
@@ -54,7 +51,7 @@ def data_dir(tmp_path: Path, delta: dict | None = DELTA, fingerprint: str = "fp1
 def test_a_run_from_its_base_model_records_its_base_and_every_row_new(tmp_path):
     steps = {"world": 1, "micro_batch": 4, "accumulation": 1, "epochs": 2.0, "retrain_epochs": 2.0,
              "max_steps": -1, "packed": False}  # fmt: skip
-    record = build(DEMO, f"results/{DEMO['run']}/base_model", {"train_rows": 10}, steps, "abc")
+    record = build(DEMO, f"results/{DEMO.run}/base_model", {"train_rows": 10}, steps, "abc")
     assert record["parent"] is None and record["started_from"] == record["base_model"] == "builtin:tiny"
     assert record["chain"] == [] and record["replay"] == {"fraction": None} and record["stack"] == "abc"
     # an older stats.json without prepare_data's counts: every train row new, tokens unknown
@@ -87,7 +84,7 @@ def test_a_continued_run_records_parent_weights_chain_delta_replay_tokens_and_st
     assert record["data"] == {
         k: DELTA[k] for k in ("new", "replayed", "removed", "train_rows", "full_train_rows")
     }
-    assert record["replay"] == {"fraction": cfg["nightly"]["replay_fraction"]}
+    assert record["replay"] == {"fraction": cfg.nightly.replay_fraction}
     assert record["tokens"]["one_pass"] == DELTA["tokens"] and record["tokens"]["steps"] == steps
     assert 0 < record["tokens"]["trained"] < record["tokens"]["full_retrain"]
     assert record["stack"] == "0123456789ab" and record["data_fingerprint"] == "fp1"
@@ -148,9 +145,9 @@ def test_a_missing_or_stale_record_is_named(tmp_path):
         render_with(str(path))
     # another run's, another parent's
     with pytest.raises(ConfigError, match="is stale: it records run 'c', this run has 'x'"):
-        read_for(path, {**cfg, "run": "x"}, {"fingerprint": "fp1"})
+        read_for(path, replace(cfg, "run", "x"), {"fingerprint": "fp1"})
     with pytest.raises(ConfigError, match="is stale: it records parent 'p', this run has None"):
-        read_for(path, DEMO | {"run": "c"}, {"fingerprint": "fp1"})
+        read_for(path, replace(DEMO, "run", "c"), {"fingerprint": "fp1"})
     path.write_text("[]")
     with pytest.raises(ConfigError, match="is not a lineage record"):
         read(path)
@@ -163,18 +160,18 @@ def test_the_page_reads_the_record_and_names_a_missing_or_stale_one(tmp_path):
     (tmp_path / "eval/tuned").mkdir(parents=True)
     (tmp_path / "eval/tuned/metrics.json").write_text(json.dumps({"rows": 2, "exact_match": 0.5}))
     (tmp_path / "eval/tuned/predictions.jsonl").write_text("")
-    cfg = validate({"run": "r"})
+    cfg = Config.from_dict(validate({"run": "r"}))
     with pytest.raises(ConfigError, match=f"{tmp_path / LINEAGE_FILE} does not exist"):
-        build_report(Config.from_dict(cfg), str(tmp_path), str(tmp_path / "report"))
+        build_report(cfg, str(tmp_path), str(tmp_path / "report"))
     data = data_dir(tmp_path, delta=None)
     record = make(cfg, "m", data, tmp_path / "env/verify.json", {}, tmp_path / LINEAGE_FILE)
-    summary = build_report(Config.from_dict(cfg), str(tmp_path), str(tmp_path / "report"))
+    summary = build_report(cfg, str(tmp_path), str(tmp_path / "report"))
     assert summary["lineage"] == summary_view(record) and summary["lineage"]["started_from"] == "m"
     assert "Started from the base model <code>m</code>" in (tmp_path / "report/index.html").read_text()
     (tmp_path / "env").mkdir()
     (tmp_path / "env/verify.json").write_text(json.dumps({"stack": {"hash": "feedbeef0000"}}))
     with pytest.raises(ConfigError, match="is stale: it records stack None, this run has 'feedbeef0000'"):
-        build_report(Config.from_dict(cfg), str(tmp_path), str(tmp_path / "report"))
+        build_report(cfg, str(tmp_path), str(tmp_path / "report"))
 
 
 def test_recorded_reads_lineage_json_else_an_older_runs_summary(tmp_path):

@@ -84,15 +84,6 @@ def test_declared_platform_assumes_generously_and_says_so():
     assert Platform.declared(typed({"hardware": {"vendor": "cpu", "gpus_per_node": 2}})).vendor == "cpu"
 
 
-def test_a_validated_dict_makes_the_platform_its_typed_config_makes():
-    """The stages whose config is not typed yet hand the platform the validated dict."""
-    raw = validate(NODES8)
-    assert Platform.declared(raw) == Platform.declared(Config.from_dict(raw))
-    assert Platform.from_facts(raw, nodes(MI300X)) == Platform.from_facts(
-        Config.from_dict(raw), nodes(MI300X)
-    )
-
-
 def test_read_platform_takes_a_verify_report_or_one_nodes_facts(tmp_path):
     cfg = typed(NODES8)
     (tmp_path / "verify.json").write_text(json.dumps({"nodes": nodes(MI300X)}))
@@ -109,7 +100,12 @@ def test_neat_packing_takes_the_fastest_attention_kernel_that_ran_on_the_nodes(v
     facts = copy.deepcopy(MI300X)
     facts["attention"].update(varlen_ok=varlen, kernel_ok=fa2)
     cfg = validate(NODES8)
-    plan = resolve(cfg, "", Platform.from_facts(cfg, nodes(facts)), shape_from_config(LLAMA_70B))
+    plan = resolve(
+        Config.from_dict(cfg),
+        "",
+        Platform.from_facts(Config.from_dict(cfg), nodes(facts)),
+        shape_from_config(LLAMA_70B),
+    )
     assert plan.packing == "neat" and plan.attention == want
     assert (plan.memory.mask > 0) == mask  # SDPA needs LLaMA-Factory's 4-D mask: counted
 
@@ -123,20 +119,20 @@ def test_fp32_on_a_gpu_never_takes_a_flashattention_kernel():
     one_b = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "model_type": "llama",
              "intermediate_size": 8192, "vocab_size": 128256}  # fmt: skip
     one_b_shape = shape_from_config(one_b)
-    h200 = Platform.from_facts(cfg, [H200])
+    h200 = Platform.from_facts(Config.from_dict(cfg), [H200])
     assert "varlen" in h200.attention
-    plan = resolve(cfg, "", h200, one_b_shape)
+    plan = resolve(Config.from_dict(cfg), "", h200, one_b_shape)
     assert plan.packing == "neat" and plan.attention == "sdpa" and plan.memory.mask > 0
     assert any("sft.precision is fp32" in r and "fp16/bf16 only" in r for r in plan.reasons)
     bf16 = validate({"hardware": {"gpus_per_node": 1}, "sft": {"precision": "bf16"}})
-    assert resolve(bf16, "", h200, one_b_shape).attention == "varlen"
+    assert resolve(Config.from_dict(bf16), "", h200, one_b_shape).attention == "varlen"
     for kernel in ("varlen", "fa2"):
         explicit = validate(
             {"hardware": {"gpus_per_node": 1}, "sft": {"precision": "fp32", "flash_attn": kernel}}
         )
         refusal = f"config key sft.flash_attn: {kernel} .* sft.precision is fp32"
         with pytest.raises(ConfigError, match=refusal):
-            resolve(explicit, "", h200, one_b_shape)
+            resolve(Config.from_dict(explicit), "", h200, one_b_shape)
     # the CPU demo (fp32, no GPU) keeps its path: no FlashAttention there, nothing to refuse
     assert choose_attention("auto", "off", (), False, precision="fp32") == ("auto", "")
     assert choose_attention("varlen", "neat", (), False, precision="fp32") == ("varlen", "")
@@ -144,11 +140,11 @@ def test_fp32_on_a_gpu_never_takes_a_flashattention_kernel():
 
 def test_the_rendered_yaml_names_the_nodes_it_was_planned_for(tmp_path):
     cfg = validate({**NODES8, "model": {"name_or_path": "builtin:tiny"}})
-    p = Platform.from_facts(cfg, nodes(MI300X))
+    p = Platform.from_facts(Config.from_dict(cfg), nodes(MI300X))
     from llmft.sft.render import tiny_shape
 
-    args = render(cfg, "m", "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", p,
-                  tiny_shape(cfg["model"]["tiny"]))  # fmt: skip
+    args = render(Config.from_dict(cfg), "m", "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", p,
+                  tiny_shape(Config.from_dict(cfg).model.tiny))  # fmt: skip
     header = (tmp_path / "a.yaml").read_text().split("\nmodel_name_or_path")[0]
     assert "measured by verify_env on n1, n2" in header and "AMD Instinct MI300X (192 GiB, gfx942)" in header
     assert yaml.safe_load((tmp_path / "a.yaml").read_text())["llmft"]["platform"] == p.to_json()
@@ -164,12 +160,12 @@ def test_offload_is_checked_against_the_nodes_host_memory():
     cfg = validate(
         {"hardware": {"gpus_per_node": 1}, "data": {"cutoff_len": 2048}, "sft": {"precision": "bf16"}}
     )
-    h200 = Platform.from_facts(cfg, [H200])
-    plan = resolve(cfg, "", h200, llama2)
+    h200 = Platform.from_facts(Config.from_dict(cfg), [H200])
+    plan = resolve(Config.from_dict(cfg), "", h200, llama2)
     assert not plan.offload and plan.gradient_checkpointing
     assert any("host-side states" in r for r in plan.reasons)
     forced = validate({**cfg, "sft": {**cfg["sft"], "offload": True, "gradient_checkpointing": False}})
     with pytest.raises(ConfigError, match="host memory"):
-        resolve(forced, "", h200, llama2)
+        resolve(Config.from_dict(forced), "", h200, llama2)
     roomy = dataclasses.replace(h200, host_memory_gib=1024.0)
-    assert resolve(forced, "", roomy, llama2).offload
+    assert resolve(Config.from_dict(forced), "", roomy, llama2).offload

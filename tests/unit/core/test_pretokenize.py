@@ -10,6 +10,7 @@ from llmft.core.assets import build_tiny_model, synthetic_rows
 from llmft.core.config import validate
 from llmft.core.lf.pretokenize import PREPROCESSING_DEFAULTS, SFTEncoder, blockers, messages_of
 from llmft.core.platform import Platform
+from llmft.core.settings import Config
 from llmft.data.prepare import prepare
 from llmft.sft.render import render
 
@@ -163,18 +164,24 @@ def test_rendered_yaml_points_sft_at_the_tokenized_data_unless_blocked(tmp_path)
     model = tmp_path / "model"
     build_tiny_model(model, 32, 1, 2, 512)
     args = render(
-        DEMO,
+        Config.from_dict(DEMO),
         str(model),
         "d",
         str(tmp_path / "a.yaml"),
         str(tmp_path / "a.json"),
         "w",
-        Platform.declared(DEMO),
+        Platform.declared(Config.from_dict(DEMO)),
     )
     assert args["tokenized_path"] == "d/tokenized"
     cfg = validate({**DEMO, "sft": {**DEMO["sft"], "extra": {"train_on_prompt": True}}}, base_dir=REPO)
     args = render(
-        cfg, str(model), "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w", Platform.declared(cfg)
+        Config.from_dict(cfg),
+        str(model),
+        "d",
+        str(tmp_path / "b.yaml"),
+        str(tmp_path / "b.json"),
+        "w",
+        Platform.declared(Config.from_dict(cfg)),
     )
     assert "tokenized_path" not in args
 

@@ -10,6 +10,7 @@ import yaml
 from llmft.core import schedule
 from llmft.core.config import ConfigError, load_schema, validate
 from llmft.core.platform import Platform
+from llmft.core.settings import Config
 from llmft.sft.render import render
 from transformers import optimization
 from transformers.optimization import get_scheduler
@@ -129,7 +130,15 @@ def test_warmup_stable_decay_decays_over_the_ratio_of_the_trainers_steps(restore
 
 
 def rendered(cfg: dict, tiny, path) -> dict:
-    return render(cfg, tiny, "d", str(path), str(path.with_suffix(".json")), "w", Platform.declared(cfg))
+    return render(
+        Config.from_dict(cfg),
+        tiny,
+        "d",
+        str(path),
+        str(path.with_suffix(".json")),
+        "w",
+        Platform.declared(Config.from_dict(cfg)),
+    )
 
 
 def test_the_rendered_yaml_carries_the_ratio_for_the_launcher(tmp_path):

@@ -8,6 +8,7 @@ from llmft.core.config import ConfigError, validate
 from llmft.core.io import read_jsonl
 from llmft.core.lineage import TRAIN_KEYS_FILE
 from llmft.core.lineage import resolve as resolve_parent
+from llmft.core.settings import Config
 from llmft.core.sources import DataError
 from llmft.data.delta import read_keys
 from llmft.data.prepare import content_key, is_heldout, prepare
@@ -115,7 +116,7 @@ def test_the_replay_follows_the_new_rows_not_the_history():
 def test_no_promoted_model_yet_is_named(tmp_path):
     cfg = validate({"model": {"continue_from": "results/current"}}, base_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"model.continue_from: results/current does not exist"):
-        resolve_parent(cfg, tmp_path)
+        resolve_parent(Config.from_dict(cfg), tmp_path)
 
 
 def test_a_parent_prepared_before_train_keys_existed_reads_them_from_train_jsonl(tmp_path, tokenizer_dir):
@@ -141,7 +142,7 @@ def test_an_adapter_in_sft_extra_is_refused_when_continuing(tmp_path):
     (tmp_path / "results/p").mkdir(parents=True)
     raw = {"model": {"continue_from": "results/p"}, "sft": {"extra": {"adapter_name_or_path": "x"}}}
     with pytest.raises(ConfigError, match=r"sft.extra.adapter_name_or_path: set by model.continue_from"):
-        resolve_parent(validate(raw, base_dir=tmp_path), tmp_path)
+        resolve_parent(Config.from_dict(validate(raw, base_dir=tmp_path)), tmp_path)
 
 
 def test_the_cost_counts_the_tokens_the_trainer_feeds():
@@ -179,10 +180,10 @@ def test_nightly_continue_epochs_sets_a_continued_runs_epochs_not_the_retrains()
 
     plan = SimpleNamespace(micro_batch=16, gradient_accumulation=1, packing="off")
     raw = {"sft": {"num_train_epochs": 20.0}, "nightly": {"continue_epochs": 4.0}}
-    base = validate(raw)
+    base = Config.from_dict(validate(raw))
     assert continue_epochs(base) == 4.0  # what a continued run of this config would train
     assert training_steps(base, plan, 2)["epochs"] == 20.0  # but this run is from the base model
-    cont = validate({**raw, "model": {"continue_from": "results/p"}})
+    cont = Config.from_dict(validate({**raw, "model": {"continue_from": "results/p"}}))
     steps = training_steps(cont, plan, 2)
     assert (steps["epochs"], steps["retrain_epochs"]) == (4.0, 20.0)
     cost = run_cost(
@@ -190,7 +191,9 @@ def test_nightly_continue_epochs_sets_a_continued_runs_epochs_not_the_retrains()
     )
     assert (cost["trained"], cost["full_retrain"]) == (4 * 640, 20 * 6400)
     assert epochs_text(steps) == "4 epoch(s), a retrain 20"
-    unset = validate({"sft": {"num_train_epochs": 20.0}, "model": {"continue_from": "results/p"}})
+    unset = Config.from_dict(
+        validate({"sft": {"num_train_epochs": 20.0}, "model": {"continue_from": "results/p"}})
+    )
     assert continue_epochs(unset) == 20.0 and epochs_text(training_steps(unset, plan, 2)) == "20 epoch(s)"
     with pytest.raises(ConfigError, match=r"nightly\.continue_epochs"):
         validate({"nightly": {"continue_epochs": 0}})

@@ -327,8 +327,10 @@ def test_the_gate_on_a_preference_metric_compares_both_preference_models_on_the_
     and the promoted run's, each against its own sft model (reference sft), on its 4 held-out pairs;
     the verdict names the metric, both scores and the pair count. A summary whose gate scores lack
     the metric (the SFT gate's rows) is a named rejection, not a KeyError."""
-    cfg = validate(
-        {"preference": {}, "nightly": {"metric": "preference_accuracy", "compare_with": "results/n1"}}
+    cfg = Config.from_dict(
+        validate(
+            {"preference": {}, "nightly": {"metric": "preference_accuracy", "compare_with": "results/n1"}}
+        )
     )
     gate_dir = tmp_path / "preference" / "gate"
     refs = [(-5.0, -5.0)] * 4
@@ -338,7 +340,7 @@ def test_the_gate_on_a_preference_metric_compares_both_preference_models_on_the_
     _logps(gate_dir / "promoted", [(-4.0, -5.0)] * 4)
     _logps(gate_dir / "promoted_reference", refs)
     ours, theirs = gate_blocks(cfg, tmp_path)
-    beta = cfg["preference"]["beta"]
+    beta = cfg.preference.beta
     assert ours["tuned"]["preference_accuracy"] == 0.75 and theirs["tuned"]["preference_accuracy"] == 1.0
     assert ours["tuned"]["reward_margin"] == round(beta * 0.5, 4) and theirs["run"] == "n1"
     night = {"run": "n2", "tuned": {"exact_match": 0.5}, "gate": ours, "compared_with": theirs}
@@ -351,7 +353,7 @@ def test_the_gate_on_a_preference_metric_compares_both_preference_models_on_the_
     assert gate(gate_view(night), ref, "preference_accuracy", 0.3)[0]
     # the promoted model scored against another row set: not compared
     _logps(gate_dir / "other", [(-4.0, -5.0)] * 4, fingerprint="pairs-b")
-    night["compared_with"] = {"run": "n1", **gate_block(cfg["preference"], gate_dir / "other", None)}
+    night["compared_with"] = {"run": "n1", **gate_block(cfg.preference, gate_dir / "other", None)}
     assert same_rows_reference(night, {"run": "n1"})[1].startswith("rejected: not compared")
     # the SFT gate's scores carry no preference metric: rejected by name
     sft_night = {"run": "n2", "gate": {"tuned": {"exact_match": 0.5}, "heldout_fingerprint": "r"}}

@@ -2,6 +2,7 @@
 
 import pytest
 from llmft.core.io import write_jsonl
+from llmft.core.settings import Preference
 from llmft.preference.evaluate import answer_rows, score, scores
 
 
@@ -56,7 +57,7 @@ def test_the_reference_model_gets_no_reward_scores_of_its_own(tmp_path):
     }
     for name, rows in files.items():
         write_jsonl(tmp_path / f"{name}.jsonl", rows)
-    pref = {"method": "dpo", "loss": "sigmoid", "beta": 1.0}
+    pref = Preference(method="dpo", loss="sigmoid", beta=1.0)
     block = scores(pref, "sft", {n: str(tmp_path / f"{n}.jsonl") for n in files})
     sft, tuned, base = (block["models"][n] for n in ("sft", "preference", "base"))
     # against itself its accuracy and margin would be 0 by construction: no measurement, no value

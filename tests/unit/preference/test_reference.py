@@ -36,12 +36,13 @@ def demo_data(model_dir, tmp_path_factory):
     """prepare_preference's DPO pairs and KTO rows of the builtin tasks, tokenized for the demo's
     model, and the config evaluate reads them with."""
     from llmft.core.config import validate
-    from llmft.core.lf.chat_templates import for_config
+    from llmft.core.lf.chat_templates import for_model
+    from llmft.core.settings import Config
     from llmft.preference.data import prepare_preference
 
     root = tmp_path_factory.mktemp("ref_data")
-    cfg = validate({"preference": {}})
-    template = for_config(cfg, model_dir)[0]
+    cfg = Config.from_dict(validate({"preference": {}}))
+    template = for_model(cfg.model, model_dir)[0]
     opts = {"cutoff_len": 96, "heldout_fraction": 0.3, "split_salt": "s", "invalid_rows": "fail",
             "max_dropped_fraction": 0.5, "clean_text": False, "max_row_bytes": None,
             "synthetic_rows": 40}  # fmt: skip

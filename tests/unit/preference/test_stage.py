@@ -4,6 +4,7 @@ LLaMA-Factory arguments."""
 import pytest
 from llmft.core.config import ConfigError, validate
 from llmft.core.platform import Platform
+from llmft.core.settings import Config, replace
 from llmft.preference import stage as preference
 from llmft.sft.plan import GIB, estimate, resolve
 from llmft.sft.render import precheck, render, tiny_shape
@@ -14,19 +15,31 @@ def gpu_cfg(gpus=1, gpu="h200", sft=None, **pref):
     """A GPU config; the reference resident (as LLaMA-Factory runs it) unless reference_logps is given."""
     pref.setdefault("data", {"cutoff_len": 2048})
     pref.setdefault("reference_logps", "resident")
-    return validate(
-        {
-            "hardware": {"vendor": "cuda", "nodes": 1, "gpus_per_node": gpus, "gpu_model": gpu},
-            "data": {"cutoff_len": 2048},
-            "sft": sft or {},
-            "preference": pref,
-        }
+    return Config.from_dict(
+        validate(
+            {
+                "hardware": {"vendor": "cuda", "nodes": 1, "gpus_per_node": gpus, "gpu_model": gpu},
+                "data": {"cutoff_len": 2048},
+                "sft": sft or {},
+                "preference": pref,
+            }
+        )
     )
+
+
+def cpu_cfg(**pref):
+    """The CPU demo's config with a preference section."""
+    return Config.from_dict(validate({"preference": pref}))
+
+
+def declared(cfg: Config) -> Platform:
+    """The platform the config declares (Platform reads the validated dict)."""
+    return Platform.declared(cfg)
 
 
 def plan(cfg, model_dir):
     view = preference.view(cfg)
-    return pref_resolve(view, model_dir, Platform.declared(view))
+    return pref_resolve(view, model_dir, declared(view))
 
 
 def pref_resolve(view, model_dir, platform, shape=None):
@@ -65,9 +78,8 @@ def test_a_pair_is_planned_as_two_sequences_with_its_reference(model):
     sft_cfg = gpu_cfg(
         sft={"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "packing": "off"}
     )
-    sft_cfg.pop("preference")
-    sft_cfg["preference"] = None
-    sft = resolve(sft_cfg, one_b, Platform.declared(sft_cfg))
+    sft_cfg = replace(sft_cfg, "preference", None)
+    sft = resolve(sft_cfg, one_b, declared(sft_cfg))
     assert (dpo.micro_batch, dpo.sequences_per_row, dpo.reference) == (4, 2, "copy")
     assert dpo.tokens_per_micro_batch == sft.tokens_per_micro_batch == 8 * 2048
     assert dpo.zero_stage == sft.zero_stage
@@ -124,7 +136,7 @@ def test_auto_batch_counts_both_sequences_of_a_pair(model):
 )
 def test_a_preference_stage_that_cannot_fit_is_refused_naming_the_reference(model):
     cfg = gpu_cfg(gpu="h100", sft={"zero_stage": 0, "gradient_checkpointing": False})
-    cfg["model"]["name_or_path"] = str(model("8b"))
+    cfg = replace(cfg, "model.name_or_path", str(model("8b")))
     with pytest.raises(ConfigError) as err:
         staged = preference.training(cfg)
         precheck(staged.cfg, staged.objective_for)
@@ -137,7 +149,7 @@ def test_step_time_of_a_reference_copy_under_zero3_gathers_it_too(model):
     from llmft.core.shape import model_shape
 
     shape = model_shape(model("8b"))
-    platform = Platform.declared(gpu_cfg(gpus=8))
+    platform = declared(gpu_cfg(gpus=8))
     kw = dict(
         stage=3, offload=False, micro_batch=2, seq_len=2048, accumulation=1, gradient_checkpointing=False
     )
@@ -177,13 +189,13 @@ def test_the_gate_metric_preference_accuracy_needs_a_preference_stage(metric):
 
 
 def _rendered(tmp_path, **pref):
-    cfg = validate({"preference": pref})
+    cfg = cpu_cfg(**pref)
     view = preference.view(cfg)
-    shape = tiny_shape(cfg["model"]["tiny"])
+    shape = tiny_shape(cfg.model.tiny)
     out = tmp_path / "p"
     return pref_render(
         view, "results/r/sft/model", "results/r/preference/data", str(out / "y.yaml"), str(out / "ds.json"),
-        "results/r/work", Platform.declared(view), shape=shape, ref_model="results/r/base_model",
+        "results/r/work", declared(view), shape=shape, ref_model="results/r/base_model",
     )  # fmt: skip
 
 
@@ -206,15 +218,15 @@ def test_rendered_arguments_of_each_method_and_loss(tmp_path):
 
 
 def test_the_auto_learning_rate_is_the_recipes_and_the_demo_rate_for_builtin_tiny():
-    cfg = validate({"preference": {}})
+    cfg = cpu_cfg()
     assert preference.learning_rate(cfg) == 1e-3  # builtin:tiny, whatever trains
-    cfg["preference"]["finetuning_type"] = "lora"
+    cfg = replace(cfg, "preference.finetuning_type", "lora")
     assert preference.learning_rate(cfg) == 1e-3
-    cfg["model"]["name_or_path"] = "models/llama-3.2-1b"
+    cfg = replace(cfg, "model.name_or_path", "models/llama-3.2-1b")
     assert preference.learning_rate(cfg) == 5e-6
-    cfg["preference"]["finetuning_type"] = "full"
+    cfg = replace(cfg, "preference.finetuning_type", "full")
     assert preference.learning_rate(cfg) == 5e-7
-    cfg["preference"]["learning_rate"] = 2e-6
+    cfg = replace(cfg, "preference.learning_rate", 2e-6)
     assert preference.learning_rate(cfg) == 2e-6
 
 
@@ -242,20 +254,20 @@ def test_pairs_are_batched_by_length_when_asked_and_their_lengths_were_stored(mo
     assert not plan(gpu_cfg(method="kto"), one_b).group_by_length
     assert not plan(gpu_cfg(group_by_length=False), one_b).group_by_length
     for pref, grouped in (({}, False), ({"group_by_length": True}, True)):  # the CPU demo
-        cfg = validate({"preference": pref})
+        cfg = cpu_cfg(**pref)
         view = preference.view(cfg)
-        cpu = pref_resolve(view, "tiny", Platform.declared(view), tiny_shape(cfg["model"]["tiny"]))
+        cpu = pref_resolve(view, "tiny", declared(view), tiny_shape(cfg.model.tiny))
         assert cpu.group_by_length is grouped
     # sft's plan and YAML are unchanged by the key
     sft = gpu_cfg(sft={"packing": "off"})
-    assert "group_by_length" not in resolve(sft, one_b, Platform.declared(sft)).to_json()
+    assert "group_by_length" not in resolve(sft, one_b, declared(sft)).to_json()
 
     def rendered(data_dir, **pref):
         cfg = gpu_cfg(**pref)
         view = preference.view(cfg)
         out = tmp_path / "out"
         return pref_render(
-            view, one_b, data_dir, str(out / "y.yaml"), str(out / "ds.json"), "work", Platform.declared(view)
+            view, one_b, data_dir, str(out / "y.yaml"), str(out / "ds.json"), "work", declared(view)
         )
 
     with_lengths = _tokenized_pairs(tmp_path / "with", lengths=True)
@@ -286,7 +298,7 @@ def test_the_plan_sizes_sequences_by_the_preference_cutoff_not_sfts(model):
 def test_dpo_runs_padding_free_where_the_varlen_kernel_ran(model, tmp_path):
     """auto: on with varlen attention on every node (and on a CPU), off without it or with an explicit
     attention kernel; true without the kernel is refused by name; the rendered YAML tells the launcher."""
-    from dataclasses import replace
+    import dataclasses
 
     from llmft.sft.plan import describe
 
@@ -301,31 +313,31 @@ def test_dpo_runs_padding_free_where_the_varlen_kernel_ran(model, tmp_path):
     assert any("sft.flash_attn is set to 'sdpa'" in r for r in explicit.reasons)
     cfg = gpu_cfg()
     view = preference.view(cfg)
-    no_kernel = replace(Platform.declared(view), attention=("sdpa",))
+    no_kernel = dataclasses.replace(declared(view), attention=("sdpa",))
     assert not pref_resolve(view, one_b, no_kernel).padding_free
     forced = preference.view(gpu_cfg(padding_free=True))
     with pytest.raises(ConfigError, match="config key preference.padding_free: true needs torch's varlen"):
         pref_resolve(forced, one_b, no_kernel)
     # fp32 on a GPU: the varlen kernel computes in fp16/bf16 only
     fp32 = preference.view(gpu_cfg(sft={"precision": "fp32"}))
-    assert not pref_resolve(fp32, one_b, Platform.declared(fp32)).padding_free
+    assert not pref_resolve(fp32, one_b, declared(fp32)).padding_free
     fp32_forced = preference.view(gpu_cfg(padding_free=True, sft={"precision": "fp32"}))
     refusal = "padding_free: true needs torch's varlen attention, which computes"
     with pytest.raises(ConfigError, match=refusal):
-        pref_resolve(fp32_forced, one_b, Platform.declared(fp32_forced))
-    cpu_cfg = validate({"preference": {}})
-    cpu_view = preference.view(cpu_cfg)
-    cpu = pref_resolve(cpu_view, "tiny", Platform.declared(cpu_view), tiny_shape(cpu_cfg["model"]["tiny"]))
+        pref_resolve(fp32_forced, one_b, declared(fp32_forced))
+    cpu = cpu_cfg()
+    cpu_view = preference.view(cpu)
+    cpu = pref_resolve(cpu_view, "tiny", declared(cpu_view), tiny_shape(cpu.model.tiny))
     assert cpu.padding_free  # the CPU's per-sequence SDPA: the demo and the tests run this path
     sft = gpu_cfg(sft={"packing": "off"})
-    assert "padding_free" not in resolve(sft, one_b, Platform.declared(sft)).to_json()
+    assert "padding_free" not in resolve(sft, one_b, declared(sft)).to_json()
     out = tmp_path / "out"
     args = pref_render(view, one_b, _tokenized_pairs(tmp_path / "d", lengths=False), str(out / "y.yaml"),
-                  str(out / "ds.json"), "work", Platform.declared(view))  # fmt: skip
+                  str(out / "ds.json"), "work", declared(view))  # fmt: skip
     assert args["llmft"]["padding_free"] is True and args["llmft"]["plan"]["padding_free"] is True
     off = preference.view(gpu_cfg(padding_free=False))
     args = pref_render(off, one_b, _tokenized_pairs(tmp_path / "e", lengths=False), str(out / "z.yaml"),
-                  str(out / "ds2.json"), "work", Platform.declared(off))  # fmt: skip
+                  str(out / "ds2.json"), "work", declared(off))  # fmt: skip
     assert "padding_free" not in args["llmft"]
 
 
@@ -356,9 +368,9 @@ def test_cached_reference_logps_plan_no_reference_model_and_auto_caches_on_gpus(
     assert lora[0] == "cached" and "frozen weights" not in lora[1]
     qlora = gpu_cfg(reference_logps="auto", sft={"finetuning_type": "lora", "quantization_bit": 4})
     assert preference.reference_logps(preference.view(qlora))[0] == "resident"
-    cpu_cfg = validate({"preference": {}})
-    assert preference.reference_logps(cpu_cfg)[0] == "resident"
-    assert "CPU processes" in preference.reference_logps(cpu_cfg)[1]
+    cpu = cpu_cfg()
+    assert preference.reference_logps(cpu)[0] == "resident"
+    assert "CPU processes" in preference.reference_logps(cpu)[1]
     ignored = plan(gpu_cfg(loss="orpo", reference_logps="cached"), one_b)
     assert ignored.reference == "none"
     assert "reference_logps cached ignored: preference.loss orpo has no reference model" in ignored.reasons
@@ -366,7 +378,7 @@ def test_cached_reference_logps_plan_no_reference_model_and_auto_caches_on_gpus(
     view = preference.view(gpu_cfg(reference_logps="cached", reference="base", start_from="sft"))
     data = _tokenized_pairs(tmp_path / "d", lengths=False)
     args = pref_render(view, one_b, data, str(tmp_path / "y.yaml"), str(tmp_path / "ds.json"), "work",
-                       Platform.declared(view), ref_model="base")  # fmt: skip
-    assert args["llmft"]["reference_logps"] == f"results/{view['run']}/preference/reference/reference.json"
+                       declared(view), ref_model="base")  # fmt: skip
+    assert args["llmft"]["reference_logps"] == f"results/{view.run}/preference/reference/reference.json"
     assert args["llmft"]["plan"]["reference"] == "cached" and "ref_model" not in args
     assert "reference_logps" not in _rendered(tmp_path)["llmft"]  # the demo: auto, resident on CPU

@@ -60,11 +60,11 @@ def test_throughput_is_per_interval_and_per_gpu_without_eval_time():
 
 def test_mfu_is_the_gpu_peak_against_flops_per_token():
     h200 = validate({"hardware": {"gpus_per_node": 1, "gpu_model": "h200"}})
-    peak, note = peak_flops(Platform.declared(h200))
+    peak, note = peak_flops(Platform.declared(Config.from_dict(h200)))
     assert peak == 989.0 and "H200" in note
     # 1.24 B at 5 131 tokens/s/GPU and 6 x 1.24e9 FLOPs per token: 3.86 %
     assert flops.mfu(5131, 6 * 1.24e9, peak) == pytest.approx(0.0386, abs=5e-4)
-    assert peak_flops(Platform.declared(validate({})))[0] is None  # CPU: n/a
+    assert peak_flops(Platform.declared(Config.from_dict(validate({}))))[0] is None  # CPU: n/a
     assert peak_flops(None)[0] is None  # a run rendered before the platform was recorded
 
 
@@ -226,7 +226,14 @@ def write_lineage(run, run_name: str = "r"):
     """The run's lineage.json as the lineage rule writes it, from the run's verify.json (its stack)."""
     from llmft.core.lineage_record import make
 
-    make(validate({"run": run_name}), "m", run / "data", run / "env/verify.json", {}, run / "lineage.json")
+    make(
+        Config.from_dict(validate({"run": run_name})),
+        "m",
+        run / "data",
+        run / "env/verify.json",
+        {},
+        run / "lineage.json",
+    )
 
 
 def test_a_resumed_run_shows_the_runtime_of_every_attempt_and_says_it_resumed(tmp_path):

@@ -7,6 +7,7 @@ import pytest
 import yaml
 from llmft.core.config import ConfigError, validate
 from llmft.core.platform import Platform
+from llmft.core.settings import Config
 from llmft.core.shape import ModelShape
 from llmft.env.rules import judge_bitsandbytes
 from llmft.sft.plan import resolve, trainable_params
@@ -58,7 +59,7 @@ def test_more_trainable_layers_than_the_model_has_is_refused_at_parse_time():
     with pytest.raises(
         ConfigError, match="sft.freeze_trainable_layers: -3 but the model has 2 decoder layers"
     ):
-        precheck(cfg)
+        precheck(Config.from_dict(cfg))
 
 
 def test_the_cli_prints_the_message_alone(tmp_path):
@@ -84,7 +85,13 @@ def tiny(tmp_path):
 def rendered(tmp_path, model, **keys) -> dict:
     cfg = validate(sft(**keys), base_dir=REPO)
     return render(
-        cfg, model, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", Platform.declared(cfg)
+        Config.from_dict(cfg),
+        model,
+        "d",
+        str(tmp_path / "a.yaml"),
+        str(tmp_path / "a.json"),
+        "w",
+        Platform.declared(Config.from_dict(cfg)),
     )
 
 
@@ -136,12 +143,13 @@ def test_quantized_plans_never_pick_a_stage_bitsandbytes_cannot_train(tiny):
     for bits in (4, 8):
         cfg = sft(finetuning_type="lora", quantization_bit=bits, zero_stage="auto", precision="bf16")
         cfg["hardware"].update(gpu)
-        plan = resolve(validate(cfg, base_dir=REPO), tiny, Platform.declared(validate(cfg, base_dir=REPO)))
+        valid = validate(cfg, base_dir=REPO)
+        plan = resolve(Config.from_dict(valid), tiny, Platform.declared(Config.from_dict(valid)))
         # LoRA trains without DeepSpeed on GPUs (plan._zero2_first); 8 bit would never get ZeRO-3
         assert plan.zero_stage == 0
     # on CPU processes: no DeepSpeed at all (bitsandbytes' CPU backend cannot save ZeRO-3's weights)
     cfg = validate(sft(finetuning_type="lora", quantization_bit=4, zero_stage="auto"), base_dir=REPO)
-    assert resolve(cfg, tiny, Platform.declared(cfg)).zero_stage == 0
+    assert resolve(Config.from_dict(cfg), tiny, Platform.declared(Config.from_dict(cfg))).zero_stage == 0
 
 
 def facts(**kw) -> dict:

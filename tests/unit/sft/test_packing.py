@@ -11,6 +11,7 @@ from llmft.__main__ import main
 from llmft.core.assets import build_tiny_model, synthetic_rows
 from llmft.core.config import ConfigError, validate
 from llmft.core.platform import Platform
+from llmft.core.settings import Config, TinyModel
 from llmft.core.shape import model_shape
 from llmft.data.prepare import prepare
 from llmft.sft import packing
@@ -67,8 +68,10 @@ def test_packing_args_normalise_as_llamafactory_reads_them():
 )
 def test_a_run_that_packs_loads_the_packed_rows(tmp_path, model, sft, path, mode):
     cfg = cfg_with(**sft)
-    here = Platform.declared(cfg)
-    args = render(cfg, str(model), "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", here)
+    here = Platform.declared(Config.from_dict(cfg))
+    args = render(
+        Config.from_dict(cfg), str(model), "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", here
+    )
     planned = packs_from_pack_data(args, "d")
     if mode:  # the folder is named by the packing arguments
         path += packed_dir_name(planned)[len("packed-") :]
@@ -78,14 +81,14 @@ def test_a_run_that_packs_loads_the_packed_rows(tmp_path, model, sft, path, mode
         assert planned["neat_packing"] == (mode == "neat") and planned["cutoff_len"] == 64
     # builtin:tiny planned from model.tiny (before it is built) packs the same way
     tiny = render(
-        cfg,
+        Config.from_dict(cfg),
         "builtin:tiny",
         "d",
         str(tmp_path / "t.yaml"),
         str(tmp_path / "t.json"),
         "w",
         here,
-        tiny_shape(cfg["model"]["tiny"]),
+        tiny_shape(Config.from_dict(cfg).model.tiny),
     )
     assert packs_from_pack_data(tiny, "d") == planned
 
@@ -93,7 +96,7 @@ def test_a_run_that_packs_loads_the_packed_rows(tmp_path, model, sft, path, mode
 def test_tiny_shape_is_the_built_models(tmp_path):
     tiny = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "vocab_size": 512}
     build_tiny_model(tmp_path / "m", **tiny)
-    built, planned = model_shape(tmp_path / "m"), tiny_shape(tiny)
+    built, planned = model_shape(tmp_path / "m"), tiny_shape(TinyModel(**tiny))
     for field in ("model_type", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "tied"):
         assert getattr(built, field) == getattr(planned, field)
     assert abs(built.params - planned.params) / built.params < 0.1  # the tokenizer adds a few tokens
@@ -108,9 +111,9 @@ def test_pack_is_atomic_stamped_and_refuses_stale_rows(tmp_path, monkeypatch, mo
     data.mkdir()
     for name in ("train.jsonl", "heldout.jsonl", "tokenized"):
         (data / name).symlink_to(prepared / name)
-    here = Platform.declared(cfg)
+    here = Platform.declared(Config.from_dict(cfg))
     yaml_a = str(tmp_path / "a.yaml")
-    args = render(cfg, str(model), str(data), yaml_a, str(tmp_path / "a.json"), "w", here)
+    args = render(Config.from_dict(cfg), str(model), str(data), yaml_a, str(tmp_path / "a.json"), "w", here)
     check_packed_yaml(yaml_a)  # sft's check before training
     assert "is not packed yet" in caplog.text
     want, out = packing_args(args), Path(args["tokenized_path"])

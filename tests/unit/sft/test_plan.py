@@ -6,6 +6,7 @@ import json
 import pytest
 from llmft.core.config import ConfigError, validate
 from llmft.core.platform import Platform
+from llmft.core.settings import Config
 from llmft.core.shape import model_shape, shape_from_config
 from llmft.sft.plan import USABLE_FRACTION, _bucket_elems, describe, estimate, resolve
 
@@ -15,7 +16,7 @@ from tests.unit.sft.conftest import SHAPES
 
 def plan_of(cfg, model_dir):
     """The plan for what the config declares (its hardware.gpu_model), as `llmft plan` makes it."""
-    return resolve(cfg, model_dir, Platform.declared(cfg))
+    return resolve(Config.from_dict(cfg), model_dir, Platform.declared(Config.from_dict(cfg)))
 
 
 def gpu_cfg(gpus=2, gpu="h200", nodes=1, **sft):
@@ -231,8 +232,8 @@ def test_recompute_and_zero3_lower_the_prediction(model):
 
 def test_cpu_auto_keeps_the_demo_row_by_row(model):
     cfg = validate({"data": {"cutoff_len": 64}})
-    big_host = dataclasses.replace(Platform.declared(cfg), device_memory_gib=64.0)
-    plan = resolve(cfg, model("1b"), big_host)
+    big_host = dataclasses.replace(Platform.declared(Config.from_dict(cfg)), device_memory_gib=64.0)
+    plan = resolve(Config.from_dict(cfg), model("1b"), big_host)
     assert plan.packing == "off" and plan.attention == "auto" and not plan.liger
 
 
@@ -251,7 +252,7 @@ def test_auto_compiles_lora_layers_on_gpus_only(model):
     assert not plan_of(gpu_cfg(gpus=1, finetuning_type="lora", quantization_bit=4), model("1b")).compile
     assert not plan_of(gpu_cfg(gpus=1, finetuning_type="lora", zero_stage=3), model("1b")).compile
     cpu = validate({"sft": {"finetuning_type": "lora"}})
-    assert not resolve(cpu, model("1b"), Platform.declared(cpu)).compile
+    assert not resolve(Config.from_dict(cpu), model("1b"), Platform.declared(Config.from_dict(cpu))).compile
 
 
 def test_step_time_estimates_within_15_percent_of_measured_h200_steps():
@@ -267,7 +268,7 @@ def test_step_time_estimates_within_15_percent_of_measured_h200_steps():
         result = json.loads((REPO / f"bench/results/steptime_check_h200x1_20261201_{size}.json").read_text())
         shape = shape_from_config({"model_type": "llama", **llama_config(size)})
         node = {**result["node"], "build": "cuda", "host": "h200"}
-        h200 = Platform.from_facts(validate({"hardware": {"gpus_per_node": 1}}), [node])
+        h200 = Platform.from_facts(Config.from_dict(validate({"hardware": {"gpus_per_node": 1}})), [node])
         runs = {}
         for name, r in result["runs"].items():
             s = r["settings"]

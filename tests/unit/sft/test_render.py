@@ -9,6 +9,7 @@ from llmft.core.draw import esc, svg_lines, table
 from llmft.core.launch import launch_env
 from llmft.core.lineage_record import run_head
 from llmft.core.platform import Platform
+from llmft.core.settings import Config
 from llmft.core.shape import model_shape
 from llmft.core.slurm import Allocation
 from llmft.evaluate.metrics import exact_match
@@ -27,12 +28,18 @@ def tiny(tmp_path):
 
 def plan_of(cfg, model_dir):
     """The plan for what the config declares (its hardware.gpu_model), as `llmft plan` makes it."""
-    return resolve(cfg, model_dir, Platform.declared(cfg))
+    return resolve(Config.from_dict(cfg), model_dir, Platform.declared(Config.from_dict(cfg)))
 
 
 def test_render_writes_yaml_and_zero3(tmp_path, tiny):
     args = render(
-        DEMO, tiny, "d", str(tmp_path / "lf.yaml"), str(tmp_path / "ds.json"), "w", Platform.declared(DEMO)
+        Config.from_dict(DEMO),
+        tiny,
+        "d",
+        str(tmp_path / "lf.yaml"),
+        str(tmp_path / "ds.json"),
+        "w",
+        Platform.declared(Config.from_dict(DEMO)),
     )
     on_disk = yaml.safe_load((tmp_path / "lf.yaml").read_text())
     assert on_disk == args
@@ -60,10 +67,22 @@ def test_render_writes_yaml_and_zero3(tmp_path, tiny):
 def test_extra_passes_through_and_changes_work_dir(tmp_path, tiny):
     cfg = validate({**DEMO, "sft": {**DEMO["sft"], "extra": {"packing": True}}}, base_dir=REPO)
     a = render(
-        DEMO, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", Platform.declared(DEMO)
+        Config.from_dict(DEMO),
+        tiny,
+        "d",
+        str(tmp_path / "a.yaml"),
+        str(tmp_path / "a.json"),
+        "w",
+        Platform.declared(Config.from_dict(DEMO)),
     )
     b = render(
-        cfg, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w", Platform.declared(cfg)
+        Config.from_dict(cfg),
+        tiny,
+        "d",
+        str(tmp_path / "b.yaml"),
+        str(tmp_path / "b.json"),
+        "w",
+        Platform.declared(Config.from_dict(cfg)),
     )
     assert b["packing"] is True and "packing" not in a
     assert a["output_dir"] != b["output_dir"]  # a new config never resumes an old checkpoint
@@ -72,7 +91,13 @@ def test_extra_passes_through_and_changes_work_dir(tmp_path, tiny):
 def test_zero0_has_no_deepspeed_and_no_unused_param_search(tmp_path, tiny):
     cfg = validate({**DEMO, "sft": {**DEMO["sft"], "zero_stage": 0}}, base_dir=REPO)
     args = render(
-        cfg, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", Platform.declared(cfg)
+        Config.from_dict(cfg),
+        tiny,
+        "d",
+        str(tmp_path / "a.yaml"),
+        str(tmp_path / "a.json"),
+        "w",
+        Platform.declared(Config.from_dict(cfg)),
     )
     assert "deepspeed" not in args and args["ddp_find_unused_parameters"] is False
 
@@ -80,7 +105,13 @@ def test_zero0_has_no_deepspeed_and_no_unused_param_search(tmp_path, tiny):
 def test_gpu_auto_render_uses_the_plan(tmp_path, tiny):
     cfg = validate({"hardware": {"vendor": "cuda", "gpus_per_node": 8, "gpu_model": "h100"}})
     args = render(
-        cfg, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", Platform.declared(cfg)
+        Config.from_dict(cfg),
+        tiny,
+        "d",
+        str(tmp_path / "a.yaml"),
+        str(tmp_path / "a.json"),
+        "w",
+        Platform.declared(Config.from_dict(cfg)),
     )
     assert args["neat_packing"] is True and args["flash_attn"] == "sdpa"  # sdpa loads, varlen runs
     assert args["llmft"]["attention"] == "varlen"
@@ -93,14 +124,26 @@ def test_gpu_auto_render_uses_the_plan(tmp_path, tiny):
     assert json.loads((tmp_path / "a.json").read_text())["zero_optimization"]["stage"] == 2
     ddp = validate({**cfg, "sft": {"zero_stage": 0}})
     args = render(
-        ddp, tiny, "d", str(tmp_path / "c.yaml"), str(tmp_path / "c.json"), "w", Platform.declared(ddp)
+        Config.from_dict(ddp),
+        tiny,
+        "d",
+        str(tmp_path / "c.yaml"),
+        str(tmp_path / "c.json"),
+        "w",
+        Platform.declared(Config.from_dict(ddp)),
     )
     assert "deepspeed" not in args and args["ddp_find_unused_parameters"] is False
     zero3 = validate({**cfg, "sft": {"zero_stage": 3}})
     render(
-        zero3, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w", Platform.declared(zero3)
+        Config.from_dict(zero3),
+        tiny,
+        "d",
+        str(tmp_path / "b.yaml"),
+        str(tmp_path / "b.json"),
+        "w",
+        Platform.declared(Config.from_dict(zero3)),
     )
-    ds = deepspeed_config(plan_of(zero3, tiny), Platform.declared(zero3))
+    ds = deepspeed_config(plan_of(zero3, tiny), Platform.declared(Config.from_dict(zero3)))
     assert ds["zero_optimization"]["overlap_comm"] is True
     assert ds["zero_optimization"]["sub_group_size"] == ZERO3_SUB_GROUP  # what the planner assumes
     assert ds["zero_optimization"]["stage3_prefetch_bucket_size"] >= 5e7  # not HF's h^2
@@ -110,14 +153,26 @@ def test_torch_compile_renders_compiled_layers_and_liger_loss_alone(tmp_path, ti
     hw = {"vendor": "cuda", "gpus_per_node": 8, "gpu_model": "h100"}
     cfg = validate({"hardware": hw, "sft": {"torch_compile": True, "liger_kernel": True}})
     args = render(
-        cfg, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", Platform.declared(cfg)
+        Config.from_dict(cfg),
+        tiny,
+        "d",
+        str(tmp_path / "a.yaml"),
+        str(tmp_path / "a.json"),
+        "w",
+        Platform.declared(Config.from_dict(cfg)),
     )
     # LLaMA-Factory's switch would patch every Liger kernel; the launcher applies the fused loss alone
     assert "enable_liger_kernel" not in args
     assert args["llmft"]["compile_layers"] is True and args["llmft"]["liger_loss_only"] is True
     eager = validate({"hardware": hw, "sft": {"liger_kernel": True}})
     args = render(
-        eager, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w", Platform.declared(eager)
+        Config.from_dict(eager),
+        tiny,
+        "d",
+        str(tmp_path / "b.yaml"),
+        str(tmp_path / "b.json"),
+        "w",
+        Platform.declared(Config.from_dict(eager)),
     )
     assert args["enable_liger_kernel"] is True and not args["llmft"]["compile_layers"]
 
@@ -127,7 +182,13 @@ def test_static_shapes_and_compile_tuning_reach_the_training_entry(tmp_path, tin
     sft = {"torch_compile": True, "static_shapes": True, "compile_tuning": True, "fp8": False}
     cfg = validate({"hardware": hw, "sft": sft, "data": {"cutoff_len": 512}})
     args = render(
-        cfg, tiny, "d", str(tmp_path / "a.yaml"), str(tmp_path / "a.json"), "w", Platform.declared(cfg)
+        Config.from_dict(cfg),
+        tiny,
+        "d",
+        str(tmp_path / "a.yaml"),
+        str(tmp_path / "a.json"),
+        "w",
+        Platform.declared(Config.from_dict(cfg)),
     )
     plan = args["llmft"]["plan"]
     assert args["llmft"]["static_tokens"] == plan["micro_batch"] * 512 == plan["static_tokens"]
@@ -136,7 +197,13 @@ def test_static_shapes_and_compile_tuning_reach_the_training_entry(tmp_path, tin
     # neither by default on a bf16 plan (its layers do not compile)
     plain = validate({"hardware": hw})
     args = render(
-        plain, tiny, "d", str(tmp_path / "b.yaml"), str(tmp_path / "b.json"), "w", Platform.declared(plain)
+        Config.from_dict(plain),
+        tiny,
+        "d",
+        str(tmp_path / "b.yaml"),
+        str(tmp_path / "b.json"),
+        "w",
+        Platform.declared(Config.from_dict(plain)),
     )
     assert "static_tokens" not in args["llmft"] and "compile_tuning" not in args["llmft"]
     # the collator pads a flattened micro-batch to exactly that many tokens, counting real ones only
@@ -185,7 +252,11 @@ def test_launch_env_rocm_preset():
     cfg = validate(
         {"hardware": {"vendor": "rocm", "gpus_per_node": 8, "nodes": 2, "socket_ifname": "ens50f0"}}
     )
-    env = launch_env(Platform.declared(cfg), Allocation("9", ["a", "b"], 1, "10.0.0.1", 30000), base_env={})
+    env = launch_env(
+        Platform.declared(Config.from_dict(cfg)),
+        Allocation("9", ["a", "b"], 1, "10.0.0.1", 30000),
+        base_env={},
+    )
     assert env["PYTORCH_ROCM_ARCH"] == "gfx942"
     assert env["NCCL_SOCKET_IFNAME"] == "ens50f0"
     assert (env["NNODES"], env["NODE_RANK"], env["NPROC_PER_NODE"]) == ("2", "1", "8")
@@ -211,8 +282,8 @@ def test_every_zero_stage_config_leaves_nothing_for_deepspeed_to_guess(tiny, tmp
     cpu = validate({**DEMO, "sft": {**DEMO["sft"], "zero_stage": stage}}, base_dir=REPO)
     gpu = validate({"hardware": {"vendor": "cuda", "gpus_per_node": 2}, "sft": {"zero_stage": stage}})
     for cfg in (cpu, gpu):
-        platform = Platform.declared(cfg)
-        ds = deepspeed_config(resolve(cfg, tiny, platform), platform)
+        platform = Platform.declared(Config.from_dict(cfg))
+        ds = deepspeed_config(resolve(Config.from_dict(cfg), tiny, platform), platform)
         hf = HfTrainerDeepSpeedConfig(ds)
         args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
         hf.trainer_config_process(args)
@@ -252,10 +323,21 @@ def test_lineage_names_the_base_model_folder_the_stage_was_given(tmp_path, tiny)
     """render-sft's config slice holds no model.name_or_path: the lineage's base model is the folder
     the rule passed, and a run's own built builtin:tiny folder is named builtin:tiny."""
     args = render(
-        DEMO, tiny, "d", str(tmp_path / "lf.yaml"), str(tmp_path / "ds.json"), "w", Platform.declared(DEMO)
+        Config.from_dict(DEMO),
+        tiny,
+        "d",
+        str(tmp_path / "lf.yaml"),
+        str(tmp_path / "ds.json"),
+        "w",
+        Platform.declared(Config.from_dict(DEMO)),
     )
     assert "lineage" not in args["llmft"] and "cost" not in args["llmft"]  # lineage.json holds them
-    assert run_head(DEMO, tiny) == {"parent": None, "started_from": tiny, "base_model": tiny, "chain": []}
+    assert run_head(Config.from_dict(DEMO), tiny) == {
+        "parent": None,
+        "started_from": tiny,
+        "base_model": tiny,
+        "chain": [],
+    }
     assert f"# starts from the base model {tiny}\n" in (tmp_path / "lf.yaml").read_text()
-    built = run_head(DEMO, f"results/{DEMO['run']}/base_model")
+    built = run_head(Config.from_dict(DEMO), f"results/{DEMO['run']}/base_model")
     assert built["base_model"] == built["started_from"] == "builtin:tiny"

@@ -8,7 +8,7 @@ import argparse
 import json
 
 from llmft.core.config import ConfigError, load_file, validate
-from llmft.core.settings import Config
+from llmft.core.settings import Config, Model
 
 CONFIG_HELP = "the config file: YAML, or the JSON render-sft writes"
 YAML_HELP = "the llamafactory.yaml render-sft wrote"
@@ -96,11 +96,12 @@ def read_sources(items: list[dict], key: str, builtin: dict) -> list[dict]:
     return sources
 
 
-def template_for(cfg: dict, tokenizer: str) -> str:
-    """The fit check of the DAG, here too: the builtin model's folder did not exist then."""
+def template_for(model: Model, tokenizer: str) -> str:
+    """The model section's template for the model in `tokenizer`, with the fit check of the DAG here
+    too: the builtin model's folder did not exist then."""
     from llmft.core.lf.chat_templates import check as check_template
-    from llmft.core.lf.chat_templates import for_config as template_for_config
+    from llmft.core.lf.chat_templates import for_model as template_for_model
 
-    template, _ = template_for_config(cfg, tokenizer)
+    template, _ = template_for_model(model, tokenizer)
     check_template(template, tokenizer)
     return template

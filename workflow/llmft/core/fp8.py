@@ -21,7 +21,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmft.core.config import ConfigError, fp8_blocker
+from llmft.core.config import ConfigError
+from llmft.core.settings import Sft
 
 if TYPE_CHECKING:
     from llmft.core.settings import Sft
@@ -112,14 +113,14 @@ def arch_has_fp8(vendor: str, arch: str) -> tuple[bool, str]:
     return False, f"sm_{sm} has no FP8 tensor cores (sm_89 and newer do)"
 
 
-def decide(sft: dict, platform, hidden: int | None = None) -> tuple[bool, str]:
+def decide(sft: Sft, platform, hidden: int | None = None) -> tuple[bool, str]:
     """(FP8 on, why) for sft.fp8 on this platform and a model of this hidden size (pipeline_ratio);
     ConfigError for `true` where it cannot run."""
-    setting = sft["fp8"]
+    setting = sft.fp8
     if setting is False:
         return False, OFF_REASON
     capable, why = arch_has_fp8(platform.vendor, platform.arch)
-    blocker = fp8_blocker(sft) or (None if capable else why)
+    blocker = sft.fp8_blocker or (None if capable else why)
     if setting is True:
         if blocker:
             raise ConfigError(
@@ -128,9 +129,9 @@ def decide(sft: dict, platform, hidden: int | None = None) -> tuple[bool, str]:
         return True, f"{SETTING_KEY}: true on {why}; {RECIPE_WHY}"
     if blocker:
         return False, f"{SETTING_KEY}: auto -> off: {blocker}"
-    ratio, measured_at = pipeline_ratio(sft["finetuning_type"], hidden)
-    kind = "LoRA" if _frozen(sft["finetuning_type"]) else sft["finetuning_type"]
-    if not _frozen(sft["finetuning_type"]) and hidden is not None and hidden < measured_at:
+    ratio, measured_at = pipeline_ratio(sft.finetuning_type, hidden)
+    kind = "LoRA" if _frozen(sft.finetuning_type) else sft.finetuning_type
+    if not _frozen(sft.finetuning_type) and hidden is not None and hidden < measured_at:
         return False, (
             f"{SETTING_KEY}: auto -> off: {why} has FP8, but {kind} fine-tuning was measured faster in "
             f"FP8 at hidden {measured_at} and up only (this model: {hidden}; float8 saves less on smaller "

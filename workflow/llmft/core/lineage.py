@@ -19,6 +19,7 @@ import yaml
 from llmft.core.assets import build_tokenizer
 from llmft.core.config import BUILTIN_MODEL, ConfigError, is_run_name
 from llmft.core.io import read_json, read_optional
+from llmft.core.settings import Config, Model, replace
 
 KEY = "config key model.continue_from"
 # prepare_data's record of every train row of the split (before a continued run's selection): sorted
@@ -29,12 +30,11 @@ TRAIN_KEYS_FILE = "train_keys.u64"
 LINEAGE_FILE = "lineage.json"
 
 
-def parent_of(cfg: dict, base_dir: str | Path = ".") -> Path | None:
+def parent_of(cfg: Config, base_dir: str | Path = ".") -> Path | None:
     """The parent run folder of a config (model.continue_from resolved), or None."""
-    value = cfg["model"].get("continue_from")
-    if not value:
+    if not cfg.model.continues:
         return None
-    path = Path(value)
+    path = Path(cfg.model.continue_from)
     return path if path.is_absolute() else Path(base_dir) / path
 
 
@@ -45,44 +45,46 @@ def _display(path: Path, base_dir: Path) -> str:
         return str(path)
 
 
-def resolve(cfg: dict, base_dir: str | Path = ".") -> dict | None:
-    """Check model.continue_from and set it to the run folder it names (a link followed); return
-    that parent's lineage head (lineage_head), or None when the config does not continue."""
+def resolve(cfg: Config, base_dir: str | Path = ".") -> tuple[Config, dict | None]:
+    """Check model.continue_from; return the config with it set to the run folder it names (a link
+    followed), and that parent's lineage head (lineage_head), or None when the config does not
+    continue (the config then as it was)."""
     base_dir = Path(base_dir).resolve()
-    given = cfg["model"].get("continue_from")
-    if not given:
-        return None
+    given = cfg.model.continue_from
+    if not cfg.model.continues:
+        return cfg, None
     path = Path(given) if Path(given).is_absolute() else base_dir / given
     if not path.exists():
         raise ConfigError(f"{KEY}: {given} does not exist (no run folder there); run it first, or set null")
     real = path.resolve()
     if not real.is_dir() or not is_run_name(real.name):
         raise ConfigError(f"{KEY}: {given} is not a run folder results/<run>")
-    clash = sorted({"adapter_name_or_path", "create_new_adapter"} & set(cfg["sft"]["extra"]))
+    clash = sorted({"adapter_name_or_path", "create_new_adapter"} & set(cfg.sft.extra))
     if clash:
         raise ConfigError(
             f"config key sft.extra.{clash[0]}: set by model.continue_from (the parent's adapter, trained "
             "on); remove it"
         )
-    if real.name == cfg["run"]:
+    if real.name == cfg.run:
         real = _recorded_parent(cfg, base_dir, given)
-    cfg["model"]["continue_from"] = _display(real, base_dir)
-    _check_finished(real, cfg["sft"]["finetuning_type"])
+    shown = _display(real, base_dir)
+    cfg = replace(cfg, "model.continue_from", shown)
+    _check_finished(real, cfg.sft.finetuning_type)
     # paths as the jobs see them: relative to the working directory
-    head = lineage_head(Path(cfg["model"]["continue_from"]), cwd=base_dir)
+    head = lineage_head(Path(shown), cwd=base_dir)
     _check_compatible(cfg, real, head, base_dir)
-    return head
+    return cfg, head
 
 
-def _recorded_parent(cfg: dict, base_dir: Path, given: str) -> Path:
+def _recorded_parent(cfg: Config, base_dir: Path, given: str) -> Path:
     """A link to this run itself (results/current after the run was promoted): the parent this run
     recorded when it trained, else a refusal."""
-    recorded = read_optional(base_dir / "results" / cfg["run"] / "sft" / "config.json", {}) or {}
+    recorded = read_optional(base_dir / "results" / cfg.run / "sft" / "config.json", {}) or {}
     parent = (recorded.get("model") or {}).get("continue_from")
-    if parent and Path(parent).name != cfg["run"] and (base_dir / parent).is_dir():
+    if parent and Path(parent).name != cfg.run and (base_dir / parent).is_dir():
         return (base_dir / parent).resolve()
     raise ConfigError(
-        f"{KEY}: {given} is run {cfg['run']!r} itself (config key run); a run continues from an "
+        f"{KEY}: {given} is run {cfg.run!r} itself (config key run); a run continues from an "
         "earlier run: name another one"
     )
 
@@ -183,24 +185,24 @@ def parent_args(parent: Path) -> dict:
     return args
 
 
-def _check_compatible(cfg: dict, parent: Path, head: dict, base_dir: Path) -> None:
+def _check_compatible(cfg: Config, parent: Path, head: dict, base_dir: Path) -> None:
     """Same base model, finetuning type, template, tokenizer and held-out split as the parent."""
     name, args = parent.name, parent_args(parent)
     pairs = [
-        ("model.name_or_path", cfg["model"]["name_or_path"], head["base_model"], "descends from"),
+        ("model.name_or_path", cfg.model.name_or_path, head["base_model"], "descends from"),
         (
             "sft.finetuning_type",
-            cfg["sft"]["finetuning_type"],
+            cfg.sft.finetuning_type,
             args.get("finetuning_type", "full"),
             "trained",
         ),
-        ("model.template", cfg["model"]["template"], args.get("template"), "used template"),
+        ("model.template", cfg.model.template, args.get("template"), "used template"),
     ]
     stats = read_optional(parent / "data" / "stats.json", {}) or {}
-    data = cfg["data"]
+    data = cfg.data
     pairs += [
-        ("data.heldout_fraction", data["heldout_fraction"], stats.get("heldout_fraction"), "split with"),
-        ("data.split_salt", data["split_salt"], stats.get("split_salt"), "split with"),
+        ("data.heldout_fraction", data.heldout_fraction, stats.get("heldout_fraction"), "split with"),
+        ("data.split_salt", data.split_salt, stats.get("split_salt"), "split with"),
     ]
     for key, ours, theirs, verb in pairs:
         if ours != theirs:
@@ -209,7 +211,7 @@ def _check_compatible(cfg: dict, parent: Path, head: dict, base_dir: Path) -> No
                 f"config key {key}: {ours!r}, but model.continue_from run {name!r} {verb} {theirs!r}{why}; "
                 "make them the same or train from name_or_path (model.continue_from: null)"
             )
-    ours_tok = tokenizer_fingerprint(cfg["model"], base_dir)
+    ours_tok = tokenizer_fingerprint(cfg.model, base_dir)
     theirs_tok = folder_tokenizer(parent / "sft" / "model")
     if ours_tok != theirs_tok:
         raise ConfigError(
@@ -240,11 +242,11 @@ def _builtin_tokenizer(vocab_size: int) -> str:
         return folder_tokenizer(Path(tmp))
 
 
-def tokenizer_fingerprint(model: dict, base_dir: Path) -> str:
+def tokenizer_fingerprint(model: Model, base_dir: Path) -> str:
     """This config's tokenizer identity (builtin:tiny's is built, as its rule builds it)."""
-    name = model["name_or_path"]
+    name = model.name_or_path
     if name == BUILTIN_MODEL:
-        return _builtin_tokenizer(model["tiny"]["vocab_size"])
+        return _builtin_tokenizer(model.tiny.vocab_size)
     return folder_tokenizer(Path(name) if Path(name).is_absolute() else base_dir / name)
 
 
@@ -301,32 +303,32 @@ def base_model_name(folder: str, run: str) -> str:
     return BUILTIN_MODEL if Path(folder) == Path("results") / run / "base_model" else folder
 
 
-def continue_learning_rate(cfg: dict) -> float:
+def continue_learning_rate(cfg: Config) -> float:
     """The peak learning rate of a continued run's fresh schedule."""
-    night = cfg["nightly"]
-    if night["continue_learning_rate"] is not None:
-        return night["continue_learning_rate"]
-    return night["continue_learning_rate_factor"] * cfg["sft"]["learning_rate"]
+    night = cfg.nightly
+    if night.continue_learning_rate is not None:
+        return night.continue_learning_rate
+    return night.continue_learning_rate_factor * cfg.sft.learning_rate
 
 
-def continue_epochs(cfg: dict) -> float:
+def continue_epochs(cfg: Config) -> float:
     """The epochs of a continued run's fresh schedule (nightly.continue_epochs, else sft's)."""
-    epochs = cfg["nightly"]["continue_epochs"]
-    return cfg["sft"]["num_train_epochs"] if epochs is None else epochs
+    epochs = cfg.nightly.continue_epochs
+    return cfg.sft.num_train_epochs if epochs is None else epochs
 
 
-def run_epochs(cfg: dict) -> float:
+def run_epochs(cfg: Config) -> float:
     """The epochs this run trains: continue_epochs in a continued run, else sft.num_train_epochs."""
-    return continue_epochs(cfg) if parent_of(cfg) is not None else cfg["sft"]["num_train_epochs"]
+    return continue_epochs(cfg) if cfg.model.continues else cfg.sft.num_train_epochs
 
 
-def start_args(cfg: dict, base_model: str) -> dict:
+def start_args(cfg: Config, base_model: str) -> dict:
     """LLaMA-Factory's model arguments of a continued run: full/freeze load the parent's published
     model; LoRA loads the base and the parent's adapter, and trains that adapter on (not a new one)."""
     parent = parent_of(cfg)
     if parent is None:
         return {"model_name_or_path": base_model}
-    if cfg["sft"]["finetuning_type"] == "lora":
+    if cfg.sft.finetuning_type == "lora":
         return {
             "model_name_or_path": base_model,
             "adapter_name_or_path": str(parent / "sft" / "adapter"),
@@ -355,7 +357,7 @@ def fed_tokens(rows: int, tokens: int, steps: dict) -> int:
     return round(steps["epochs"] * fed * per_row)
 
 
-def training_steps(cfg: dict, plan, world: int) -> dict:
+def training_steps(cfg: Config, plan, world: int) -> dict:
     """What fed_tokens needs of a rendered plan: processes, micro-batch, accumulation, epochs (this
     run's, and a retrain's: sft.num_train_epochs)."""
     return {
@@ -363,8 +365,8 @@ def training_steps(cfg: dict, plan, world: int) -> dict:
         "micro_batch": plan.micro_batch,
         "accumulation": plan.gradient_accumulation,
         "epochs": run_epochs(cfg),
-        "retrain_epochs": cfg["sft"]["num_train_epochs"],
-        "max_steps": cfg["sft"]["max_steps"],
+        "retrain_epochs": cfg.sft.num_train_epochs,
+        "max_steps": cfg.sft.max_steps,
         "packed": plan.packing != "off",
     }
 

@@ -17,19 +17,20 @@ from pathlib import Path
 from llmft.core import lineage, stack
 from llmft.core.config import ConfigError
 from llmft.core.io import read_json, read_optional, write_json
+from llmft.core.settings import Config
 
 # summary.json's `lineage`: the record's head, its four row counts, the tokens and the stack
 SUMMARY_DATA_KEYS = ("new", "replayed", "removed", "train_rows")
 MAKE_IT = "rerun the lineage rule (python -m llmft lineage)"
 
 
-def run_head(cfg: dict, base_model: str) -> dict:
+def run_head(cfg: Config, base_model: str) -> dict:
     """lineage.lineage_head of a run with this config: from its base model (the folder the stage was
     given, as model.name_or_path names it: a stage's config slice does not carry that key), or
     model.continue_from's run."""
-    if lineage.parent_of(cfg) is None:
-        return lineage.lineage_head(None, lineage.base_model_name(base_model, cfg["run"]))
-    return lineage.lineage_head(Path(cfg["model"]["continue_from"]))
+    if not cfg.model.continues:
+        return lineage.lineage_head(None, lineage.base_model_name(base_model, cfg.run))
+    return lineage.lineage_head(Path(cfg.model.continue_from))
 
 
 def data_rows(stats: dict) -> dict:
@@ -43,19 +44,18 @@ def data_rows(stats: dict) -> dict:
     return {k: delta.get(k) for k in keys}
 
 
-def build(cfg: dict, base_model: str, stats: dict, steps: dict, stack_hash: str | None) -> dict:
-    """The record of run cfg["run"]: its head (run_head), prepare_data's rows (`stats`: its
+def build(cfg: Config, base_model: str, stats: dict, steps: dict, stack_hash: str | None) -> dict:
+    """The record of run cfg.run: its head (run_head), prepare_data's rows (`stats`: its
     stats.json), the tokens the trainer feeds under `steps` (lineage.training_steps of the plan
     render-sft makes) and a full retrain's (lineage.run_cost; one pass of each without prepare_data's
     counts), and the software stack's hash (llmft.core.stack)."""
     delta = stats.get("continue") or {}
     tokens = lineage.run_cost(delta, steps) or delta.get("tokens") or {"trained": None, "full_retrain": None}
-    continued = lineage.parent_of(cfg) is not None
     return {
-        "run": cfg["run"],
+        "run": cfg.run,
         **run_head(cfg, base_model),
         "data": data_rows(stats),
-        "replay": {"fraction": cfg["nightly"]["replay_fraction"] if continued else None},
+        "replay": {"fraction": cfg.nightly.replay_fraction if cfg.model.continues else None},
         "tokens": dict(tokens),
         "stack": stack_hash,
         # what it was made from, so a reader can tell a stale record (check)
@@ -64,9 +64,9 @@ def build(cfg: dict, base_model: str, stats: dict, steps: dict, stack_hash: str 
 
 
 def make(
-    cfg: dict, base_model: str, data_dir: str | Path, verify: str | Path, steps: dict, out: str | Path
+    cfg: Config, base_model: str, data_dir: str | Path, verify: str | Path, steps: dict, out: str | Path
 ) -> dict:
-    """Write run cfg["run"]'s lineage.json (`out`) from its base model folder, prepare_data's
+    """Write run cfg.run's lineage.json (`out`) from its base model folder, prepare_data's
     stats.json in `data_dir`, verify_env's report `verify` (the stack) and the plan's `steps`."""
     stats = read_optional(Path(data_dir) / "stats.json", {}) or {}
     found = stack.of_report(read_optional(Path(verify), {}) or {})
@@ -100,15 +100,15 @@ def check(path: str | Path, record: dict, **expected) -> None:
             )
 
 
-def read_for(path: str | Path, cfg: dict, stats: dict, **expected) -> dict:
-    """read, then check against the run cfg["run"], its parent (model.continue_from) and its
+def read_for(path: str | Path, cfg: Config, stats: dict, **expected) -> dict:
+    """read, then check against the run cfg.run, its parent (model.continue_from) and its
     prepare_data's stats.json, and `expected`."""
     record = read(path)
     parent = lineage.parent_of(cfg)
     check(
         path,
         record,
-        run=cfg["run"],
+        run=cfg.run,
         parent=parent.name if parent else None,
         data_fingerprint=stats.get("fingerprint"),
         **expected,

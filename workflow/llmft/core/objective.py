@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmft.core.platform import Platform
+from llmft.core.settings import Config
 
 # A padding-free forward (llmft.preference.padfree) runs the output layer this many tokens at a time:
 # at a 128 k vocabulary a chunk's bf16 logits, their fp32 upcast and its gradient are ~1.3 GiB (against
@@ -70,7 +71,7 @@ class StageTraining:
     holds the stage's training settings), its objective on a platform, and the check of its data
     against the planned objective (None: nothing to check)."""
 
-    cfg: dict
+    cfg: Config
     objective_for: Callable[[Platform], Objective]
     check_data: Callable[[Objective, str], None] | None = None
 

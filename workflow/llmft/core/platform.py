@@ -31,12 +31,6 @@ from llmft.core.settings import Config, Hardware, Sft
 KERNELS = ("varlen", "fa2", "sdpa")
 
 
-def hardware_of(cfg: Config | dict) -> Hardware:
-    """The config's hardware section, typed. Callers that hold the validated dict (the sft and
-    preference stages, and a stage's view of it) get it typed here."""
-    return (cfg if isinstance(cfg, Config) else Config.from_dict(cfg)).hardware
-
-
 def host_memory_gib() -> float:
     """This host's MemTotal in GiB (0 when /proc/meminfo cannot be read)."""
     try:
@@ -130,11 +124,11 @@ class Platform:
         return cls(**data)
 
     @classmethod
-    def from_facts(cls, cfg: Config | dict, nodes: list[dict], where: str = "verify_env") -> Platform:
+    def from_facts(cls, cfg: Config, nodes: list[dict], where: str = "verify_env") -> Platform:
         """The platform the nodes reported (verify.json's `nodes`); refuses facts contradicting the config."""
         if not nodes:
             raise ConfigError(f"{where} recorded no node facts: rerun verify_env")
-        hw = hardware_of(cfg)
+        hw = cfg.hardware
         lay = hw.layout
         hosts = tuple(str(f.get("host", "?")) for f in nodes)
         builds = {f.get("build") for f in nodes}
@@ -190,12 +184,12 @@ class Platform:
         return dataclasses.replace(plat, fp8_canary=fp8_ok)
 
     @classmethod
-    def declared(cls, cfg: Config | dict, vendor: str = "") -> Platform:
+    def declared(cls, cfg: Config, vendor: str = "") -> Platform:
         """What the config says, with generous assumptions for what it leaves open (see the module doc).
 
         `vendor` overrides `hardware.vendor: auto` where the caller knows it (verify_env on its node).
         """
-        hw = hardware_of(cfg)
+        hw = cfg.hardware
         vendor = vendor or ("cpu" if hw.on_cpu else hw.vendor)
         if vendor == "cpu":
             host = host_memory_gib()
@@ -284,7 +278,7 @@ def _collective_env(hw: Hardware, vendor: str, arch: str) -> dict:
     return dict(hardware.collective_preset(vendor, hw.socket_ifname, hw.ib_hca, rocm_arch).env)
 
 
-def read_platform(cfg: Config | dict, verify_path: str | Path) -> Platform:
+def read_platform(cfg: Config, verify_path: str | Path) -> Platform:
     """The platform verify_env measured, from its report (or from one node's facts, as
     `python -m llmft.env.nodefacts --out` writes them, for every node of the config's layout)."""
     from llmft.core.io import read_json
@@ -292,7 +286,7 @@ def read_platform(cfg: Config | dict, verify_path: str | Path) -> Platform:
     report = read_json(verify_path)
     nodes = report.get("nodes")
     if nodes is None and "build" in report:
-        nodes = [report] * hardware_of(cfg).nodes
+        nodes = [report] * cfg.hardware.nodes
     return Platform.from_facts(cfg, nodes or [], where=f"verify_env ({verify_path})")
 
 

@@ -93,6 +93,11 @@ class Model:
     # Shape of the builtin tiny model.
     tiny: TinyModel = field(default_factory=TinyModel)
 
+    @property
+    def continues(self) -> bool:
+        """Whether the run continues from an earlier run (model.continue_from set)."""
+        return bool(self.continue_from)
+
 
 @dataclass(frozen=True)
 class Dedup:
@@ -263,6 +268,19 @@ class Sft:
         """The packing sft trains with on GPUs (`on_gpu`) or on CPU processes: auto is neat on GPUs,
         off on CPU."""
         return ("neat" if on_gpu else "off") if self.packing == "auto" else self.packing
+
+    @property
+    def finetuning_args(self) -> dict:
+        """LLaMA-Factory's arguments of finetuning_type's own keys: LoRA's adapter settings (and
+        QLoRA's quantization_bit), freeze's trainable layers; none for full."""
+        if self.finetuning_type == "lora":
+            out = self.lora
+            if self.quantization_bit != "none":
+                out["quantization_bit"] = self.quantization_bit
+            return out
+        if self.finetuning_type == "freeze":
+            return {"freeze_trainable_layers": self.freeze_trainable_layers}
+        return {}
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,16 @@ reference-logps, evaluate-preference, and its training view for render-sft / pla
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
 
-from llmft.core.cli import add_max_rows, config_of, read_sources, template_for
+from llmft.core.cli import add_max_rows, read_sources, settings_of, template_for
 from llmft.core.config import ConfigError
 from llmft.core.imports import UNUSED, UNUSED_BY_INFERENCE
+from llmft.core.settings import Config
 from llmft.preference import stage
 from llmft.preference.reference import SHARD_SEQUENCES, STORE
 
@@ -29,15 +31,19 @@ def pages() -> tuple:
 def cmd_prepare_preference(args) -> int:
     from llmft.preference.data import prepare_preference
 
-    cfg = config_of(args)
-    if not cfg.get("preference"):
+    cfg = settings_of(args)
+    if cfg.preference is None:
         raise ConfigError("config key preference: not set; prepare-preference needs a preference section")
-    data = cfg["preference"]["data"]
-    sources = read_sources(data["sources"], "preference.data.sources", {})
+    data = cfg.preference.data
+    sources = read_sources(data.sources, "preference.data.sources", {})
     # Texts are cleaned and rows capped as for the SFT data.
-    opts = {**data, "clean_text": cfg["data"]["clean_text"], "max_row_bytes": cfg["data"]["max_row_bytes"]}
-    opts["method"] = cfg["preference"]["method"]
-    stats = prepare_preference(sources, args.out_dir, args.tokenizer, template_for(cfg, args.tokenizer), opts)
+    opts = dataclasses.asdict(data) | {
+        "clean_text": cfg.data.clean_text,
+        "max_row_bytes": cfg.data.max_row_bytes,
+        "method": cfg.preference.method,
+    }
+    template = template_for(cfg.model, args.tokenizer)
+    stats = prepare_preference(sources, args.out_dir, args.tokenizer, template, opts)
     print(json.dumps({k: stats[k] for k in ("kind", "train_rows", "heldout_rows", "invalid", "too_long")}))
     return 0
 
@@ -49,10 +55,10 @@ def cmd_reference_logps(args) -> int:
 
     from llmft.preference.reference import ReferenceError, reference_pass
 
-    cfg = config_of(args)
+    cfg = settings_of(args)
     try:
         record = reference_pass(
-            args.model, args.data_dir, args.out, dtype=cfg["sft"]["precision"], store_root=args.store,
+            args.model, args.data_dir, args.out, dtype=cfg.sft.precision, store_root=args.store,
             processes=args.processes, shard_sequences=args.shard_sequences, batch_budget=args.batch_tokens,
         )  # fmt: skip
     except ReferenceError as exc:
@@ -62,17 +68,17 @@ def cmd_reference_logps(args) -> int:
     return 0
 
 
-def _cached_heldout_logps(args, cfg: dict) -> int:
+def _cached_heldout_logps(args, cfg: Config) -> int:
     """evaluate-preference --logps-only --reference-cache: the reference model's log-probabilities of
     the held-out pairs from the reference store (computing only those it lacks), in the gate's files."""
     import sys
 
     from llmft.preference.reference import ReferenceError, heldout_logps
 
-    limit = cfg["eval"]["max_rows"] if args.max_rows is None else args.max_rows
+    limit = cfg.eval.max_rows if args.max_rows is None else args.max_rows
     out = str(Path(args.out_dir) / "logps.jsonl")
     try:
-        heldout_logps(args.model, str(Path(args.heldout).parent), out, limit, cfg["sft"]["precision"],
+        heldout_logps(args.model, str(Path(args.heldout).parent), out, limit, cfg.sft.precision,
                       store_root=args.reference_cache)  # fmt: skip
     except ReferenceError as exc:
         print(f"llmft: reference error: {exc}", file=sys.stderr)
@@ -85,7 +91,7 @@ def cmd_evaluate_preference(args, evaluation: Callable[[], tuple]) -> int:
     gives the stage: it imports no other stage."""
     from llmft.preference.evaluate import evaluate_model, logps
 
-    cfg = config_of(args)
+    cfg = settings_of(args)
     if args.logps_only and args.reference_cache:  # a reference model's, from the reference store
         return _cached_heldout_logps(args, cfg)
     score_answers, generate = evaluation()

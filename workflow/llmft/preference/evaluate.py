@@ -31,12 +31,13 @@ from pathlib import Path
 from llmft.core.conversation import ROLE_OF
 from llmft.core.heldout import heldout_fingerprint, heldout_rows
 from llmft.core.io import read_json, read_jsonl, write_json, write_jsonl
+from llmft.core.settings import Config, Preference
 
 log = logging.getLogger("llmft.evaluate")
 
 # evaluate's loss pass (llmft.evaluate.run.answer_nll), given by the CLI: (cfg, model folder, rows in
 # messages form, threads) -> {row index: (summed NLL of its last message, its tokens)}.
-ScoreAnswers = Callable[[dict, str, list, int], dict]
+ScoreAnswers = Callable[[Config, str, list, int], dict]
 # evaluate's generation pass (llmft.evaluate.run.evaluate), given by the CLI.
 Generate = Callable[..., dict]
 
@@ -62,7 +63,7 @@ def answer_rows(pref_rows: list[dict]) -> tuple[str, list[dict]]:
 
 
 def logps(
-    cfg: dict,
+    cfg: Config,
     model_dir: str,
     heldout: str,
     out: str,
@@ -76,7 +77,7 @@ def logps(
     answer length and tag; beside it `rows.json`: how many held-out rows were scored and their
     fingerprint (the nightly gate compares two models' scores only on the same rows). `max_rows`:
     the first N rows, "all", None: eval.max_rows."""
-    pref_rows = heldout_rows(heldout, cfg["eval"]["max_rows"], max_rows)
+    pref_rows = heldout_rows(heldout, cfg.eval.max_rows, max_rows)
     kind, rows = answer_rows(pref_rows)
     nll = score_answers(cfg, model_dir, rows, threads)
     values = [-nll[i][0] for i in range(len(rows))]
@@ -160,20 +161,20 @@ def _score_kto(policy: list[dict], reference: list[dict] | None, beta: float) ->
     }
 
 
-def scores(pref: dict, reference_of: str, files: dict[str, str]) -> dict:
+def scores(pref: Preference, reference_of: str, files: dict[str, str]) -> dict:
     """summary.json's preference block: every model's scores against the stage's reference model
     (`reference_of`: base | sft | none; the reference's own reward scores are None); `files`:
     logps.jsonl per model (base, sft, preference)."""
     loaded = {name: read_jsonl(path) for name, path in files.items() if Path(path).is_file()}
     ref = loaded.get(reference_of) if reference_of != "none" else None
-    models = {name: score(rows, ref, pref["beta"]) for name, rows in loaded.items()}
+    models = {name: score(rows, ref, pref.beta) for name, rows in loaded.items()}
     if reference_of in models:
         # against itself every reward is 0: a value of the construction, not a measurement
         models[reference_of].update(preference_accuracy=None, reward_margin=None)
     return {
-        "method": pref["method"],
-        "loss": pref["loss"] if pref["method"] == "dpo" else None,
-        "beta": pref["beta"],
+        "method": pref.method,
+        "loss": pref.loss if pref.method == "dpo" else None,
+        "beta": pref.beta,
         "reference": reference_of,
         "models": models,
     }
@@ -184,7 +185,7 @@ UNITS = {"dpo": "pairs", "kto": "KTO rows"}
 GATE_SCORES = ("preference_accuracy", "reward_margin", "likelihood_accuracy")
 
 
-def gate_block(pref: dict, policy_dir: Path, reference_dir: Path | None) -> dict:
+def gate_block(pref: Preference, policy_dir: Path, reference_dir: Path | None) -> dict:
     """One model's scores for the nightly gate (summary.json `gate` or `compared_with`): the
     log-probabilities evaluate_preference_gate wrote in `policy_dir`, against its reference model's
     in `reference_dir` (None: the loss has no reference), both on the same held-out rows. The rows'
@@ -196,7 +197,7 @@ def gate_block(pref: dict, policy_dir: Path, reference_dir: Path | None) -> dict
         reference = read_jsonl(reference_dir / "logps.jsonl")
         if read_json(reference_dir / "rows.json")["heldout_fingerprint"] != fingerprint:
             reference, fingerprint = None, None
-    scored = score(read_jsonl(policy_dir / "logps.jsonl"), reference, pref["beta"])
+    scored = score(read_jsonl(policy_dir / "logps.jsonl"), reference, pref.beta)
     return {
         "tuned": {m: scored.get(m) for m in GATE_SCORES},
         "heldout_rows": rows["rows"],
@@ -218,7 +219,7 @@ def write_prompts(heldout: str, out: str) -> None:
 
 
 def evaluate_model(
-    cfg: dict,
+    cfg: Config,
     model_dir: str,
     heldout: str,
     out_dir: str,

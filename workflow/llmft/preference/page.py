@@ -19,6 +19,7 @@ import yaml
 from llmft.core.config import PREFERENCE_METRICS
 from llmft.core.draw import esc, fmt, table
 from llmft.core.io import read_json
+from llmft.core.settings import Config
 from llmft.preference import stage
 from llmft.preference.evaluate import gate_block, scores
 
@@ -58,12 +59,12 @@ LOSS_SHARE = 0.01
 LIKELIHOOD_POINTS = 2.0
 
 
-def reference_model(cfg: dict) -> str:
+def reference_model(cfg: Config) -> str:
     """The stage's reference as a model name of the table: base | sft | none."""
     ref = stage.reference(cfg)
     if ref == "none":
         return "none"
-    if ref == "base" or cfg["preference"]["start_from"] == "base":
+    if ref == "base" or cfg.preference.start_from == "base":
         return "base"
     return "sft"
 
@@ -100,14 +101,14 @@ def hardly_moved(block: dict) -> dict | None:
     }
 
 
-def load(cfg: dict, run_dir: Path) -> dict | None:
+def load(cfg: Config, run_dir: Path) -> dict | None:
     """summary.json's `preference` block, or None without a preference stage."""
-    if cfg.get("preference") is None:
+    if cfg.preference is None:
         return None
     folder = run_dir / "preference"
     files = {name: str(folder / "eval" / sub / "logps.jsonl") for name, sub in MODELS.items()}
-    out = scores(cfg["preference"], reference_model(cfg), files)
-    out["start"] = "base" if cfg["preference"]["start_from"] == "base" else "sft"
+    out = scores(cfg.preference, reference_model(cfg), files)
+    out["start"] = "base" if cfg.preference.start_from == "base" else "sft"
     for name, sub in MODELS.items():
         path = folder / "eval" / sub / "metrics.json"
         if path.is_file() and name in out["models"]:
@@ -136,7 +137,7 @@ def load(cfg: dict, run_dir: Path) -> dict | None:
     return out
 
 
-def gate_blocks(cfg: dict, run_dir: Path) -> tuple[dict, dict]:
+def gate_blocks(cfg: Config, run_dir: Path) -> tuple[dict, dict]:
     """The nightly gate's two sides on a preference nightly.metric (gate.json's and summary.json's
     `gate` and `compared_with`; `llmft gate` gives this to llmft.nightly.gate): this run's preference
     model and the promoted run's (nightly.compare_with), each against its own reference model (base:
@@ -145,10 +146,10 @@ def gate_blocks(cfg: dict, run_dir: Path) -> tuple[dict, dict]:
     ref = reference_model(cfg)
     own = folder / "gate_reference" if ref != "none" else None
     theirs = {"none": None, "base": own, "sft": folder / "promoted_reference"}[ref]
-    promoted = {"run": Path(cfg["nightly"]["compare_with"]).name}
+    promoted = {"run": Path(cfg.nightly.compare_with).name}
     return (
-        gate_block(cfg["preference"], folder / "gate", own),
-        {**promoted, **gate_block(cfg["preference"], folder / "promoted", theirs)},
+        gate_block(cfg.preference, folder / "gate", own),
+        {**promoted, **gate_block(cfg.preference, folder / "promoted", theirs)},
     )
 
 

@@ -14,13 +14,14 @@ would make the reference the base model, before sft).
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
 from pathlib import Path
 
-from llmft.core.config import BUILTIN_MODEL, ConfigError, runs_on_cpu, uses_reference
+from llmft.core.config import BUILTIN_MODEL, ConfigError
 from llmft.core.objective import Objective, StageTraining
 from llmft.core.platform import Platform
+from llmft.core.settings import Config
 
 # The column prepare_preference adds to the tokenized pairs: each pair's longer side (prompt + answer)
 # in tokens, the width a micro-batch holding it is padded to; transformers' length-grouped sampler
@@ -51,29 +52,29 @@ OWN_KEYS = (
 )
 
 
-def finetuning_type(cfg: dict) -> str:
-    kind = cfg["preference"]["finetuning_type"]
-    return cfg["sft"]["finetuning_type"] if kind == "auto" else kind
+def finetuning_type(cfg: Config) -> str:
+    kind = cfg.preference.finetuning_type
+    return cfg.sft.finetuning_type if kind == "auto" else kind
 
 
-def learning_rate(cfg: dict) -> float:
-    lr = cfg["preference"]["learning_rate"]
+def learning_rate(cfg: Config) -> float:
+    lr = cfg.preference.learning_rate
     if lr != "auto":
         return lr
-    return TINY_LR if cfg["model"]["name_or_path"] == BUILTIN_MODEL else AUTO_LR[finetuning_type(cfg)]
+    return TINY_LR if cfg.model.name_or_path == BUILTIN_MODEL else AUTO_LR[finetuning_type(cfg)]
 
 
-def reference(cfg: dict) -> str:
+def reference(cfg: Config) -> str:
     """none | start (the starting model) | base (model.name_or_path)."""
-    pref = cfg["preference"]
-    if not uses_reference(pref):
+    pref = cfg.preference
+    if not pref.uses_reference:
         return "none"
-    ref = "start" if pref["reference"] == "auto" else pref["reference"]
+    ref = "start" if pref.reference == "auto" else pref.reference
     # From base, the base is the starting model.
-    return "start" if ref == "base" and pref["start_from"] == "base" else ref
+    return "start" if ref == "base" and pref.start_from == "base" else ref
 
 
-def reference_weights(cfg: dict) -> str:
+def reference_weights(cfg: Config) -> str:
     """What the reference model adds to a GPU: none (no reference, or LoRA's adapter-free policy, the
     same weights) or copy (a frozen second set of weights, forward only)."""
     ref = reference(cfg)
@@ -82,44 +83,43 @@ def reference_weights(cfg: dict) -> str:
     return "copy"
 
 
-def view(cfg: dict) -> dict:
+def view(cfg: Config) -> Config:
     """cfg with `sft` replaced by the preference stage's training settings: sft's hardware and
     batch-planning keys, the stage's own schedule, rate and finetuning type. Preference rows are not
     packed (LLaMA-Factory's pairwise and KTO data are row by row); a row is at most
     preference.data.cutoff_len tokens a side, so that is the sequence length the planner sizes."""
-    out = copy.deepcopy(cfg)
-    out["data"]["cutoff_len"] = cfg["preference"]["data"]["cutoff_len"]
-    pref, sft = cfg["preference"], out["sft"]
+    pref = cfg.preference
     kind = finetuning_type(cfg)
-    sft.update({k: pref[k] for k in OWN_KEYS})
-    sft["finetuning_type"] = kind
-    sft["learning_rate"] = learning_rate(cfg)
-    sft["packing"] = "off"
+    own = {k: getattr(pref, k) for k in OWN_KEYS}
+    own.update(finetuning_type=kind, learning_rate=learning_rate(cfg), packing="off")
     if kind != "lora":
-        sft["quantization_bit"] = "none"
-    out["stage"] = pref["method"]
-    return out
+        own["quantization_bit"] = "none"
+    return dataclasses.replace(
+        cfg,
+        data=dataclasses.replace(cfg.data, cutoff_len=pref.data.cutoff_len),
+        sft=dataclasses.replace(cfg.sft, **own),
+    )
 
 
-def llamafactory_args(cfg: dict, ref_model: str | None) -> dict:
+def llamafactory_args(cfg: Config, ref_model: str | None) -> dict:
     """LLaMA-Factory's preference arguments (stage, loss, beta, reference)."""
-    pref = cfg["preference"]
-    args: dict = {"stage": pref["method"], "pref_beta": pref["beta"]}
-    if pref["method"] == "dpo":
-        args.update(pref_loss=pref["loss"], pref_ftx=pref["ftx"])
-        if pref["loss"] == "simpo":
-            args["simpo_gamma"] = pref["simpo_gamma"]
+    pref = cfg.preference
+    args: dict = {"stage": pref.method, "pref_beta": pref.beta}
+    if pref.method == "dpo":
+        args.update(pref_loss=pref.loss, pref_ftx=pref.ftx)
+        if pref.loss == "simpo":
+            args["simpo_gamma"] = pref.simpo_gamma
     else:
         args.update(
-            kto_chosen_weight=pref["kto_desirable_weight"],
-            kto_rejected_weight=pref["kto_undesirable_weight"],
+            kto_chosen_weight=pref.kto_desirable_weight,
+            kto_rejected_weight=pref.kto_undesirable_weight,
         )
     if reference(cfg) == "base" and ref_model and reference_logps(cfg)[0] != "cached":
         args["ref_model"] = ref_model
     return args
 
 
-def sequences_per_row(cfg: dict) -> int:
+def sequences_per_row(cfg: Config) -> int:
     """Sequences one training row puts through the model: a pair's chosen and rejected answers in one
     batch (LLaMA-Factory's PairwiseDataCollatorWithPadding); a KTO row and its mismatched KL row."""
     return 2
@@ -162,19 +162,19 @@ def check_data(objective: Objective, data_dir: str) -> None:
     )
 
 
-def reference_logps(cfg: dict) -> tuple[str, str]:
+def reference_logps(cfg: Config) -> tuple[str, str]:
     """(none | resident | cached, why): where the reference's log-probabilities come from
     (preference.reference_logps), decided from the config alone, as the DAG holds the reference step
     or not. `auto`: cached on GPUs, where it saves the reference's weights (full/freeze) and its
     forward pass in every step; resident on CPU processes."""
-    setting = cfg["preference"]["reference_logps"]
+    setting = cfg.preference.reference_logps
     if reference(cfg) == "none":
         why = "" if setting == "auto" else (
-            f"reference_logps {setting} ignored: preference.loss {cfg['preference']['loss']} has no "
+            f"reference_logps {setting} ignored: preference.loss {cfg.preference.loss} has no "
             "reference model"
         )  # fmt: skip
         return "none", why
-    quantized = finetuning_type(cfg) == "lora" and cfg["sft"]["quantization_bit"] != "none"
+    quantized = finetuning_type(cfg) == "lora" and cfg.sft.quantization_bit != "none"
     if setting == "cached":
         return "cached", (
             "reference_logps cached: the reference step's log-probabilities of every sequence "
@@ -185,11 +185,11 @@ def reference_logps(cfg: dict) -> tuple[str, str]:
         return "resident", ""
     if quantized:
         return "resident", (
-            f"reference_logps auto -> resident: sft.quantization_bit {cfg['sft']['quantization_bit']}, "
+            f"reference_logps auto -> resident: sft.quantization_bit {cfg.sft.quantization_bit}, "
             "so the resident reference is the quantized base (no extra weights); the reference step "
             "would score the unquantized model"
         )
-    if runs_on_cpu(cfg["hardware"]):
+    if cfg.hardware.on_cpu:
         return "resident", (
             "reference_logps auto -> resident: CPU processes, where the reference's forward in each "
             "step costs less than a job of its own (model load, process start); cached skips it"
@@ -202,7 +202,7 @@ def reference_logps(cfg: dict) -> tuple[str, str]:
     )
 
 
-def planned_reference(cfg: dict) -> str:
+def planned_reference(cfg: Config) -> str:
     """The reference model's weights on each GPU as the planner costs them: none, forward (LoRA: the
     policy's own weights with the adapter disabled), copy, or cached (read from the reference step)."""
     if reference_logps(cfg)[0] == "cached":
@@ -213,11 +213,11 @@ def planned_reference(cfg: dict) -> str:
     return ref
 
 
-def length_grouping(cfg: dict) -> tuple[bool, str]:
+def length_grouping(cfg: Config) -> tuple[bool, str]:
     """preference.group_by_length for a dpo stage's view, with the reason for what `auto` chose."""
-    if cfg["preference"]["method"] != "dpo":
+    if cfg.preference.method != "dpo":
         return False, ""
-    setting = cfg["preference"]["group_by_length"]
+    setting = cfg.preference.group_by_length
     if setting != "auto":
         return bool(setting), ""
     return False, (
@@ -227,13 +227,13 @@ def length_grouping(cfg: dict) -> tuple[bool, str]:
     )
 
 
-def padding_free(cfg: dict, platform: Platform) -> tuple[bool, str]:
+def padding_free(cfg: Config, platform: Platform) -> tuple[bool, str]:
     """preference.padding_free for a dpo stage's view, with the reason for what was chosen: the pairs
     of a micro-batch as one row through varlen attention, log-probabilities without full logits."""
-    if cfg["preference"]["method"] != "dpo":
+    if cfg.preference.method != "dpo":
         return False, ""
-    setting = cfg["preference"]["padding_free"]
-    fp32 = platform.on_gpu and cfg["sft"]["precision"] == "fp32"  # no FlashAttention kernel in fp32
+    setting = cfg.preference.padding_free
+    fp32 = platform.on_gpu and cfg.sft.precision == "fp32"  # no FlashAttention kernel in fp32
     kernel = not platform.on_gpu or "varlen" in platform.attention
     where = "torch's varlen kernel" if platform.on_gpu else "per-pair SDPA on the CPU"
     if setting is True:
@@ -255,8 +255,8 @@ def padding_free(cfg: dict, platform: Platform) -> tuple[bool, str]:
         )
     if setting is False:
         return False, ""
-    if cfg["sft"]["flash_attn"] != "auto":
-        return False, f"padding_free auto -> off: sft.flash_attn is set to {cfg['sft']['flash_attn']!r}"
+    if cfg.sft.flash_attn != "auto":
+        return False, f"padding_free auto -> off: sft.flash_attn is set to {cfg.sft.flash_attn!r}"
     if fp32:
         return False, "padding_free auto -> off: sft.precision is fp32 (varlen attention is fp16/bf16 only)"
     if not kernel:
@@ -267,7 +267,7 @@ def padding_free(cfg: dict, platform: Platform) -> tuple[bool, str]:
     )
 
 
-def objective(view_cfg: dict, platform: Platform, ref_model: str | None = None) -> Objective:
+def objective(view_cfg: Config, platform: Platform, ref_model: str | None = None) -> Objective:
     """The preference stage's training objective for sft's planner and renderer, from its config view
     (`view`) on `platform`: a pair's (or a KTO row's) two sequences, its reference model, the logits
     its loss keeps, length grouping and the padding-free forward (each with why), LLaMA-Factory's
@@ -276,12 +276,12 @@ def objective(view_cfg: dict, platform: Platform, ref_model: str | None = None) 
     grouped, grouped_why = length_grouping(view_cfg)
     free, free_why = padding_free(view_cfg, platform)
     cached, cached_why = reference_logps(view_cfg)
-    method = view_cfg["preference"]["method"]
+    method = view_cfg.preference.method
     tips = (
         "preference.reference_logps: cached (its log-probabilities from a step before training, no copy)",
         "preference.finetuning_type: lora (its reference is the adapter-free model, no copy)",
     )
-    worker = {"reference_logps": REFERENCE_RECORD.format(run=view_cfg["run"])} if cached == "cached" else {}
+    worker = {"reference_logps": REFERENCE_RECORD.format(run=view_cfg.run)} if cached == "cached" else {}
     return Objective(
         name="preference",
         what=f"the preference stage ({method}: {seqs} sequences per row, reference model {ref})",
@@ -302,11 +302,11 @@ def objective(view_cfg: dict, platform: Platform, ref_model: str | None = None) 
     )
 
 
-def training(cfg: dict, ref_model: str | None = None) -> StageTraining:
+def training(cfg: Config, ref_model: str | None = None) -> StageTraining:
     """The preference stage as sft's planner and renderer take it: its config view, its objective on a
     platform (`ref_model`: the reference's folder when it is not the starting model) and its data
     check."""
-    if cfg.get("preference") is None:
+    if cfg.preference is None:
         raise ConfigError("config key preference: not set, so there is no preference stage to plan or render")
     staged = view(cfg)
     return StageTraining(staged, lambda platform: objective(staged, platform, ref_model), check_data)

@@ -407,9 +407,8 @@ def load_run(cfg: Config, run_dir: str | Path, validated: dict | None = None) ->
     tps_gpu = train.get("tokens_per_second_per_gpu")  # core.throughput
     mfu_mean = flops.mfu(tps_gpu, per_token, peak) if (tps_gpu and peak and per_token) else None
     stack = stack_fp.of_report(verify)
-    # core.lineage_record reads the validated dict
     record = lineage_record.read_for(
-        run / LINEAGE_FILE, validated, stats, stack=stack.get("hash") if isinstance(stack, dict) else None
+        run / LINEAGE_FILE, cfg, stats, stack=stack.get("hash") if isinstance(stack, dict) else None
     )
     return LoadedRun(
         cfg=cfg,
@@ -828,7 +827,7 @@ def build_report(
 ) -> dict:
     """Write index.html, summary.json, figures/*.svg, heldout_metrics.tsv, samples.tsv and
     trend.html into `out_dir`; return the summary. `stage_pages`: another training stage's part of
-    the page (llmft.preference.page), each with load(validated dict, run_dir) -> its block or None,
+    the page (llmft.preference.page), each with load(cfg, run_dir) -> its block or None,
     section(block) -> HTML and add_to_summary(summary, block). With nightly.compare_with the gate's
     comparison and verdict come from nightly/gate.json, rendered as they are. `validated`: the dict
     `cfg` was built from, shown on the page as read (None: cfg.to_dict())."""
@@ -839,8 +838,7 @@ def build_report(
     samples = pick_samples(r.base_pred, r.tuned_pred)
     # eval.benchmarks: only a run configured with them shows them (a stale benchmarks/ folder is not read)
     benchmarks = load_benchmarks(r.run) if cfg.eval.benchmarks else None
-    # a stage page reads the validated dict (the preference stage's config is not typed yet)
-    stages = [(stage_page, stage_page.load(r.validated, Path(run_dir))) for stage_page in stage_pages]
+    stages = [(stage_page, stage_page.load(cfg, Path(run_dir))) for stage_page in stage_pages]
     git = git_state()
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     summary = report_summary(r, generated, git)

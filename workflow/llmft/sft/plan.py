@@ -31,6 +31,7 @@ from llmft.core import flops, fp8
 from llmft.core.config import ConfigError
 from llmft.core.objective import PADFREE_CHUNK, SFT, Objective
 from llmft.core.platform import Platform, choose_attention
+from llmft.core.settings import Config, Sft, replace
 from llmft.core.shape import ModelShape, model_shape
 from llmft.sft.steptime import StepTime, offload_host_gib, step_time
 
@@ -148,14 +149,14 @@ def trainable_params(
     return shape.params
 
 
-def sft_trainable_params(shape: ModelShape, sft: dict) -> float:
+def sft_trainable_params(shape: ModelShape, sft: Sft) -> float:
     """trainable_params for an sft config section."""
     return trainable_params(
         shape,
-        sft["finetuning_type"],
-        lora_rank=sft["lora_rank"],
-        lora_target=sft["lora_target"],
-        freeze_trainable_layers=sft["freeze_trainable_layers"],
+        sft.finetuning_type,
+        lora_rank=sft.lora_rank,
+        lora_target=sft.lora_target,
+        freeze_trainable_layers=sft.freeze_trainable_layers,
     )
 
 
@@ -436,11 +437,11 @@ def _bucket_elems(b: dict) -> tuple[float, float]:
 Candidate = tuple[int, bool, int, bool]
 
 
-def _packing_and_attention(sft: dict, platform: Platform) -> tuple[str, str, list[str]]:
+def _packing_and_attention(sft: Sft, platform: Platform) -> tuple[str, str, list[str]]:
     """sft's packing and attention kernel, with the reasons for what `auto` chose."""
     on_gpu = platform.on_gpu
     reasons: list[str] = []
-    packing = sft["packing"]
+    packing = sft.packing
     if packing == "auto":
         packing = "neat" if on_gpu else "off"
         reasons.append(
@@ -449,14 +450,14 @@ def _packing_and_attention(sft: dict, platform: Platform) -> tuple[str, str, lis
             else "packing off: the CPU demo trains row by row"
         )
     attention, why = choose_attention(
-        sft["flash_attn"], packing, platform.attention, on_gpu, platform.torch, sft["precision"]
+        sft.flash_attn, packing, platform.attention, on_gpu, platform.torch, sft.precision
     )
     if why:
         reasons.append(why)
     return packing, attention, reasons
 
 
-def _zero2_first(sft: dict, on_gpu: bool) -> bool:
+def _zero2_first(sft: Sft, on_gpu: bool) -> bool:
     # GPUs in 16 bit: ZeRO-2 before plain (DDP) training. DeepSpeed runs the model in 16 bit with
     # fp32 master weights in the optimizer (DDP under autocast keeps fp32 weights and residual
     # stream), each GPU updates only its share of the AdamW states, and reduce-scatter + all-gather
@@ -466,42 +467,42 @@ def _zero2_first(sft: dict, on_gpu: bool) -> bool:
     # to be worth sharding, and DeepSpeed's per-parameter gradient hooks and bucket copies for each
     # small adapter tensor cost more than autocast: compiled, plain training measured 1.15x ZeRO-2 at
     # 1.24 B in bf16 and 1.05x at 8 B in FP8 on one H200 (bench/results/sft_fp8_h200x1_zero{1b,8b}.json).
-    return on_gpu and sft["precision"] in ("bf16", "fp16") and sft["finetuning_type"] != "lora"
+    return on_gpu and sft.precision in ("bf16", "fp16") and sft.finetuning_type != "lora"
 
 
-def _stage_options(sft: dict, on_gpu: bool, world: int) -> list[int]:
+def _stage_options(sft: Sft, on_gpu: bool, world: int) -> list[int]:
     """The ZeRO stages to try, in preference order."""
-    if sft["zero_stage"] != "auto":
-        stages = [sft["zero_stage"]]
+    if sft.zero_stage != "auto":
+        stages = [sft.zero_stage]
     elif _zero2_first(sft, on_gpu):
         stages = [2, 3]
     else:
         stages = [0, 2, 3] if world > 1 else [0, 3]
-    if sft["quantization_bit"] != "none" and not on_gpu:
+    if sft.quantization_bit != "none" and not on_gpu:
         # bitsandbytes' CPU backend trains a quantized model only without DeepSpeed.
         stages = [0]
-    elif sft["quantization_bit"] == 8:
+    elif sft.quantization_bit == 8:
         # LLaMA-Factory trains only 4-bit bitsandbytes models under ZeRO-3.
         stages = [s for s in stages if s != 3] or [2]
     return stages
 
 
-def _offload_options(sft: dict, on_gpu: bool) -> list[bool]:
-    if sft["offload"] == "auto":
+def _offload_options(sft: Sft, on_gpu: bool) -> list[bool]:
+    if sft.offload == "auto":
         # On a CPU the "devices" are host memory already: nothing to offload to.
         return [False, True] if on_gpu else [False]
-    return [bool(sft["offload"])]
+    return [bool(sft.offload)]
 
 
-def _rows_options(sft: dict, seq: int, world: int) -> list[int]:
+def _rows_options(sft: Sft, seq: int, world: int) -> list[int]:
     """Micro-batch sizes (rows of `seq` tokens) to try, largest first."""
-    budget_rows = max(1, sft["micro_batch_tokens"] // seq)
-    if sft["per_device_train_batch_size"] != "auto":
-        return [sft["per_device_train_batch_size"]]
-    if sft["gradient_accumulation_steps"] == "auto":
+    budget_rows = max(1, sft.micro_batch_tokens // seq)
+    if sft.per_device_train_batch_size != "auto":
+        return [sft.per_device_train_batch_size]
+    if sft.gradient_accumulation_steps == "auto":
         # Divisors of the rows each process needs per optimizer step: micro-batch x accumulation
         # then hits sft.tokens_per_step exactly, whatever the hardware.
-        per_proc = max(1, sft["tokens_per_step"] // (seq * world))
+        per_proc = max(1, sft.tokens_per_step // (seq * world))
         return [r for r in range(min(budget_rows, per_proc), 0, -1) if per_proc % r == 0]
     return list(range(budget_rows, 0, -1))
 
@@ -510,7 +511,7 @@ def _rows_options(sft: dict, seq: int, world: int) -> list[int]:
 class _Space:
     """The settings one config allows on one platform, and how each is costed."""
 
-    sft: dict
+    sft: Sft
     shape: ModelShape
     platform: Platform
     seq: int
@@ -534,8 +535,8 @@ class _Space:
     def candidates(self):
         """Every setting allowed by the config, in the order that breaks ties (less first)."""
         on_gpu = self.platform.on_gpu
-        gcs = [self.sft["gradient_checkpointing"]]
-        if self.sft["gradient_checkpointing"] == "auto":
+        gcs = [self.sft.gradient_checkpointing]
+        if self.sft.gradient_checkpointing == "auto":
             gcs = [False, True]
         for gc in gcs:
             for stage in _stage_options(self.sft, on_gpu, self.world):
@@ -546,8 +547,8 @@ class _Space:
                         yield stage, offload, rows, gc
 
     def liger(self, stage: int) -> bool:
-        if self.sft["liger_kernel"] != "auto":
-            return bool(self.sft["liger_kernel"])
+        if self.sft.liger_kernel != "auto":
+            return bool(self.sft.liger_kernel)
         # ZeRO-3 gathers weights in module hooks, which Liger's fused loss bypasses.
         return (
             self.platform.on_gpu
@@ -560,9 +561,9 @@ class _Space:
         return _buckets(self.bucket_setting, self.shape, stage, self.platform.on_gpu)
 
     def accumulation(self, rows: int) -> int:
-        if self.sft["gradient_accumulation_steps"] != "auto":
-            return self.sft["gradient_accumulation_steps"]
-        return max(1, math.ceil(self.sft["tokens_per_step"] / (rows * self.seqs * self.seq * self.world)))
+        if self.sft.gradient_accumulation_steps != "auto":
+            return self.sft.gradient_accumulation_steps
+        return max(1, math.ceil(self.sft.tokens_per_step / (rows * self.seqs * self.seq * self.world)))
 
     def memory(self, cand: Candidate) -> Memory:
         stage, offload, rows, gc = cand
@@ -573,10 +574,10 @@ class _Space:
             micro_batch=rows * self.seqs,
             seq_len=self.seq,
             gradient_checkpointing=gc,
-            precision=self.sft["precision"],
+            precision=self.sft.precision,
             offload=offload,
             liger=self.liger(stage),
-            finetuning_type=self.sft["finetuning_type"],
+            finetuning_type=self.sft.finetuning_type,
             neat_mask=self.neat_mask,
             buckets=_bucket_elems(self.buckets(stage)),
             trainable=self.trainable,
@@ -599,7 +600,7 @@ class _Space:
             accumulation=self.accumulation(rows),
             gradient_checkpointing=gc,
             trainable=self.trainable,
-            precision=self.sft["precision"],
+            precision=self.sft.precision,
             tuning=self.tuning,
             fp8=self.fp8,
             reference=self.objective.reference,
@@ -659,29 +660,29 @@ def _stage_reason(stage: int, zero2_first: bool, world: int, lora_on_gpu: bool =
     }[stage]
 
 
-def _batch_reasons(sft: dict, rows: int, accum: int, seq: int) -> list[str]:
+def _batch_reasons(sft: Sft, rows: int, accum: int, seq: int) -> list[str]:
     out = []
-    if sft["gradient_accumulation_steps"] == "auto":
-        out.append(f"gradient_accumulation {accum}: >= {sft['tokens_per_step']} tokens per optimizer step")
-    if sft["per_device_train_batch_size"] == "auto":
+    if sft.gradient_accumulation_steps == "auto":
+        out.append(f"gradient_accumulation {accum}: >= {sft.tokens_per_step} tokens per optimizer step")
+    if sft.per_device_train_batch_size == "auto":
         out.append(f"micro-batch {rows} x {seq} tokens: the fastest estimate within the budget that fits")
     return out
 
 
 def resolve(
-    cfg: dict,
+    cfg: Config,
     model_dir: str | Path,
     platform: Platform,
     shape: ModelShape | None = None,
     objective: Objective = SFT,
 ) -> Plan:
-    """Concrete settings for every `auto` in cfg['sft'], checked against the devices' memory, for the
+    """Concrete settings for every `auto` in cfg.sft, checked against the devices' memory, for the
     stage's training `objective` (sft's by default): the sequences a row holds, a resident reference
     model, the logits its loss keeps."""
-    sft = cfg["sft"]
+    sft = cfg.sft
     shape = shape or model_shape(model_dir)
     world = platform.world_size
-    seq = cfg["data"]["cutoff_len"]
+    seq = cfg.data.cutoff_len
     gpu, capacity = platform.gpu, platform.device_memory_gib
     usable = capacity * USABLE_FRACTION - CONTEXT_GIB
     on_gpu = platform.on_gpu
@@ -695,9 +696,9 @@ def resolve(
         platform=platform,
         seq=seq,
         neat_mask=packing == "neat" and attention in ("sdpa", "disabled", "auto"),
-        bucket_setting=sft["zero_bucket_size"],
+        bucket_setting=sft.zero_bucket_size,
         trainable=float(sft_trainable_params(shape, sft)),
-        tuning=flops.tuning_of(sft, shape),  # the config's keys are LLaMA-Factory's names
+        tuning=flops.tuning_of({"finetuning_type": sft.finetuning_type, **sft.finetuning_args}, shape),
         fp8=use_fp8,
         objective=objective,
     )
@@ -708,14 +709,14 @@ def resolve(
         raise ConfigError(_refusal(cfg, shape, gpu, usable, smallest, seq, objective))
     estimate_, chosen, memory = _fastest(fitting)
     stage, offload, rows, gc = chosen
-    if sft["zero_stage"] == "auto":
-        lora_on_gpu = on_gpu and sft["finetuning_type"] == "lora"
+    if sft.zero_stage == "auto":
+        lora_on_gpu = on_gpu and sft.finetuning_type == "lora"
         reasons.append(_stage_reason(stage, _zero2_first(sft, on_gpu), world, lora_on_gpu))
     reasons.extend(_tradeoffs(sft, fitting, chosen, estimate_, host_refused, platform))
     accum = space.accumulation(rows)
     reasons.extend(_batch_reasons(sft, rows, accum, seq))
     compiled = _use_compile(sft, stage, platform, use_fp8)
-    if use_fp8 and sft["fp8"] == "auto" and _full_weights(sft) and not compiled:
+    if use_fp8 and sft.fp8 == "auto" and _full_weights(sft) and not compiled:
         return _eager_fp8_off(cfg, model_dir, platform, shape, objective, stage)
     static_tokens, static_why = _static_shapes(sft, compiled, use_fp8, packing, attention, rows * seq)
     tuning, tuning_why = _compile_tuning(sft, compiled, use_fp8)
@@ -747,14 +748,14 @@ def resolve(
     )
 
 
-def _eager_fp8_off(cfg, model_dir, platform, shape, objective, stage: int) -> Plan:
+def _eager_fp8_off(cfg: Config, model_dir, platform, shape, objective, stage: int) -> Plan:
     """sft.fp8 auto whose plan does not compile: trained float8 layers pay off compiled only (eager
     0.49x bf16), so the run is planned in bf16, saying why."""
-    sft = cfg["sft"]
-    plan = resolve({**cfg, "sft": {**sft, "fp8": False}}, model_dir, platform, shape, objective)
+    sft = cfg.sft
+    plan = resolve(replace(cfg, "sft.fp8", False), model_dir, platform, shape, objective)
     plan.reasons = [r for r in plan.reasons if r != fp8.OFF_REASON] + [
         f"sft.fp8: auto -> off: the plan's decoder layers do not compile (ZeRO-{stage}, "
-        f"sft.torch_compile {str(sft['torch_compile']).lower()}), and eager float8 on trained "
+        f"sft.torch_compile {str(sft.torch_compile).lower()}), and eager float8 on trained "
         "weights measured 0.49x bf16 (full 1.24 B, one H200)"
     ]
     return plan
@@ -773,15 +774,15 @@ STATIC_WHY = (
 TUNING_WHY = "full 1.24 B FP8 on one H200: 71 794 tokens/s against 66 036 untuned (1.09x)"
 
 
-def _full_weights(sft: dict) -> bool:
-    return sft["finetuning_type"] in ("full", "freeze")
+def _full_weights(sft: Sft) -> bool:
+    return sft.finetuning_type in ("full", "freeze")
 
 
-def _compiled_setting(sft: dict, key: str, applies: bool, needs: str, auto_on: bool, auto_off: str = ""):
+def _compiled_setting(sft: Sft, key: str, applies: bool, needs: str, auto_on: bool, auto_off: str = ""):
     """(on, how: "<key> auto -> on" | "<key> true" | why auto left it off, or "") for a setting of
     the compiled layers (sft.static_shapes, sft.compile_tuning): `true` where it cannot apply is
     refused naming the key and what it `needs`; `auto` follows `auto_on`."""
-    setting = sft[key]
+    setting = getattr(sft, key)
     if setting is True and not applies:
         raise ConfigError(f"config key sft.{key}: true needs {needs}; set sft.{key} to auto or false")
     if setting is False or not applies:
@@ -792,7 +793,7 @@ def _compiled_setting(sft: dict, key: str, applies: bool, needs: str, auto_on: b
 
 
 def _static_shapes(
-    sft: dict, compiled: bool, use_fp8: bool, packing: str, attention: str, capacity: int
+    sft: Sft, compiled: bool, use_fp8: bool, packing: str, attention: str, capacity: int
 ) -> tuple[int, str]:
     """(tokens every micro-batch's flattened row is padded to, or 0; why). Varlen packing flattens a
     micro-batch to its real tokens, so the length changes every step and the compiled layers become
@@ -822,7 +823,7 @@ def _static_shapes(
     )
 
 
-def _compile_tuning(sft: dict, compiled: bool, use_fp8: bool) -> tuple[bool, str]:
+def _compile_tuning(sft: Sft, compiled: bool, use_fp8: bool) -> tuple[bool, str]:
     """(Inductor's coordinate-descent tuning of each generated kernel, why). auto: on for compiled FP8
     full and freeze training, whose fused float8 casts and scales it speeds up; the first steps
     compile for longer (about 100 s more at 1.24 B)."""
@@ -842,7 +843,7 @@ def _compile_tuning(sft: dict, compiled: bool, use_fp8: bool) -> tuple[bool, str
 
 
 def _tradeoffs(
-    sft: dict, fitting: list, chosen: tuple, est: StepTime, host_refused: list, platform: Platform
+    sft: Sft, fitting: list, chosen: tuple, est: StepTime, host_refused: list, platform: Platform
 ) -> list[str]:
     """Why the chosen plan beat the fastest fitting plan of the other kind (recompute, offload)."""
     out = []
@@ -850,7 +851,7 @@ def _tradeoffs(
         ("gradient_checkpointing", 3, "gradient checkpointing"),
         ("offload", 1, "offload"),
     ):
-        if sft[key] != "auto":
+        if getattr(sft, key) != "auto":
             continue
         others = [f for f in fitting if f[1][index] != chosen[index]]
         state = "on" if chosen[index] else "off"
@@ -884,18 +885,18 @@ def _host_refusal(shape: ModelShape, platform: Platform, need: float) -> str:
     )
 
 
-def _use_compile(sft: dict, stage: int, platform: Platform, use_fp8: bool = False) -> bool:
+def _use_compile(sft: Sft, stage: int, platform: Platform, use_fp8: bool = False) -> bool:
     """Regional torch.compile. auto: on for LoRA on GPUs below ZeRO-3, whose adapters (dropout,
     scaling, two low-rank matmuls and an add per layer) fuse into few kernels, and for any FP8 plan
     below ZeRO-3, whose float8 casts and scales run as separate kernels uncompiled (full 1.24 B on one
     H200: eager FP8 0.49x bf16, compiled 0.98x); bf16 full training measured no faster compiled in
     earlier calls (bench/README.md has both). ZeRO-3 gathers weights in module hooks that the compiled
     layers would have to trace: refused. 4-bit and 8-bit layers are left eager."""
-    setting = sft["torch_compile"]
+    setting = sft.torch_compile
     if setting == "auto":
         return (
-            (sft["finetuning_type"] == "lora" or use_fp8)
-            and sft["quantization_bit"] == "none"
+            (sft.finetuning_type == "lora" or use_fp8)
+            and sft.quantization_bit == "none"
             and platform.vendor != "cpu"
             and stage < 3
         )
@@ -907,33 +908,33 @@ def _use_compile(sft: dict, stage: int, platform: Platform, use_fp8: bool = Fals
     return bool(setting)
 
 
-def _compiles(sft: dict, stage: int, platform: Platform, use_fp8: bool) -> bool:
+def _compiles(sft: Sft, stage: int, platform: Platform, use_fp8: bool) -> bool:
     """Whether a candidate at this ZeRO stage would run compiled (an explicit `true` at ZeRO-3 is
     refused by _use_compile once the stage is chosen; as a candidate it simply does not compile)."""
     return stage < 3 and _use_compile(sft, stage, platform, use_fp8)
 
 
-def _refusal(cfg, shape, gpu, usable, smallest, seq, objective: Objective = SFT) -> str:
+def _refusal(cfg: Config, shape, gpu, usable, smallest, seq, objective: Objective = SFT) -> str:
     """Why nothing fits, and which keys to change, most effective first."""
-    sft = cfg["sft"]
+    sft = cfg.sft
     peak, (stage, offload, rows, gc) = smallest
     fixed = []
-    if sft["per_device_train_batch_size"] != "auto":
+    if sft.per_device_train_batch_size != "auto":
         fixed.append(f"sft.per_device_train_batch_size: {rows}")
-    if sft["gradient_checkpointing"] != "auto":
+    if sft.gradient_checkpointing != "auto":
         fixed.append(f"sft.gradient_checkpointing: {str(gc).lower()}")
-    if sft["zero_stage"] != "auto":
+    if sft.zero_stage != "auto":
         fixed.append(f"sft.zero_stage: {stage}")
-    if sft["offload"] != "auto":
+    if sft.offload != "auto":
         fixed.append(f"sft.offload: {str(offload).lower()}")
     tips = []
-    if sft["gradient_checkpointing"] is False:
+    if sft.gradient_checkpointing is False:
         tips.append("sft.gradient_checkpointing: true (or auto)")
-    if sft["per_device_train_batch_size"] not in ("auto", 1):
+    if sft.per_device_train_batch_size not in ("auto", 1):
         tips.append("a smaller sft.per_device_train_batch_size (or auto)")
-    if sft["zero_stage"] not in ("auto", 3):
+    if sft.zero_stage not in ("auto", 3):
         tips.append("sft.zero_stage: 3 (or auto)")
-    if sft["offload"] is False or (sft["offload"] == "auto" and stage != 3):
+    if sft.offload is False or (sft.offload == "auto" and stage != 3):
         tips.append("sft.offload: true (or auto)")
     tips += [
         "more GPUs (hardware.nodes / hardware.gpus_per_node: ZeRO-3 shards states over all of them)",

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import yaml
 from llmft.core import fp8, lineage, lineage_record, schedule
-from llmft.core.config import BUILTIN_MODEL, ConfigError, lora_settings
+from llmft.core.config import BUILTIN_MODEL, ConfigError
 from llmft.core.io import read_json, read_optional, write_json, write_text
 from llmft.core.lf import pretokenize
-from llmft.core.lf.chat_templates import for_config as template_for_config
+from llmft.core.lf.chat_templates import for_model as template_for_model
 from llmft.core.objective import Objective, sft_objective
 from llmft.core.platform import Platform
+from llmft.core.settings import Config, Sft, TinyModel
 from llmft.core.shape import ModelShape, model_shape
 from llmft.sft import tracking
 from llmft.sft.packing import STAMP_FILE, packed_dir_name, packing_args, source_fingerprint
@@ -80,7 +81,7 @@ def deepspeed_config(plan: Plan, platform: Platform) -> dict | None:
 
 
 def llamafactory_args(
-    cfg: dict,
+    cfg: Config,
     base_model: str,
     data_dir: str,
     deepspeed_path: str | None,
@@ -90,15 +91,15 @@ def llamafactory_args(
 ) -> dict:
     """The LLaMA-Factory training arguments; `sft.extra` wins over our defaults. The plan's objective
     (sft's, or another stage's: llmft.core.objective) adds its own stage, datasets and loss arguments."""
-    sft = cfg["sft"]
+    sft = cfg.sft
     objective = plan.objective
     args = _default_args(cfg, base_model, data_dir, plan, platform)
     args.update(_packing_and_kernel_args(plan))
-    args.update(_precision_args(sft["precision"], platform.vendor))
-    args.update(finetuning_args(sft))
+    args.update(_precision_args(sft.precision, platform.vendor))
+    args.update(sft.finetuning_args)
     args.update(_distributed_args(deepspeed_path, platform))
     args.update(objective.trainer_args)
-    args.update(sft["extra"])
+    args.update(sft.extra)
     tokenized = _tokenized_path(args, data_dir) if objective.packs_rows else _row_tokenized(data_dir)
     if tokenized is not None:
         args["tokenized_path"] = tokenized
@@ -114,48 +115,47 @@ def _row_tokenized(data_dir: str) -> str | None:
     return str(path) if path.is_dir() else None
 
 
-def _default_args(cfg: dict, base_model: str, data_dir: str, plan: Plan, platform: Platform) -> dict:
+def _default_args(cfg: Config, base_model: str, data_dir: str, plan: Plan, platform: Platform) -> dict:
     """The arguments every run sets, from the config and the plan (before `sft.extra`)."""
-    sft = cfg["sft"]
+    sft = cfg.sft
     vendor = platform.vendor
-    continued = lineage.parent_of(cfg) is not None
     return {
         # model.continue_from: the parent's model, or the base and the parent's adapter (LoRA)
         **lineage.start_args(cfg, base_model),
         "trust_remote_code": False,
         "stage": "sft",
         "do_train": True,
-        "finetuning_type": sft["finetuning_type"],
+        "finetuning_type": sft.finetuning_type,
         "dataset": plan.objective.datasets[0],
         "eval_dataset": plan.objective.datasets[1],
         "dataset_dir": data_dir,
         # Snakemake passes the name it resolved; `auto` here only in a hand-made config.
-        "template": template_for_config(cfg, base_model)[0],
-        "cutoff_len": cfg["data"]["cutoff_len"],
+        "template": template_for_model(cfg.model, base_model)[0],
+        "cutoff_len": cfg.data.cutoff_len,
         "preprocessing_num_workers": 1 if vendor == "cpu" else 8,
         "dataloader_num_workers": 0 if vendor == "cpu" else 4,
-        "logging_steps": sft["logging_steps"],
+        "logging_steps": sft.logging_steps,
         # NaN/inf losses must reach the divergence guard, not be averaged away.
         "logging_nan_inf_filter": False,
-        "save_steps": sft["save_steps"],
+        "save_steps": sft.save_steps,
         "save_total_limit": 2,
         "plot_loss": False,
         # false: a requeued job resumes from the last checkpoint (true deletes it and the log).
         "overwrite_output_dir": False,
-        "report_to": tracking.report_to(sft["tracking"]),
-        "run_name": cfg["run"],
+        "report_to": tracking.report_to(sft.tracking),
+        "run_name": cfg.run,
         "per_device_train_batch_size": plan.micro_batch,
         "gradient_accumulation_steps": plan.gradient_accumulation,
         # a continued run: a fresh schedule (warmup and decay again) at its own rate, a new optimizer
-        "learning_rate": lineage.continue_learning_rate(cfg) if continued else sft["learning_rate"],
+        "learning_rate": lineage.continue_learning_rate(cfg) if cfg.model.continues else sft.learning_rate,
         "num_train_epochs": lineage.run_epochs(cfg),
-        "max_steps": sft["max_steps"],
-        "lr_scheduler_type": sft["lr_scheduler_type"],
-        "warmup_ratio": sft["warmup_ratio"],
-        "weight_decay": sft["weight_decay"],
-        "max_grad_norm": sft["max_grad_norm"],
-        "seed": sft["seed"],
-        "ddp_timeout": max(1, round(sft["collective_timeout_minutes"] * 60)),
+        "max_steps": sft.max_steps,
+        "lr_scheduler_type": sft.lr_scheduler_type,
+        "warmup_ratio": sft.warmup_ratio,
+        "weight_decay": sft.weight_decay,
+        "max_grad_norm": sft.max_grad_norm,
+        "seed": sft.seed,
+        "ddp_timeout": max(1, round(sft.collective_timeout_minutes * 60)),
         # varlen is ours (llmft.sft.train switches the model to it); LLaMA-Factory loads SDPA.
         "flash_attn": "sdpa" if plan.attention == "varlen" else plan.attention,
         "disable_gradient_checkpointing": not plan.gradient_checkpointing,
@@ -166,7 +166,7 @@ def _default_args(cfg: dict, base_model: str, data_dir: str, plan: Plan, platfor
         "include_num_input_tokens_seen": "all"
         if plan.packing == "neat" and plan.attention != "varlen"
         else "non_padding",
-        "eval_steps": sft["logging_steps"] * 5,
+        "eval_steps": sft.logging_steps * 5,
     }
 
 
@@ -221,69 +221,56 @@ def _tokenized_path(args: dict, data_dir: str) -> str | None:
     return f"{data_dir}/{pretokenize.TOKENIZED_DIR}"
 
 
-def finetuning_args(sft: dict) -> dict:
-    """LLaMA-Factory's arguments for sft.finetuning_type's own keys (LoRA / QLoRA, freeze)."""
-    kind = sft["finetuning_type"]
-    if kind == "lora":
-        out = lora_settings(sft)
-        if sft["quantization_bit"] != "none":
-            out["quantization_bit"] = sft["quantization_bit"]
-        return out
-    if kind == "freeze":
-        return {"freeze_trainable_layers": sft["freeze_trainable_layers"]}
-    return {}
-
-
-def check_finetuning(sft: dict, shape: ModelShape) -> None:
+def check_finetuning(sft: Sft, shape: ModelShape) -> None:
     """What the model's shape decides: freeze cannot train more layers than there are (LLaMA-Factory
     would silently train them all)."""
-    n = sft["freeze_trainable_layers"]
-    if sft["finetuning_type"] == "freeze" and abs(n) > shape.layers:
+    n = sft.freeze_trainable_layers
+    if sft.finetuning_type == "freeze" and abs(n) > shape.layers:
         raise ConfigError(
             f"config key sft.freeze_trainable_layers: {n} but the model has {shape.layers} decoder layers; "
             f"choose at most {shape.layers} (or finetuning_type: full to train every layer)"
         )
 
 
-def tiny_shape(tiny: dict) -> ModelShape:
+def tiny_shape(tiny: TinyModel) -> ModelShape:
     """The shape of builtin:tiny (assets.build_tiny_model) before it is built."""
-    hidden, layers, heads, vocab = (tiny[k] for k in ("hidden_size", "num_layers", "num_heads", "vocab_size"))
+    hidden, layers, heads, vocab = tiny.hidden_size, tiny.num_layers, tiny.num_heads, tiny.vocab_size
     shape = ModelShape("llama", hidden, layers, heads, heads, hidden // heads, 4 * hidden, vocab, True, 0)
     return dataclasses.replace(shape, params=layers * shape.layer_params + vocab * hidden + hidden)
 
 
-def config_shape(cfg: dict, name: str) -> ModelShape:
+def config_shape(cfg: Config, name: str) -> ModelShape:
     """The shape of model `name`: a folder's config.json, or for builtin:tiny, which a rule builds
     later, model.tiny's."""
-    return tiny_shape(cfg["model"]["tiny"]) if name == BUILTIN_MODEL else model_shape(name)
+    return tiny_shape(cfg.model.tiny) if name == BUILTIN_MODEL else model_shape(name)
 
 
 # A stage's objective on a platform (llmft.core.objective.StageTraining).
 ObjectiveFor = Callable[[Platform], Objective]
 
 
-def precheck(cfg: dict, objective_for: ObjectiveFor = sft_objective) -> Plan:
+def precheck(cfg: Config, objective_for: ObjectiveFor = sft_objective) -> Plan:
     """The plan for what the config declares (Platform.declared), made when the workflow is parsed:
     a config that could fit on no node stops before any job. The plan sft trains with is made
     later, from the nodes' facts (render). `objective_for`: the stage's objective on a platform
     (another stage's config view, e.g. llmft.preference.stage.view, with its objective)."""
-    name = cfg["model"]["name_or_path"]
+    name = cfg.model.name_or_path
     shape = config_shape(cfg, name)
-    check_finetuning(cfg["sft"], shape)
+    check_finetuning(cfg.sft, shape)
     platform = Platform.declared(cfg)
     return resolve(cfg, name, platform, shape, objective_for(platform))
 
 
-def planned_steps(cfg: dict, base_model: str, platform: Platform) -> dict:
+def planned_steps(cfg: Config, base_model: str, platform: Platform) -> dict:
     """lineage.training_steps of the plan render makes for sft on `platform` (what the lineage record's
     tokens are counted under)."""
     shape = model_shape(base_model)
-    check_finetuning(cfg["sft"], shape)
+    check_finetuning(cfg.sft, shape)
     plan = resolve(cfg, base_model, platform, shape, sft_objective(platform))
     return lineage.training_steps(cfg, plan, platform.world_size)
 
 
-def continue_text(cfg: dict, record: dict) -> str:
+def continue_text(cfg: Config, record: dict) -> str:
     """The plan's lines on where training starts and, for a continued run, what it trains and costs:
     the lineage record's head, rows and tokens (llmft.core.lineage_record)."""
     if record["parent"] is None:
@@ -309,13 +296,13 @@ def continue_text(cfg: dict, record: dict) -> str:
 
 
 def start_record(
-    cfg: dict, base_model: str, data_dir: str, lineage_json: str | None, steps: dict | None
+    cfg: Config, base_model: str, data_dir: str, lineage_json: str | None, steps: dict | None
 ) -> dict:
     """What render says of where training starts: the run's lineage.json (`lineage_json`, checked
     against this run, its data and, where the stage's objective continues the run, the plan's
     `steps`); without one, the head of a run from its base model (another stage's render, a preview)."""
     if lineage_json is None:
-        if steps is not None and lineage.parent_of(cfg) is not None:
+        if steps is not None and cfg.model.continues:
             raise ConfigError(
                 "model.continue_from: rendering a continued run needs its lineage.json (render-sft "
                 "--lineage results/<run>/lineage.json, from python -m llmft lineage)"
@@ -382,11 +369,11 @@ def packs_from_pack_data(args: dict, data_dir: str) -> dict | None:
     return None
 
 
-def decay_ratio(args: dict, sft: dict) -> float | None:
+def decay_ratio(args: dict, sft: Sft) -> float | None:
     """sft.decay_ratio where the rendered schedule is warmup_stable_decay and the config gives none
     of its phases in steps (sft.extra.lr_scheduler_kwargs); else None."""
     reads = schedule.reads_ratio(args.get("lr_scheduler_type"), args.get("lr_scheduler_kwargs"))
-    return sft["decay_ratio"] if reads else None
+    return sft.decay_ratio if reads else None
 
 
 def _yaml_header(platform: Platform, plan: Plan, decay: float | None, start: str) -> str:
@@ -419,7 +406,7 @@ def _yaml_header(platform: Platform, plan: Plan, decay: float | None, start: str
 
 
 def render(
-    cfg: dict,
+    cfg: Config,
     base_model: str,
     data_dir: str,
     out_yaml: str,
@@ -436,16 +423,17 @@ def render(
     `objective_for(platform)`; `check_data(objective, data_dir)` refuses data the planned objective
     cannot train on. `lineage_json`: the run's lineage.json, which the header's lines on where
     training starts and what it costs come from (required for a continued run's sft)."""
+    sft = cfg.sft
     shape = shape or model_shape(base_model)
-    check_finetuning(cfg["sft"], shape)
+    check_finetuning(sft, shape)
     objective = objective_for(platform)
     if objective.announce:
-        log.info("%s, learning rate %g", objective.announce, cfg["sft"]["learning_rate"])
-    elif cfg["sft"]["finetuning_type"] == "lora" and cfg["sft"]["learning_rate"] < LORA_LOW_LR:
+        log.info("%s, learning rate %g", objective.announce, sft.learning_rate)
+    elif sft.finetuning_type == "lora" and sft.learning_rate < LORA_LOW_LR:
         log.warning(
             "sft.learning_rate %g is low for LoRA: the default 1e-5 is the full-SFT recipe; LoRA usually "
             "trains at about 1e-4 (LLaMA-Factory's LoRA examples)",
-            cfg["sft"]["learning_rate"],
+            sft.learning_rate,
         )
     plan = resolve(cfg, base_model, platform, shape, objective)
     if check_data is not None:
@@ -460,18 +448,18 @@ def render(
     args = llamafactory_args(cfg, base_model, data_dir, out_ds if ds else None, work_root, plan, platform)
     args["llmft"] = {
         "attention": plan.attention,
-        "divergence_factor": cfg["sft"]["divergence_factor"],
-        "requeue_on_preempt": cfg["sft"]["requeue_on_preempt"],
-        "precision": cfg["sft"]["precision"],
-        "finetuning_type": cfg["sft"]["finetuning_type"],
-        "cutoff_len": cfg["data"]["cutoff_len"],
+        "divergence_factor": sft.divergence_factor,
+        "requeue_on_preempt": sft.requeue_on_preempt,
+        "precision": sft.precision,
+        "finetuning_type": sft.finetuning_type,
+        "cutoff_len": cfg.data.cutoff_len,
         "compile_layers": plan.compile,
         "liger_loss_only": plan.liger and plan.compile,
         "plan": plan.to_json(),
         "platform": platform.to_json(),
         # the run's folder, not one derived from where this YAML is written: the same config renders
         # the same YAML wherever it is written (a login node's preview, the workflow's rule)
-        "tracking": tracking.settings(cfg["sft"]["tracking"], f"results/{cfg['run']}/tracking", cfg["run"]),
+        "tracking": tracking.settings(sft.tracking, f"results/{cfg.run}/tracking", cfg.run),
     }
     if plan.static_tokens:  # llmft.sft.train pads every flattened micro-batch to this many tokens
         args["llmft"]["static_tokens"] = plan.static_tokens
@@ -482,7 +470,7 @@ def render(
     args["llmft"].update(plan.objective.worker)  # the objective's other trainer patches (llmft.worker)
     if plan.fp8:  # llmft.sft.train converts the loaded model (LLaMA-Factory's own fp8 flag is refused)
         args["llmft"]["fp8"] = {"recipe": fp8.RECIPE, "frozen_cast_once": fp8.cast_once(plan.zero_stage)}
-    decay = decay_ratio(args, cfg["sft"])
+    decay = decay_ratio(args, sft)
     if decay is not None:  # llmft.sft.train turns it into warmup_stable_decay's decay steps
         args["llmft"]["decay_ratio"] = decay
     header = _yaml_header(platform, plan, decay, start)

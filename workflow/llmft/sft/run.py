@@ -14,6 +14,7 @@ import yaml
 from llmft.core import slurm
 from llmft.core.launch import dies_with_this_process, launch_env, owns_its_children, torchrun_command
 from llmft.core.platform import Platform
+from llmft.core.settings import Config
 from llmft.sft import faults
 from llmft.sft.markers import (
     DIVERGENCE_FILE,
@@ -65,7 +66,7 @@ def _ignore_usr1() -> None:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
-def launch(cfg: dict, yaml_path: str, worker: str = "llmft.sft.train") -> int:
+def launch(cfg: Config, yaml_path: str, worker: str = "llmft.sft.train") -> int:
     """Run this node's torchrun over `worker` (llmft.sft.train, or llmft.worker: it with the trainer
     patches other stages supply); forward stop signals; requeue after preemption.
 
@@ -73,10 +74,10 @@ def launch(cfg: dict, yaml_path: str, worker: str = "llmft.sft.train") -> int:
     launcher owns its ranks: however it dies, torchrun ends them, and the lock is held until it has.
     """
     alloc = slurm.current_allocation()
-    if alloc.nnodes != cfg["hardware"]["nodes"]:
+    if alloc.nnodes != cfg.hardware.nodes:
         raise RuntimeError(
             f"the job has {alloc.nnodes} node(s) {alloc.nodes} but hardware.nodes is "
-            f"{cfg['hardware']['nodes']}: the Slurm resources and the config disagree"
+            f"{cfg.hardware.nodes}: the Slurm resources and the config disagree"
         )
     if not alloc.job_id:
         # Outside Slurm one node rendezvouses with itself: any free port (or MASTER_PORT), so runs
@@ -95,7 +96,7 @@ def launch(cfg: dict, yaml_path: str, worker: str = "llmft.sft.train") -> int:
 
 
 def _launch_locked(
-    cfg: dict,
+    cfg: Config,
     yaml_path: str,
     args: dict,
     work: Path,
@@ -196,7 +197,7 @@ def _wait_forwarding_stops(proc: subprocess.Popen, work: Path, host: str) -> int
             signal.signal(sig, handler)
 
 
-def _exit_code(cfg: dict, ours: dict, work: Path, alloc: slurm.Allocation, rc: int) -> int:
+def _exit_code(cfg: Config, ours: dict, work: Path, alloc: slurm.Allocation, rc: int) -> int:
     """The launcher's exit status: diverged, preempted (requeued when asked) or torchrun's own."""
     # torchrun reports any worker failure as 1: the workers' marker files say what happened.
     if (work / DIVERGENCE_FILE).exists():
@@ -214,7 +215,7 @@ def _exit_code(cfg: dict, ours: dict, work: Path, alloc: slurm.Allocation, rc: i
             _requeue(alloc.job_id)
         return EXIT_PREEMPTED
     if rc != 0:
-        timeout = cfg["sft"]["collective_timeout_minutes"]
+        timeout = cfg.sft.collective_timeout_minutes
         for line in faults.failure_report(work, rc, timeout):
             print(f"[llmft] {line}", flush=True)
     return rc

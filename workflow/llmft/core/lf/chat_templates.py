@@ -742,32 +742,27 @@ def for_model(model: Model, model_dir: str | Path | None) -> tuple[str, str]:
     return _for(model.name_or_path, model.template, model_dir)
 
 
-def for_config(cfg: dict, model_dir: str | Path | None) -> tuple[str, str]:
-    """for_model, from the validated dict's model section."""
-    return _for(cfg["model"]["name_or_path"], cfg["model"]["template"], model_dir)
-
-
 def _for(name_or_path: str, template: str, model_dir: str | Path | None) -> tuple[str, str]:
     from llmft.core.config import BUILTIN_MODEL
 
     return resolved(template, None if name_or_path == BUILTIN_MODEL else model_dir)
 
 
-def for_workflow(cfg: dict, workdir: str | Path) -> tuple[str, str]:
+def for_workflow(model_cfg: Model, workdir: str | Path) -> tuple[str, str]:
     """(name, why) of the template every stage gets, as the workflow resolves it when its DAG is
     built: auto picked from the model folder (relative to `workdir`), and the pick, or a named
     template, checked to fit that folder's tokenizer. The builtin model is built by a rule:
     prepare_data checks its fit."""
     from llmft.core.config import BUILTIN_MODEL
 
-    model = cfg["model"]["name_or_path"]
+    model = model_cfg.name_or_path
     model_dir = None if model == BUILTIN_MODEL else Path(workdir) / model  # an absolute path stays
     try:
-        template, why = resolved(cfg["model"]["template"], model_dir)
+        template, why = resolved(model_cfg.template, model_dir)
         if model_dir is not None:
             check(template, model_dir)
             # A named template that contradicts the folder's own chat template: warned, the run goes on.
-            warning = contradiction(cfg["model"]["template"], model_dir)
+            warning = contradiction(model_cfg.template, model_dir)
             if warning:
                 print(f"llmft: warning: config key model.template: {warning}", file=sys.stderr)
     except ConfigError as exc:
