@@ -44,7 +44,8 @@ FP8_LORA = "sft_fp8_h200x1_lora8b.json"
 FP8_ACC_FULL = "sft_fp8_h200x1_acc_full.json"
 FP8_ACC_LORA = "sft_fp8_h200x1_acc_lora.json"
 DPO_1B = "dpo_h200x1_1b_padfree.json"
-DPO_1B_CACHED = "dpo_h100x1_1b_cached_20261207.json"
+DPO_1B_CACHED = "dpo_h100x1_1b_warm_20261207.json"
+DPO_8B_LORA = "dpo_h100x1_8b_lora_20261207.json"
 BENCH_BACKEND = ("benchmarks_h200x1_float32.json", "benchmarks_h200x1_bfloat16.json")
 CONTINUE_CPU = (
     "continue_cpu2_20261205_cosine_lr5e4_guard_seed1.json",
@@ -145,6 +146,7 @@ def performance() -> str:
     for name, what in (
         (DPO_1B, "DPO 1.24 B, 1 × H200 (peak memory)"),
         (DPO_1B_CACHED, "DPO 1.24 B, 1 × H100, reference log-probabilities cached (peak memory)"),
+        (DPO_8B_LORA, "LoRA DPO 8 B, 1 × H100, reference log-probabilities cached (peak memory)"),
     ):
         dpo = load(name)["variants"]
         ours, hand = dpo["ours"], dpo["hand"]
