@@ -1,3 +1,6 @@
+include: "benchmarks_helpers.smk"
+
+
 # Standard benchmarks (eval.benchmarks: lm-eval-harness tasks) on the base and the tuned model, one
 # job each, offline: task data comes from eval.benchmark_include_path and the datasets cache. A job
 # on a node with several GPUs runs one lm-eval process per GPU it was given (torchrun over

@@ -143,78 +143,9 @@ def continue_keys(*keys):
     return keys if LINEAGE else ()
 
 
-# sft keys that change neither the plan nor the tokens it trains: a new learning rate re-renders the
-# YAML, not the lineage (render-sft refuses a lineage whose plan is not its own, naming the file).
-SFT_UNPLANNED = {
-    "learning_rate",
-    "lr_scheduler_type",
-    "warmup_ratio",
-    "decay_ratio",
-    "weight_decay",
-    "max_grad_norm",
-    "seed",
-    "logging_steps",
-    "save_steps",
-    "tracking",
-    "divergence_factor",
-    "requeue_on_preempt",
-    "collective_timeout_minutes",
-}
-
-
-def lineage_cfg():
-    """The lineage's config slice: the keys of the plan it counts tokens under, and a continued run's
-    parent, epochs and replay share."""
-    return cfg_arg(
-        "hardware",
-        "verify",
-        "data.cutoff_len",
-        *(f"sft.{key}" for key in CFG["sft"] if key not in SFT_UNPLANNED),
-        *continue_keys(
-            "model.continue_from", "nightly.continue_epochs", "nightly.replay_fraction"
-        ),
-    )
-
-
-def quarantine_keys():
-    """The nightly keys verify_env's stack quarantine reads, only in a night's run (one with
-    nightly.compare_with): other runs' verify_env params stay as they were."""
-    if not CFG["nightly"]["compare_with"]:
-        return ()
-    return (
-        "nightly.compare_with",
-        "nightly.on_stack_change",
-        "nightly.quarantine_passed",
-    )
-
-
-def parent_marker():
-    """What of the parent a continued run's data depends on: its data fingerprint (a parent that
-    prepared other rows changes which rows are new)."""
-    if not LINEAGE:
-        return ""
-    stats = Path(CFG["model"]["continue_from"]) / "data" / "stats.json"
-    return json.loads(stats.read_text()).get("fingerprint", "")
-
-
 def base_model_dir(wildcards):
     name = CFG["model"]["name_or_path"]
     return f"results/{wildcards.run}/base_model" if name == BUILTIN_MODEL else name
-
-
-def dataset_inputs(wildcards):
-    """The data files prepare_data reads; for a LLaMA-Factory dataset entry, the entry's file and
-    the dataset_info.json (editing the entry's columns or tags changes what is read)."""
-    out = []
-    for i, src in enumerate(CFG["data"]["sources"]):
-        if src.get("dataset_info"):
-            entry = resolve_lf_entry(src, Path.cwd(), where=f"data.sources[{i}]")
-            out += [entry["path"], entry["dataset_info"]]
-        elif src["path"] == BUILTIN_DATA:
-            out.append(f"results/{wildcards.run}/data/synthetic.jsonl")
-        else:
-            out.append(src["path"])
-    return out
 
 
 def per_node_resources():
@@ -263,21 +194,6 @@ def stage_python():
     ):
         return ["python"]
     return ["apptainer", "exec", *shlex.split(settings.apptainer_args), image, "python"]
-
-
-def quantization_keys():
-    """The keys that make verify_env check bitsandbytes, only when they ask for it: switching between
-    full, freeze and plain LoRA does not rerun verify_env."""
-    if CFG["sft"]["quantization_bit"] == "none":
-        return []
-    return ["sft.finetuning_type", "sft.quantization_bit"]
-
-
-def sft_adapter_output():
-    """sft's extra output under LoRA: the adapter, beside the merged model."""
-    if CFG["sft"]["finetuning_type"] != "lora":
-        return {}
-    return {"adapter": directory("results/{run}/sft/adapter")}
 
 
 def sft_output_log(wildcards):
@@ -329,24 +245,10 @@ def eval_model(wildcards):
     return base_model_dir(wildcards)
 
 
-def eval_model_path(wildcards, input):
-    """The model folder evaluate scores: its input, or (which=promoted) nightly.compare_with's model."""
-    if wildcards.which == "promoted":
-        return f"{CFG['nightly']['compare_with']}/sft/model"
-    return input.model
-
-
 def gate_rows_words():
     """`--max-rows` of the nightly gate's evaluations: every held-out row, or nightly.gate_max_rows;
     a word list, quoted by the rules' {params.rows:q}."""
     return ["--max-rows", str(CFG["nightly"]["gate_max_rows"] or "all")]
-
-
-def eval_rows(wildcards):
-    """evaluate's row words: none for base and tuned (eval.max_rows, the page's rows); the gate's
-    (gate_rows_words) for the two models the nightly gate compares.
-    """
-    return gate_rows_words() if wildcards.which in ("promoted", "gate") else []
 
 
 def compared_inputs(wildcards):
@@ -361,45 +263,4 @@ def compared_inputs(wildcards):
         "results/{run}/eval/{which}/metrics.json",
         run=wildcards.run,
         which=("promoted", "gate"),
-    )
-
-
-def gate_verdict(wildcards):
-    """The nightly gate's verdict, which the report renders: with nightly.compare_with only (rules/gate.smk)."""
-    if not CFG["nightly"]["compare_with"]:
-        return []
-    return f"results/{wildcards.run}/nightly/gate.json"
-
-
-def gate_cfg():
-    """The gate's config keys: what it compares (nightly.metric, tolerance, the benchmark budget, the
-    promoted run), whether benchmarks count (eval.benchmarks) and a stage's section (REPORT_STAGE_KEYS:
-    the preference models' scores need it)."""
-    keys = ("metric", "tolerance", "max_benchmark_drop", "compare_with")
-    return cfg_arg(
-        *(f"nightly.{k}" for k in keys),
-        "eval.benchmarks",
-        *REPORT_STAGE_KEYS,
-        benchmarks=bool(CFG["eval"]["benchmarks"]),
-    )
-
-
-# -- eval.benchmarks (rules/benchmarks.smk) -------------------------------------------------------
-from llmft.benchmarks.tasks import check as check_benchmarks
-
-try:
-    # An unknown task (with close matches) or one whose data is not here stops the run before any job.
-    check_benchmarks(SETTINGS.eval, Path.cwd())
-except ConfigError as exc:
-    sys.exit(f"llmft config error: {exc}")
-
-
-def benchmark_inputs(wildcards):
-    """The two benchmark scores the run's report compares; none without benchmarks."""
-    if not CFG["eval"]["benchmarks"]:
-        return []
-    return expand(
-        "results/{run}/benchmarks/{which}/scores.json",
-        run=wildcards.run,
-        which=("base", "tuned"),
     )

@@ -1,3 +1,6 @@
+include: "data_helpers.smk"
+
+
 rule base_model:
     output:
         directory("results/{run}/base_model"),

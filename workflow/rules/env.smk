@@ -1,3 +1,6 @@
+include: "env_helpers.smk"
+
+
 # The same job shape and per-node launch as sft, so every node that will train is checked, through
 # the same srun path. In a night's run (nightly.compare_with) it also runs the stack quarantine
 # (nightly.on_stack_change) before any training.

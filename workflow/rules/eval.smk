@@ -1,3 +1,6 @@
+include: "eval_helpers.smk"
+
+
 # One job per model: base and tuned on the page's eval.max_rows rows; with nightly.compare_with, the
 # gate's two: promoted (the promoted run's model) and gate (this run's tuned model), both on every
 # held-out row unless nightly.gate_max_rows caps them. On a GPU node the job runs one evaluation

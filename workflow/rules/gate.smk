@@ -1,3 +1,6 @@
+include: "gate_helpers.smk"
+
+
 # The nightly gate (llmft.nightly.gate), only with nightly.compare_with (the nightly sets it when a
 # model is promoted): this run's model and the promoted one on the same held-out rows (eval/gate and
 # eval/promoted; on a preference nightly.metric the preference stage's preference/gate/), each

@@ -1,3 +1,6 @@
+include: "sft_helpers.smk"
+
+
 # The run's lineage, its one record (results/{run}/lineage.json, llmft.core.lineage_record): where
 # it starts (the parent run, its weights or adapter, the chain back to the base model), the data
 # delta since the parent and the replay share, the tokens the plan for the nodes trains against a

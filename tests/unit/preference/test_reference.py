@@ -332,8 +332,8 @@ def test_the_gates_reference_scores_from_the_store_are_evaluates(kind, model_dir
     """evaluate-preference --logps-only --reference-cache (the gate's reference models): the held-out
     rows' log-probabilities from the reference store equal evaluate's own pass on the same rows, with
     the same answer tokens, prompts and row fingerprint; a second pass computes nothing."""
-    from llmft.__main__ import _evaluation
     from llmft.core.io import read_json, read_jsonl
+    from llmft.evaluate.cli import evaluation as _evaluation
     from llmft.preference import evaluate, reference
 
     root, cfg = demo_data
