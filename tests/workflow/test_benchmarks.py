@@ -135,7 +135,7 @@ def test_the_tuned_model_scores_higher_on_both_tasks(benched):
 
 
 def test_another_run_with_the_same_base_model_reuses_its_scores(benched):
-    target = "results/second/bench/base/scores.json"
+    target = "results/second/benchmarks/base/scores.json"
     proc = snakemake(benched, target, "--config", "run=second")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert set(rules_run(proc.stderr + proc.stdout)) == {"base_model", "benchmarks"}

@@ -202,7 +202,7 @@ def heldout_sides(run_dir: Path, promoted: str) -> tuple[dict, dict]:
 
 
 def bench_tasks(run_dir: Path) -> dict | None:
-    """This run's tuned model per benchmark task (bench/), on the task's headline metric (the first
+    """This run's tuned model per benchmark task (benchmarks/), on the task's headline metric (the first
     lm-eval reports) where the base model has it too; None without both benchmark jobs."""
     base = read_optional(run_dir / "benchmarks" / "base" / "scores.json")
     tuned = read_optional(run_dir / "benchmarks" / "tuned" / "scores.json")

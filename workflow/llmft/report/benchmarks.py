@@ -68,8 +68,8 @@ def verdict(rows: dict, regressed: list[str]) -> str:
 
 def load(run_dir: Path) -> dict | None:
     """The comparison of the run's two benchmark jobs, or None when it has none."""
-    base = read_optional(run_dir / "bench/base/scores.json")
-    tuned = read_optional(run_dir / "bench/tuned/scores.json")
+    base = read_optional(run_dir / "benchmarks/base/scores.json")
+    tuned = read_optional(run_dir / "benchmarks/tuned/scores.json")
     if not base or not tuned:
         return None
     return compare(base, tuned) | {"lm_eval": tuned.get("lm_eval")}
