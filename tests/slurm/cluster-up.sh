@@ -102,10 +102,6 @@ StateSaveLocation=$ROOT/state
 SlurmctldLogFile=$ROOT/log/slurmctld.log
 SlurmdLogFile=$ROOT/log/slurmd-%n.log
 SchedulerType=sched/backfill
-# Pending jobs are looked at every 2 s (Slurm's defaults: 60 s main loop, 30 s backfill). A job that
-# becomes eligible without an event (a requeued one, once cred_expire below has passed) waits for the
-# next pass: up to a minute with the defaults.
-SchedulerParameters=sched_interval=2,bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=1000
@@ -119,9 +115,7 @@ MinJobAge=$MIN_JOB_AGE
 KillWait=5
 InactiveLimit=0
 Waittime=0
-# A node whose slurmd stops answering is declared DOWN (and its jobs requeued) this long after its
-# last answer; Slurm's default is 300 s.
-SlurmdTimeout=30
+SlurmdTimeout=60
 # A requeued job may start again only once its old credential has expired: cred_expire (default 120 s)
 # after the requeue. The resume tests requeue three jobs; 20 s is still ample for a step's launch here.
 AuthInfo=cred_expire=20
