@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import string
 import subprocess
 import sys
@@ -112,6 +113,13 @@ def reuse_verify_of_night1(work: Path, run: str) -> None:
     place_verify(work / "results/night1/env/verify.json", work, run)
 
 
+def reuse_base_model_of_night1(work: Path, run: str) -> None:
+    """Night 1's base model (built by its base_model job on Slurm) for `run`, modification times
+    kept: every night builds the same builtin:tiny model, so a later night does not build it again
+    (nothing here asserts on the base_model job; test_cluster does)."""
+    shutil.copytree(work / "results/night1/base_model", work / f"results/{run}/base_model")
+
+
 def llmft(work: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "python"), "-m", "llmft", *args], cwd=work, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
@@ -149,6 +157,7 @@ def test_three_nights_and_a_concurrent_start(tmp_path):
     # lock), trains on the new train rows plus the replay share, and the gate promotes it.
     write_rows(work / "data/rows.jsonl", rows[400:500], mode="a")
     reuse_verify_of_night1(work, "night2")
+    reuse_base_model_of_night1(work, "night2")
     night2 = start(work, "night2")
     deadline = time.monotonic() + 60
     while not (work / "results/nightly/night2.log").exists() and time.monotonic() < deadline:
@@ -187,6 +196,7 @@ def test_three_nights_and_a_concurrent_start(tmp_path):
     # recorded.
     write_rows(work / "data/rows.jsonl", damaged(rows[500:700]), mode="a")
     recorded = record_another_stack(work / "results/night2", torch=OLD_TORCH)
+    reuse_base_model_of_night1(work, "night3")
     rc, out = finish(start(work, "night3"))
     assert rc == 0, out[-4000:]
     verify3 = json.loads((work / "results/night3/env/verify.json").read_text())
