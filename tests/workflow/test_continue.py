@@ -2,7 +2,8 @@
 
 Full: run `p` trains the tiny model from its base on rows P; results/current is made a link to it;
 run `c` continues from results/current on P less its first rows plus appended rows. LoRA: run `lp`
-trains an adapter, run `lc` continues it. The counts of new, replayed and removed rows are worked out
+trains an adapter and is promoted (`llmft promote`); run `lc` is a nightly `mode: continue` night that
+continues it and is promoted by the gate. The counts of new, replayed and removed rows are worked out
 here from the data files (content keys and the split's side, as prepare_data defines them), and the
 weights a continued run started from are compared with its parent's published tensors. The bad
 parents at the end are refused by `snakemake -n`, before any job.
@@ -89,14 +90,26 @@ def full(work):
 
 @pytest.fixture(scope="module")
 def lora(full):
+    """Run lp trains an adapter from the base; `llmft promote lp` makes it results/current; run lc is a
+    nightly `mode: continue` night on child.jsonl that keeps training lp's adapter. Returns the
+    workdir and the night's output."""
+    from tests.workflow.test_promote import llmft, night
+
     proc = run_with(full, "lp", "parent.jsonl", **LORA)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = llmft(full, "promote", "lp", "--why", "the LoRA night's parent")
+    assert proc.returncode == 0, proc.stderr
+    night_cfg = {"nightly__mode": "continue", "nightly__metric": "eval_loss", "nightly__tolerance": 10.0}
+    # the page's evaluation and the gate's (nightly.gate_max_rows) on 8 rows: the night stays cheap;
     # one epoch (nightly.continue_epochs) where its parent trained FAST's two
-    proc = run_with(
-        full, "lc", "child.jsonl", **LORA, model__continue_from="results/lp", nightly__continue_epochs=1.0
+    night_cfg |= {"eval__max_rows": 8, "nightly__gate_max_rows": 8, "nightly__continue_epochs": 1.0}
+    make_workdir(
+        full, **FAST, **LORA, **night_cfg, data__sources=[{"path": "child.jsonl", "format": "alpaca"}]
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return full
+    place_verify(full / "results/p/env/verify.json", full, "lc")
+    proc = night(full, "lc")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return full, proc
 
 
 def keys_of(path):
@@ -188,7 +201,7 @@ def test_full_continue_starts_from_the_parents_published_weights(full):
 
 
 def test_lora_continue_keeps_training_the_parents_adapter(lora):
-    results = lora / "results"
+    results = lora[0] / "results"
     start = json.loads((results / "lc/sft/train_summary.json").read_text())["start_weights"]
     assert "lora_" in start["name"]
     adapter = load_file(results / "lp/sft/adapter/adapter_model.safetensors")
@@ -196,7 +209,8 @@ def test_lora_continue_keeps_training_the_parents_adapter(lora):
         adapter[start["name"].replace(".default", "")]
     )
     args = yaml.safe_load((results / "lc/sft/llamafactory.yaml").read_text())
-    assert args["adapter_name_or_path"] == "results/lp/sft/adapter" and args["create_new_adapter"] is False
+    assert args["finetuning_type"] == "lora" and args["create_new_adapter"] is False
+    assert args["adapter_name_or_path"] == "results/lp/sft/adapter"  # results/current, resolved
     assert args["model_name_or_path"] == "results/lc/base_model"
     assert args["num_train_epochs"] == 1.0  # nightly.continue_epochs, not sft's 2
     after = load_file(results / "lc/sft/adapter/adapter_model.safetensors")
@@ -204,51 +218,17 @@ def test_lora_continue_keeps_training_the_parents_adapter(lora):
     assert any(not (after[k] == adapter[k]).all() for k in adapter)
 
 
-@pytest.fixture(scope="module")
-def lora_night(lora, tmp_path_factory):
-    """A nightly `mode: continue` night with finetuning_type lora, in its own folder: the LoRA run lp
-    (copied, without its checkpoints) is promoted by `llmft promote`; the night trains child.jsonl."""
-    from tests.workflow.test_promote import llmft, night
-
-    work = tmp_path_factory.mktemp("lora_night")
-    shutil.copytree(lora / "results/lp", work / "results/lp", ignore=shutil.ignore_patterns("work"))
-    write_rows(work / "child.jsonl", CHILD_ROWS)
-    night_cfg = {"nightly__mode": "continue", "nightly__metric": "eval_loss", "nightly__tolerance": 10.0}
-    # the page's evaluation and the gate's (nightly.gate_max_rows) on 8 rows: the night stays cheap
-    night_cfg |= {"eval__max_rows": 8, "nightly__gate_max_rows": 8}
-    make_workdir(
-        work, **FAST, **LORA, **night_cfg, data__sources=[{"path": "child.jsonl", "format": "alpaca"}]
-    )
-    place_verify(lora / "results/p/env/verify.json", work, "ln")
-    proc = llmft(work, "promote", "lp", "--why", "the LoRA night's parent")
-    assert proc.returncode == 0, proc.stderr
-    proc = night(work, "ln")
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return work, proc
-
-
-def test_a_lora_continue_night_trains_on_the_promoted_adapter(lora_night):
+def test_a_lora_continue_night_trains_on_the_promoted_adapter(lora):
     """nightly.mode continue with LoRA: the night starts from results/current's adapter (lp's), keeps
     training that adapter, and its gate promotes the result."""
-    work, proc = lora_night
+    work, proc = lora
     results = work / "results"
-    assert "training run ln from results/lp" in proc.stdout
-    args = yaml.safe_load((results / "ln/sft/llamafactory.yaml").read_text())
-    assert args["finetuning_type"] == "lora" and args["create_new_adapter"] is False
-    assert args["adapter_name_or_path"] == "results/lp/sft/adapter"
-    start = json.loads((results / "ln/sft/train_summary.json").read_text())["start_weights"]
-    adapter = load_file(results / "lp/sft/adapter/adapter_model.safetensors")
-    assert "lora_" in start["name"]
-    assert {k: start[k] for k in ("shape", "sum", "sha256")} == digest(
-        adapter[start["name"].replace(".default", "")]
-    )
-    after = load_file(results / "ln/sft/adapter/adapter_model.safetensors")
-    assert set(after) == set(adapter) and any(not (after[k] == adapter[k]).all() for k in adapter)
-    assert summary(results / "ln")["lineage"]["started_from"] == "results/lp/sft/adapter"
+    assert "training run lc from results/lp" in proc.stdout
+    assert summary(results / "lc")["lineage"]["started_from"] == "results/lp/sft/adapter"
     night = json.loads((results / "nightly/state.json").read_text())["nights"][-1]
     assert night["mode"] == "continue" and night["started_from"] == "results/lp"
     assert night["status"] == "promoted" and "(run lp) on 8 held-out rows" in night["reason"]
-    assert (results / "current").resolve().name == "ln"
+    assert (results / "current").resolve().name == "lc"
 
 
 def test_lineage_in_summary_plan_page_and_trend(full, lora):

@@ -49,7 +49,12 @@ def _multiturn(tmp_path):
                 prompt = "\n".join(t for t in (row["instruction"], row["input"]) if t)
                 turns += [{"from": "human", "value": prompt}, {"from": "gpt", "value": row["output"]}]
             fh.write(json.dumps({"conversations": turns}) + "\n")
-    return {"data__sources": [{"path": str(out), "format": "sharegpt", "weight": 1.0}]}
+    # Gemma-3's 262 k-entry vocabulary makes scoring a row most of a step's cost: two rows a step per
+    # process, not four (the held-out loss still drops to about two thirds of the base's).
+    return {
+        "sft__per_device_train_batch_size": 2,
+        "data__sources": [{"path": str(out), "format": "sharegpt", "weight": 1.0}],
+    }
 
 
 def _tools(tmp_path):

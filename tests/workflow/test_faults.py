@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -133,17 +134,27 @@ def test_a_hung_rank_fails_within_the_collective_timeout_and_is_named(stage):
     assert attempts(work) == [0, SAVE] and summary["attempt"]["steps_lost"] == lost
 
 
-def stop_at_the_third_save(stage: Path, name: str) -> tuple[str, Path, Path, Path]:
-    """Train past checkpoint-20, stop (a checkpoint now): (overrides, work, the newest checkpoint, its
-    largest file)."""
-    overrides, work, proc = start(stage, name, {"max_steps": 30, "save_steps": SAVE})
+@pytest.fixture(scope="module")
+def stopped_past_the_second_save(stage) -> tuple[Path, int]:
+    """One training past checkpoint-20, stopped (a checkpoint now): its work folder and the step of its
+    newest checkpoint. Each checkpoint-corruption test spoils a copy of it."""
+    _, work, proc = start(stage, "stopped", {"max_steps": 30, "save_steps": SAVE})
     wait_for_step(proc, work, 2 * SAVE + 2)
     os.kill(proc.pid, signal.SIGUSR1)  # a checkpoint now, then stop
     out = finish(proc, 180)
     assert proc.returncode == 75, out[-3000:]
     stopped = json.loads((work / "llmft_preempted.json").read_text())["step"]
-    newest = work / f"checkpoint-{stopped}"
-    assert (newest / "llmft_complete.json").is_file()  # sealed by every rank's save
+    assert (work / f"checkpoint-{stopped}" / "llmft_complete.json").is_file()  # sealed by every rank's save
+    return work, stopped
+
+
+def stop_at_the_third_save(stage: Path, name: str, stopped: tuple[Path, int]) -> tuple[str, Path, Path, Path]:
+    """The stopped training (stopped_past_the_second_save) copied as `name`'s: (overrides, work, the
+    newest checkpoint, its largest file)."""
+    overrides, args = render(stage, name, {"max_steps": 30, "save_steps": SAVE})
+    work = stage / args["output_dir"]
+    shutil.copytree(stopped[0], work)
+    newest = work / f"checkpoint-{stopped[1]}"
     shard = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     return overrides, work, newest, shard
 
@@ -165,9 +176,9 @@ def resumed_from_the_one_before(stage: Path, overrides: str, name: str, work: Pa
     steps_lost="the steps between the two checkpoints (< sft.save_steps)",
     data_lost="none: the bad checkpoint is kept aside as incomplete-checkpoint-N",
 )
-def test_a_half_written_newest_checkpoint_is_set_aside(stage):
+def test_a_half_written_newest_checkpoint_is_set_aside(stage, stopped_past_the_second_save):
     name = "halfsaved"
-    overrides, work, newest, shard = stop_at_the_third_save(stage, name)
+    overrides, work, newest, shard = stop_at_the_third_save(stage, name, stopped_past_the_second_save)
     size = shard.stat().st_size
     with open(shard, "r+b") as fh:
         fh.truncate(size // 2)
@@ -182,9 +193,9 @@ def test_a_half_written_newest_checkpoint_is_set_aside(stage):
     steps_lost="the steps between the two checkpoints (< sft.save_steps)",
     data_lost="none: the bad checkpoint is kept aside as incomplete-checkpoint-N",
 )
-def test_a_newest_checkpoint_corrupted_in_place_is_set_aside(stage):
+def test_a_newest_checkpoint_corrupted_in_place_is_set_aside(stage, stopped_past_the_second_save):
     name = "bitrot"
-    overrides, work, newest, shard = stop_at_the_third_save(stage, name)
+    overrides, work, newest, shard = stop_at_the_third_save(stage, name, stopped_past_the_second_save)
     size = shard.stat().st_size
     with open(shard, "r+b") as fh:
         fh.seek(size // 2)

@@ -13,6 +13,7 @@ pytestmark = pytest.mark.workflow
 
 RUN = "packed"
 TARGET = f"results/{RUN}/sft/train_summary.json"
+PACKED = f"results/{RUN}/data/packed.json"  # pack_data's stamp
 # The template the demo's builtin model gets (and what `auto` picks for this folder, a Llama
 # without a chat template), whose prompt length decides how many rows a pack holds.
 SMALL = {
@@ -83,13 +84,16 @@ def test_only_what_a_packing_or_training_change_touches_reruns(packed_run):
     proc = snakemake(work, "-n", TARGET)
     ran = rules_run(proc.stderr + proc.stdout)
     assert {"pack_data", "render_sft_config", "sft"} <= set(ran) and "prepare_data" not in ran
-    # a new learning rate re-renders the YAML; pack_data runs for it and reuses the packed rows
+    # a new learning rate re-renders the YAML; pack_data runs for it (its stamp the target: the
+    # training it leads to is the one the first build ran) and reuses the packed rows; sft is due next
     make_workdir(work, sft__packing="neat", **{**SMALL, "sft__learning_rate": 0.002})
-    proc = snakemake(work, TARGET)
+    proc = snakemake(work, PACKED)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert set(rules_run(proc.stderr + proc.stdout)) == {"render_sft_config", "pack_data", "sft"}
-    stamp = json.loads((work / f"results/{RUN}/data/packed.json").read_text())
+    assert set(rules_run(proc.stderr + proc.stdout)) == {"render_sft_config", "pack_data"}
+    stamp = json.loads((work / PACKED).read_text())
     assert stamp["packed"] and stamp["reused"]
+    proc = snakemake(work, "-n", TARGET)
+    assert rules_run(proc.stderr + proc.stdout) == ["sft"], (proc.stdout + proc.stderr)[-3000:]
     make_workdir(work, sft__packing="off", **SMALL)
     proc = snakemake(work, "-n", TARGET)
     ran = rules_run(proc.stderr + proc.stdout)
