@@ -143,13 +143,15 @@ def test_quantized_plans_never_pick_a_stage_bitsandbytes_cannot_train(tiny):
     for bits in (4, 8):
         cfg = sft(finetuning_type="lora", quantization_bit=bits, zero_stage="auto", precision="bf16")
         cfg["hardware"].update(gpu)
-        valid = validate(cfg, base_dir=REPO)
-        plan = resolve(Config.from_dict(valid), tiny, Platform.declared(Config.from_dict(valid)))
+        valid = Config.from_dict(validate(cfg, base_dir=REPO))
+        plan = resolve(valid, tiny, Platform.declared(valid))
         # LoRA trains without DeepSpeed on GPUs (plan._zero2_first); 8 bit would never get ZeRO-3
         assert plan.zero_stage == 0
     # on CPU processes: no DeepSpeed at all (bitsandbytes' CPU backend cannot save ZeRO-3's weights)
-    cfg = validate(sft(finetuning_type="lora", quantization_bit=4, zero_stage="auto"), base_dir=REPO)
-    assert resolve(Config.from_dict(cfg), tiny, Platform.declared(Config.from_dict(cfg))).zero_stage == 0
+    cfg = Config.from_dict(
+        validate(sft(finetuning_type="lora", quantization_bit=4, zero_stage="auto"), base_dir=REPO)
+    )
+    assert resolve(cfg, tiny, Platform.declared(cfg)).zero_stage == 0
 
 
 def facts(**kw) -> dict:

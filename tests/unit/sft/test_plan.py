@@ -14,9 +14,10 @@ from tests.conftest import REPO
 from tests.unit.sft.conftest import SHAPES
 
 
-def plan_of(cfg, model_dir):
+def plan_of(raw, model_dir):
     """The plan for what the config declares (its hardware.gpu_model), as `llmft plan` makes it."""
-    return resolve(Config.from_dict(cfg), model_dir, Platform.declared(Config.from_dict(cfg)))
+    cfg = Config.from_dict(raw)
+    return resolve(cfg, model_dir, Platform.declared(cfg))
 
 
 def gpu_cfg(gpus=2, gpu="h200", nodes=1, **sft):

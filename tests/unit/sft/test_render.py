@@ -26,21 +26,22 @@ def tiny(tmp_path):
     return tiny_config(tmp_path / "tiny")
 
 
-def plan_of(cfg, model_dir):
+def plan_of(raw, model_dir):
     """The plan for what the config declares (its hardware.gpu_model), as `llmft plan` makes it."""
-    return resolve(Config.from_dict(cfg), model_dir, Platform.declared(Config.from_dict(cfg)))
+    cfg = Config.from_dict(raw)
+    return resolve(cfg, model_dir, Platform.declared(cfg))
+
+
+def render_declared(raw, model_dir, out, name, deepspeed_name=None):
+    """render() of a validated config for the platform it declares, into out/<name>.yaml and
+    out/<deepspeed_name or name>.json (data folder "d", work root "w")."""
+    cfg = Config.from_dict(raw)
+    yaml_out, ds_out = out / f"{name}.yaml", out / f"{deepspeed_name or name}.json"
+    return render(cfg, model_dir, "d", str(yaml_out), str(ds_out), "w", Platform.declared(cfg))
 
 
 def test_render_writes_yaml_and_zero3(tmp_path, tiny):
-    args = render(
-        Config.from_dict(DEMO),
-        tiny,
-        "d",
-        str(tmp_path / "lf.yaml"),
-        str(tmp_path / "ds.json"),
-        "w",
-        Platform.declared(Config.from_dict(DEMO)),
-    )
+    args = render_declared(DEMO, tiny, tmp_path, "lf", "ds")
     on_disk = yaml.safe_load((tmp_path / "lf.yaml").read_text())
     assert on_disk == args
     assert args["overwrite_output_dir"] is False
@@ -66,53 +67,21 @@ def test_render_writes_yaml_and_zero3(tmp_path, tiny):
 
 def test_extra_passes_through_and_changes_work_dir(tmp_path, tiny):
     cfg = validate({**DEMO, "sft": {**DEMO["sft"], "extra": {"packing": True}}}, base_dir=REPO)
-    a = render(
-        Config.from_dict(DEMO),
-        tiny,
-        "d",
-        str(tmp_path / "a.yaml"),
-        str(tmp_path / "a.json"),
-        "w",
-        Platform.declared(Config.from_dict(DEMO)),
-    )
-    b = render(
-        Config.from_dict(cfg),
-        tiny,
-        "d",
-        str(tmp_path / "b.yaml"),
-        str(tmp_path / "b.json"),
-        "w",
-        Platform.declared(Config.from_dict(cfg)),
-    )
+    a = render_declared(DEMO, tiny, tmp_path, "a")
+    b = render_declared(cfg, tiny, tmp_path, "b")
     assert b["packing"] is True and "packing" not in a
     assert a["output_dir"] != b["output_dir"]  # a new config never resumes an old checkpoint
 
 
 def test_zero0_has_no_deepspeed_and_no_unused_param_search(tmp_path, tiny):
     cfg = validate({**DEMO, "sft": {**DEMO["sft"], "zero_stage": 0}}, base_dir=REPO)
-    args = render(
-        Config.from_dict(cfg),
-        tiny,
-        "d",
-        str(tmp_path / "a.yaml"),
-        str(tmp_path / "a.json"),
-        "w",
-        Platform.declared(Config.from_dict(cfg)),
-    )
+    args = render_declared(cfg, tiny, tmp_path, "a")
     assert "deepspeed" not in args and args["ddp_find_unused_parameters"] is False
 
 
 def test_gpu_auto_render_uses_the_plan(tmp_path, tiny):
     cfg = validate({"hardware": {"vendor": "cuda", "gpus_per_node": 8, "gpu_model": "h100"}})
-    args = render(
-        Config.from_dict(cfg),
-        tiny,
-        "d",
-        str(tmp_path / "a.yaml"),
-        str(tmp_path / "a.json"),
-        "w",
-        Platform.declared(Config.from_dict(cfg)),
-    )
+    args = render_declared(cfg, tiny, tmp_path, "a")
     assert args["neat_packing"] is True and args["flash_attn"] == "sdpa"  # sdpa loads, varlen runs
     assert args["llmft"]["attention"] == "varlen"
     # varlen rows carry a 0/1 mask of their real tokens: their padding is not counted as tokens
@@ -123,26 +92,10 @@ def test_gpu_auto_render_uses_the_plan(tmp_path, tiny):
     assert plan["zero_stage"] == 2 and plan["tokens_per_step"] == cfg["sft"]["tokens_per_step"]
     assert json.loads((tmp_path / "a.json").read_text())["zero_optimization"]["stage"] == 2
     ddp = validate({**cfg, "sft": {"zero_stage": 0}})
-    args = render(
-        Config.from_dict(ddp),
-        tiny,
-        "d",
-        str(tmp_path / "c.yaml"),
-        str(tmp_path / "c.json"),
-        "w",
-        Platform.declared(Config.from_dict(ddp)),
-    )
+    args = render_declared(ddp, tiny, tmp_path, "c")
     assert "deepspeed" not in args and args["ddp_find_unused_parameters"] is False
     zero3 = validate({**cfg, "sft": {"zero_stage": 3}})
-    render(
-        Config.from_dict(zero3),
-        tiny,
-        "d",
-        str(tmp_path / "b.yaml"),
-        str(tmp_path / "b.json"),
-        "w",
-        Platform.declared(Config.from_dict(zero3)),
-    )
+    render_declared(zero3, tiny, tmp_path, "b")
     ds = deepspeed_config(plan_of(zero3, tiny), Platform.declared(Config.from_dict(zero3)))
     assert ds["zero_optimization"]["overlap_comm"] is True
     assert ds["zero_optimization"]["sub_group_size"] == ZERO3_SUB_GROUP  # what the planner assumes
@@ -152,28 +105,12 @@ def test_gpu_auto_render_uses_the_plan(tmp_path, tiny):
 def test_torch_compile_renders_compiled_layers_and_liger_loss_alone(tmp_path, tiny):
     hw = {"vendor": "cuda", "gpus_per_node": 8, "gpu_model": "h100"}
     cfg = validate({"hardware": hw, "sft": {"torch_compile": True, "liger_kernel": True}})
-    args = render(
-        Config.from_dict(cfg),
-        tiny,
-        "d",
-        str(tmp_path / "a.yaml"),
-        str(tmp_path / "a.json"),
-        "w",
-        Platform.declared(Config.from_dict(cfg)),
-    )
+    args = render_declared(cfg, tiny, tmp_path, "a")
     # LLaMA-Factory's switch would patch every Liger kernel; the launcher applies the fused loss alone
     assert "enable_liger_kernel" not in args
     assert args["llmft"]["compile_layers"] is True and args["llmft"]["liger_loss_only"] is True
     eager = validate({"hardware": hw, "sft": {"liger_kernel": True}})
-    args = render(
-        Config.from_dict(eager),
-        tiny,
-        "d",
-        str(tmp_path / "b.yaml"),
-        str(tmp_path / "b.json"),
-        "w",
-        Platform.declared(Config.from_dict(eager)),
-    )
+    args = render_declared(eager, tiny, tmp_path, "b")
     assert args["enable_liger_kernel"] is True and not args["llmft"]["compile_layers"]
 
 
@@ -181,30 +118,14 @@ def test_static_shapes_and_compile_tuning_reach_the_training_entry(tmp_path, tin
     hw = {"vendor": "cuda", "gpus_per_node": 8, "gpu_model": "h100"}
     sft = {"torch_compile": True, "static_shapes": True, "compile_tuning": True, "fp8": False}
     cfg = validate({"hardware": hw, "sft": sft, "data": {"cutoff_len": 512}})
-    args = render(
-        Config.from_dict(cfg),
-        tiny,
-        "d",
-        str(tmp_path / "a.yaml"),
-        str(tmp_path / "a.json"),
-        "w",
-        Platform.declared(Config.from_dict(cfg)),
-    )
+    args = render_declared(cfg, tiny, tmp_path, "a")
     plan = args["llmft"]["plan"]
     assert args["llmft"]["static_tokens"] == plan["micro_batch"] * 512 == plan["static_tokens"]
     assert args["llmft"]["compile_tuning"] is True
     assert f"every micro-batch padded to {plan['static_tokens']} tokens" in (tmp_path / "a.yaml").read_text()
     # neither by default on a bf16 plan (its layers do not compile)
     plain = validate({"hardware": hw})
-    args = render(
-        Config.from_dict(plain),
-        tiny,
-        "d",
-        str(tmp_path / "b.yaml"),
-        str(tmp_path / "b.json"),
-        "w",
-        Platform.declared(Config.from_dict(plain)),
-    )
+    args = render_declared(plain, tiny, tmp_path, "b")
     assert "static_tokens" not in args["llmft"] and "compile_tuning" not in args["llmft"]
     # the collator pads a flattened micro-batch to exactly that many tokens, counting real ones only
     import torch
@@ -282,8 +203,9 @@ def test_every_zero_stage_config_leaves_nothing_for_deepspeed_to_guess(tiny, tmp
     cpu = validate({**DEMO, "sft": {**DEMO["sft"], "zero_stage": stage}}, base_dir=REPO)
     gpu = validate({"hardware": {"vendor": "cuda", "gpus_per_node": 2}, "sft": {"zero_stage": stage}})
     for cfg in (cpu, gpu):
-        platform = Platform.declared(Config.from_dict(cfg))
-        ds = deepspeed_config(resolve(Config.from_dict(cfg), tiny, platform), platform)
+        typed = Config.from_dict(cfg)
+        platform = Platform.declared(typed)
+        ds = deepspeed_config(resolve(typed, tiny, platform), platform)
         hf = HfTrainerDeepSpeedConfig(ds)
         args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
         hf.trainer_config_process(args)
@@ -322,15 +244,7 @@ def test_a_resumed_attempt_reports_its_own_steps_and_what_was_lost():
 def test_lineage_names_the_base_model_folder_the_stage_was_given(tmp_path, tiny):
     """render-sft's config slice holds no model.name_or_path: the lineage's base model is the folder
     the rule passed, and a run's own built builtin:tiny folder is named builtin:tiny."""
-    args = render(
-        Config.from_dict(DEMO),
-        tiny,
-        "d",
-        str(tmp_path / "lf.yaml"),
-        str(tmp_path / "ds.json"),
-        "w",
-        Platform.declared(Config.from_dict(DEMO)),
-    )
+    args = render_declared(DEMO, tiny, tmp_path, "lf", "ds")
     assert "lineage" not in args["llmft"] and "cost" not in args["llmft"]  # lineage.json holds them
     assert run_head(Config.from_dict(DEMO), tiny) == {
         "parent": None,
