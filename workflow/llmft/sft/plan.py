@@ -441,9 +441,8 @@ def _packing_and_attention(sft: Sft, platform: Platform) -> tuple[str, str, list
     """sft's packing and attention kernel, with the reasons for what `auto` chose."""
     on_gpu = platform.on_gpu
     reasons: list[str] = []
-    packing = sft.packing
-    if packing == "auto":
-        packing = "neat" if on_gpu else "off"
+    packing = sft.packing_on(on_gpu)
+    if sft.packing == "auto":
         reasons.append(
             "packing neat: packed rows without cross-sample attention"
             if on_gpu
