@@ -11,7 +11,7 @@ except ConfigError as exc:
 
 def benchmark_inputs(wildcards):
     """The two benchmark scores the run's report compares; none without benchmarks."""
-    if not CFG["eval"]["benchmarks"]:
+    if not SETTINGS.eval.benchmarks:
         return []
     return expand(
         "results/{run}/benchmarks/{which}/scores.json",

@@ -10,7 +10,7 @@ from snakemake.settings.types import DeploymentMethod
 # llmft is importable: the Snakefile puts workflow/ on sys.path before it reads the config.
 from llmft.core.lf.chat_templates import AUTO as AUTO_TEMPLATE
 from llmft.core.lf.chat_templates import for_workflow as template_for_workflow
-from llmft.core.config import BUILTIN_DATA, BUILTIN_MODEL, ConfigError, layout, validate
+from llmft.core.config import BUILTIN_DATA, BUILTIN_MODEL, ConfigError, validate
 from llmft.core.lf.lfdataset import resolve as resolve_lf_entry
 from llmft.core.settings import Config
 from llmft.core.settings import replace as replace_setting
@@ -18,11 +18,10 @@ from llmft.sft.render import precheck
 from llmft.core.slurm import launcher_resources_error, launcher_words, profile_mismatch
 
 try:
-    CFG = validate(config, base_dir=Path.cwd())
     # A config that could fit on no node of the declared kind stops here, naming the keys to
     # change; the plan sft trains with is made later from the nodes' facts (render_sft_config).
     # (Another training stage's config is checked so by its own snakefile: rules/preference_helpers.smk.)
-    SETTINGS = Config.from_dict(CFG)
+    SETTINGS = Config.from_dict(validate(config, base_dir=Path.cwd()))
     precheck(SETTINGS)
 except ConfigError as exc:
     # The message alone, first and last: Snakemake would print a file, a line and a trace around it.
@@ -37,7 +36,6 @@ except ConfigError as exc:
     sys.exit(f"llmft config error: {exc}")
 if SETTINGS.model.template == AUTO_TEMPLATE:
     print(f"llmft: model.template auto -> {_template} ({_why})", file=sys.stderr)
-CFG["model"]["template"] = _template
 SETTINGS = replace_setting(SETTINGS, "model.template", _template)
 
 # model.continue_from: the parent run is checked (finished, readable, same base model, tokenizer,
@@ -49,18 +47,16 @@ try:
     SETTINGS, LINEAGE = resolve_parent(SETTINGS, Path.cwd())
 except ConfigError as exc:
     sys.exit(f"llmft config error: {exc}")
-# the config slices of the jobs (cfg_arg) name the resolved folder too
-CFG["model"]["continue_from"] = SETTINGS.model.continue_from
 
 # The run's published folders against the seals their stage wrote: weights changed in place at the
 # same size keep their times as Snakemake sees them (a folder's), so its scores and page would
 # silently describe other weights. Only files changed since they were last verified are read.
 from llmft.core.lineage import published_problems
 
-_changed = published_problems(Path("results") / CFG["run"])
+_changed = published_problems(Path("results") / SETTINGS.run)
 if _changed:
     sys.exit(
-        f"llmft config error: run {CFG['run']}: {_changed[0]}; its scores and page describe the "
+        f"llmft config error: run {SETTINGS.run}: {_changed[0]}; its scores and page describe the "
         "weights published then: restore the folder, or delete it to train it again"
     )
 
@@ -70,13 +66,16 @@ if _changed:
 # The resources per_node_launcher writes into a shell line (mpi, cpus_per_task) must be a launcher
 # command and a count.
 _mismatch = profile_mismatch(
-    CFG["hardware"], workflow.resource_settings
+    SETTINGS.hardware, workflow.resource_settings
 ) or launcher_resources_error(workflow.resource_settings)
 if _mismatch:
     sys.exit(f"llmft config error: {_mismatch}")
 
-RUN = CFG["run"]
-LAYOUT = layout(CFG)
+RUN = SETTINGS.run
+LAYOUT = SETTINGS.hardware.layout
+# The config as the jobs' slices are cut from it (cfg_arg): the validated keys, the template and
+# continue_from resolved above.
+_SLICE_SOURCE = SETTINGS.to_dict()
 
 
 # What a stage's rules file (included after this one) adds to what every run has: the folders it
@@ -95,7 +94,7 @@ def final_outputs():
     after a finished run is made again: a missing input of a job whose own outputs are current is not
     rebuilt by Snakemake."""
     published = [f"results/{RUN}/sft/model"]
-    if CFG["sft"]["finetuning_type"] == "lora":
+    if SETTINGS.sft.finetuning_type == "lora":
         published.append(f"results/{RUN}/sft/adapter")
     for stage_outputs in STAGE_OUTPUTS:
         published += stage_outputs()
@@ -124,7 +123,7 @@ def cfg_arg(*keys, benchmarks=False):
     """
     subset = {"run": RUN}
     for dotted in keys:
-        src, dst = CFG, subset
+        src, dst = _SLICE_SOURCE, subset
         parts = dotted.split(".")
         for part in parts[:-1]:
             src = src[part]
@@ -144,7 +143,7 @@ def continue_keys(*keys):
 
 
 def base_model_dir(wildcards):
-    name = CFG["model"]["name_or_path"]
+    name = SETTINGS.model.name_or_path
     return f"results/{wildcards.run}/base_model" if name == BUILTIN_MODEL else name
 
 
@@ -179,13 +178,13 @@ def stage_container(per_node=False):
     enters the image inside it instead (stage_python)."""
     if per_node and LAYOUT.nodes > 1:
         return None
-    return CFG["container"]["image"] or None
+    return SETTINGS.container.image or None
 
 
 def stage_python():
     """`python` for verify_env and sft, as words for `{params.python:q}`: inside the image when
     they srun one task per node."""
-    image = CFG["container"]["image"]
+    image = SETTINGS.container.image
     settings = workflow.deployment_settings
     if (
         not image
@@ -223,7 +222,7 @@ def report_optional_keys():
     """The report's config keys beyond its own: a stage's (REPORT_STAGE_KEYS), and `nightly.metric` (the
     gate's metric, first on the page's gate table) only with one or with nightly.compare_with: a run
     with neither renders the same report params as before."""
-    compared = REPORT_STAGE_KEYS or CFG["nightly"]["compare_with"]
+    compared = REPORT_STAGE_KEYS or SETTINGS.nightly.compare_with
     return (*REPORT_STAGE_KEYS, *(("nightly.metric",) if compared else ()))
 
 
@@ -248,14 +247,14 @@ def eval_model(wildcards):
 def gate_rows_words():
     """`--max-rows` of the nightly gate's evaluations: every held-out row, or nightly.gate_max_rows;
     a word list, quoted by the rules' {params.rows:q}."""
-    return ["--max-rows", str(CFG["nightly"]["gate_max_rows"] or "all")]
+    return ["--max-rows", str(SETTINGS.nightly.gate_max_rows or "all")]
 
 
 def compared_inputs(wildcards):
     """The gate rule's scores (nightly.compare_with): the promoted model and this run's tuned model,
     both on the gate's held-out rows; with a stage's nightly.metric (a preference metric) what that
     stage's rule file says instead (STAGE_GATE_INPUTS)."""
-    if not CFG["nightly"]["compare_with"]:
+    if not SETTINGS.nightly.compare_with:
         return []
     if STAGE_GATE_INPUTS is not None:
         return STAGE_GATE_INPUTS(wildcards)

@@ -5,7 +5,7 @@ def parent_marker():
     prepared other rows changes which rows are new)."""
     if not LINEAGE:
         return ""
-    stats = Path(CFG["model"]["continue_from"]) / "data" / "stats.json"
+    stats = Path(SETTINGS.model.continue_from) / "data" / "stats.json"
     return json.loads(stats.read_text()).get("fingerprint", "")
 
 
@@ -13,7 +13,7 @@ def dataset_inputs(wildcards):
     """The data files prepare_data reads; for a LLaMA-Factory dataset entry, the entry's file and
     the dataset_info.json (editing the entry's columns or tags changes what is read)."""
     out = []
-    for i, src in enumerate(CFG["data"]["sources"]):
+    for i, src in enumerate(SETTINGS.data.sources):
         if src.get("dataset_info"):
             entry = resolve_lf_entry(src, Path.cwd(), where=f"data.sources[{i}]")
             out += [entry["path"], entry["dataset_info"]]

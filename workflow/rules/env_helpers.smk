@@ -3,7 +3,7 @@
 def quarantine_keys():
     """The nightly keys verify_env's stack quarantine reads, only in a night's run (one with
     nightly.compare_with): other runs' verify_env params stay as they were."""
-    if not CFG["nightly"]["compare_with"]:
+    if not SETTINGS.nightly.compare_with:
         return ()
     return (
         "nightly.compare_with",
@@ -15,6 +15,6 @@ def quarantine_keys():
 def quantization_keys():
     """The keys that make verify_env check bitsandbytes, only when they ask for it: switching between
     full, freeze and plain LoRA does not rerun verify_env."""
-    if CFG["sft"]["quantization_bit"] == "none":
+    if SETTINGS.sft.quantization_bit == "none":
         return []
     return ["sft.finetuning_type", "sft.quantization_bit"]

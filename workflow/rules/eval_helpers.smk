@@ -3,7 +3,7 @@
 def eval_model_path(wildcards, input):
     """The model folder evaluate scores: its input, or (which=promoted) nightly.compare_with's model."""
     if wildcards.which == "promoted":
-        return f"{CFG['nightly']['compare_with']}/sft/model"
+        return f"{SETTINGS.nightly.compare_with}/sft/model"
     return input.model
 
 

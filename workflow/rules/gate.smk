@@ -6,7 +6,7 @@ include: "gate_helpers.smk"
 # eval/promoted; on a preference nightly.metric the preference stage's preference/gate/), each
 # benchmark task against nightly.max_benchmark_drop, and the verdict. The report renders gate.json;
 # the nightly promotes or refuses as it says.
-if CFG["nightly"]["compare_with"]:
+if SETTINGS.nightly.compare_with:
 
     rule gate:
         input:

@@ -2,7 +2,7 @@
 # rules or functions, not both); what every rule file shares is in rules/common.smk.
 def gate_verdict(wildcards):
     """The nightly gate's verdict, which the report renders: with nightly.compare_with only (rules/gate.smk)."""
-    if not CFG["nightly"]["compare_with"]:
+    if not SETTINGS.nightly.compare_with:
         return []
     return f"results/{wildcards.run}/nightly/gate.json"
 
@@ -16,5 +16,5 @@ def gate_cfg():
         *(f"nightly.{k}" for k in keys),
         "eval.benchmarks",
         *REPORT_STAGE_KEYS,
-        benchmarks=bool(CFG["eval"]["benchmarks"]),
+        benchmarks=bool(SETTINGS.eval.benchmarks),
     )

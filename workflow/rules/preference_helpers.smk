@@ -133,20 +133,20 @@ def preference_eval_inputs(wildcards):
 
 
 # -- the nightly gate on a preference metric (evaluate_preference_gate) --------------------------------
-PREF_GATE = bool(CFG["nightly"]["compare_with"]) and is_preference_metric(
-    CFG["nightly"]["metric"]
+PREF_GATE = bool(SETTINGS.nightly.compare_with) and is_preference_metric(
+    SETTINGS.nightly.metric
 )
 if PREF_GATE:
 
     # The promoted run's preference model is scored on this run's pairs: a run without one (trained
     # before the preference section was set) cannot be compared on the metric. Once scored it is not
     # read again (a later `snakemake --forcerun report` of this run, after retention deleted it).
-    _promoted_pref = Path(CFG["nightly"]["compare_with"]) / "preference" / "model"
+    _promoted_pref = Path(SETTINGS.nightly.compare_with) / "preference" / "model"
     _scored = Path(f"results/{RUN}/preference/gate/promoted/logps.jsonl")
     if not _promoted_pref.is_dir() and not _scored.is_file():
         sys.exit(
-            f"llmft config error: config key nightly.metric: {CFG['nightly']['metric']} compares the "
-            f"preference models, but the promoted run {Path(CFG['nightly']['compare_with']).name} "
+            f"llmft config error: config key nightly.metric: {SETTINGS.nightly.metric} compares the "
+            f"preference models, but the promoted run {Path(SETTINGS.nightly.compare_with).name} "
             f"(nightly.compare_with) has none ({_promoted_pref} does not exist); promote a run with a "
             "preference stage (`llmft promote RUN`) or gate on another metric"
         )
@@ -179,7 +179,7 @@ def pref_gate_model(wildcards):
 
 def pref_gate_model_path(wildcards, input):
     """The model folder evaluate_preference_gate scores (promoted: nightly.compare_with's)."""
-    promoted = CFG["nightly"]["compare_with"]
+    promoted = SETTINGS.nightly.compare_with
     if wildcards.side == "promoted":
         return f"{promoted}/preference/model"
     if wildcards.side == "promoted_reference":

@@ -95,7 +95,7 @@ rule report:
             "eval",
             "nightly.compare_with",
             *report_optional_keys(),
-            benchmarks=bool(CFG["eval"]["benchmarks"]),
+            benchmarks=bool(SETTINGS.eval.benchmarks),
         ),
     shell:
         "python -m llmft report {params.cfg} --run-dir results/{wildcards.run}"

@@ -26,7 +26,7 @@ def lineage_cfg():
         "hardware",
         "verify",
         "data.cutoff_len",
-        *(f"sft.{key}" for key in CFG["sft"] if key not in SFT_UNPLANNED),
+        *(f"sft.{key}" for key in _SLICE_SOURCE["sft"] if key not in SFT_UNPLANNED),
         *continue_keys(
             "model.continue_from", "nightly.continue_epochs", "nightly.replay_fraction"
         ),
@@ -35,6 +35,6 @@ def lineage_cfg():
 
 def sft_adapter_output():
     """sft's extra output under LoRA: the adapter, beside the merged model."""
-    if CFG["sft"]["finetuning_type"] != "lora":
+    if SETTINGS.sft.finetuning_type != "lora":
         return {}
     return {"adapter": directory("results/{run}/sft/adapter")}

@@ -14,6 +14,10 @@ import shutil
 import socket
 import subprocess
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llmft.core.settings import Hardware
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
@@ -209,14 +213,14 @@ def stage_resources(resource_settings) -> dict[str, dict]:
     return {name: default | _plain_resources(overrides.get(name)) for name in GPU_STAGES}
 
 
-def profile_mismatch(hardware: dict, resource_settings) -> str | None:
+def profile_mismatch(hardware: Hardware, resource_settings) -> str | None:
     """Why the profile's resources and the config's hardware disagree, or None.
 
     A Slurm profile is recognised by a partition or account on any stage; the local executor
     requests nothing, so nothing is compared.
     """
     return resources_mismatch(
-        hardware["gpus_per_node"], hardware["allow_cpu_on_gpu_jobs"], stage_resources(resource_settings)
+        hardware.gpus_per_node, hardware.allow_cpu_on_gpu_jobs, stage_resources(resource_settings)
     )
 
 
