@@ -197,6 +197,36 @@ if mode and os.environ.get("RANK") == "0" and "--ranks-part" in sys.argv:
 """
 
 
+# torchrun's output when rank 0 dies of a C++ exception in gloo (the rank's own lines, then torchrun's
+# summary; hand-written in torch 2.x's format)
+TORCHRUN_CRASH = """[rank0]: starting
+terminate called after throwing an instance of 'gloo::IoException'
+  what():  [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-08_00:40:40
+  rank      : 0 (local_rank: 0)
+  host      : localhost
+  exitcode  : -6 (pid: 3790)  (SIGABRT)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 3790
+============================================================
+"""
+
+
+def test_a_crash_is_named_by_the_ranks_own_error_and_the_root_cause():
+    words = q.crash_words(TORCHRUN_CRASH)
+    assert "Connection closed by peer" in words and "terminate called" in words
+    assert words.endswith("(root cause: rank      : 0 (local_rank: 0) exitcode  : -6 (pid: 3790)  (SIGABRT))")
+    assert "Failures" not in words
+    assert q.crash_words("Killed\n") == "Killed"
+
+
 @pytest.mark.parametrize("mode", ["once", "always"])
 def test_a_crashed_ranks_run_is_tried_once_more_and_a_second_crash_is_named(tmp_path, mode):
     """Rank 0 of accumulation parity's torchrun run aborts (SIGABRT, as a torn-down collective does):
@@ -216,6 +246,6 @@ def test_a_crashed_ranks_run_is_tried_once_more_and_a_second_crash_is_named(tmp_
     else:
         with pytest.raises(
             RuntimeError,
-            match=r"(?s)2 ranks crashed 2 times; torchrun exit 1: .* \| torchrun exit 1: .*SIGABRT",
+            match=r"(?s)2 ranks crashed 3 times; (torchrun exit 1: .*SIGABRT.* \| ){2}torchrun exit 1: .*SIGABRT",  # noqa: E501
         ):
             q._ranks_run(tmp_path, "cpu", 2, n, env, 600)

@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -52,7 +53,9 @@ ACCUMULATION_TOLERANCE = 1e-3
 RESUME_TOLERANCE = 1e-4
 ACCUMULATION_ROWS, ACCUMULATION_STEPS = 4, 2  # N rows per optimizer step, steps compared
 RESUME_STEPS = 3  # K
-RANKS_ATTEMPTS = 2  # tries of the ranks' run of accumulation parity before a crash fails the check
+# tries of the ranks' run of accumulation parity before a crash fails the check: a busy node can tear
+# down one run's collectives, rarely two in a row
+RANKS_ATTEMPTS = 3
 EVAL_ROWS = 32
 EVAL_LOSS_TOLERANCE = 0.02  # relative, of the slice's mean per-row loss
 EVAL_EXACT_TOLERANCE = 0.0625  # absolute, of the slice's exact match (2 of 32 rows)
@@ -159,15 +162,30 @@ def _ranks_run(scratch: Path, device: str, ranks: int, n: int, env: dict, timeou
     cmd += ["--device", device, "--rows", str(n)]
     deadline, crashes = time.monotonic() + timeout_s, []
     # A run that crashes (no steps written: a rank killed, a collective torn down on a busy node) is
-    # not a parity result: it is tried once more; a difference in the numbers is never retried.
+    # not a parity result: it is tried again (RANKS_ATTEMPTS in all); a difference in the numbers is
+    # never retried.
     for _ in range(RANKS_ATTEMPTS):
         out.unlink(missing_ok=True)
         left = max(deadline - time.monotonic(), 1.0)
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=left)
         if proc.returncode == 0 and out.exists():
             return read_json(out)
-        crashes.append(f"torchrun exit {proc.returncode}: {proc.stderr.strip()[-600:]}")
+        crashes.append(f"torchrun exit {proc.returncode}: {crash_words(proc.stderr)}")
     raise RuntimeError(f"{ranks} ranks crashed {len(crashes)} times; " + " | ".join(crashes))
+
+
+_CRASH_LINE = re.compile(r"Error|error:|terminate called|what\(\)|Abort|Killed")
+
+
+def crash_words(stderr: str) -> str:
+    """What a crashed torchrun run says: the ranks' own last error lines (before torchrun's summary,
+    which only names the signal) and the summary's root cause."""
+    own, _, summary = stderr.partition("ChildFailedError")
+    errors = [line.strip() for line in own.splitlines() if _CRASH_LINE.search(line)]
+    root = summary.partition("Root Cause")[2].splitlines()
+    cause = " ".join(w.strip() for w in root if w.strip().startswith(("rank", "exitcode")))
+    said = "; ".join(errors[-3:])[-500:] or stderr.strip()[-300:]
+    return f"{said} (root cause: {cause})" if cause else said
 
 
 def ranks_part(out: str, device: str, n: int) -> None:
