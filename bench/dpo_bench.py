@@ -5,6 +5,7 @@ LLaMA-Factory DPO config, same 1.24 B model, same pairs, one call, both through 
     python bench/dpo_bench.py pairs --out OUT [--rows N]     # the pairs both variants train on
     python bench/dpo_bench.py run NAME --out OUT             # one variant (see below)
     python bench/dpo_bench.py all --out OUT [--json R.json]  # pairs, hand, ours, resident, the ratios
+    python bench/dpo_bench.py fit --out OUT --cutoff 4096    # each side at the largest micro-batch that fits
 
 The pairs are written as a sharegpt file and prepared by `llmft prepare-preference` as the workflow
 prepares them (checked, split, tokenized once with each pair's length; pairs over the cutoff are
@@ -30,6 +31,14 @@ padded (only when named): resident with LLaMA-Factory's own padded DPO forward
 With the reference step counted: tokens/s of one epoch = an epoch's tokens (both sequences of every
 train pair) / (that count / the measured tokens/s + the reference step's wall seconds), for the cold
 step (a first night) and the warm one (a night whose reference model and pairs are cached).
+
+fit: both sides at the largest micro-batch that fits the GPU at one cutoff (--cutoff; the pairs'
+lengths scale with it, so the same share is dropped as at 2 048), the pairs per optimizer step fixed
+(--pairs-per-step). hand: the hand-tuned settings at each micro-batch of --hand-batches in turn, the
+largest that trains (the first that fails, out of memory, ends the search); ours: llmft's plan with the
+micro-batch on auto and room for every divisor of the pairs a step (sft.micro_batch_tokens), the
+planner's choice, and the planner's verdict (planned peak, or its refusal) on every micro-batch of the
+search. Each trained run: planned peak against measured (torch's max allocated, rank 0).
 
 BENCH_DRY_RUN=1 runs the same path on 2 CPU processes with a tiny model (no GPU): a check of the
 script, not a measurement: pairs a twentieth as long (cutoff 256). BENCH_MODELS (default
@@ -116,15 +125,16 @@ PREF_KEYS = (
 )
 
 
-def write_pairs(out: Path, rows: int, seed: int = 0) -> Path:
-    """DPO pairs of a realistic length (prompts of 200-400 words, answers of 150-400 words; a dry
-    run's a twentieth) in the canonical sharegpt form: the source both variants' data is prepared from."""
+def write_pairs(out: Path, rows: int, seed: int = 0, cutoff: int = SEQ) -> Path:
+    """DPO pairs of a realistic length (at a 2 048-token cutoff prompts of 200-400 words, answers of
+    150-400 words; scaled with the cutoff; a dry run's a twentieth) in the canonical sharegpt form: the
+    source both variants' data is prepared from."""
     rng = random.Random(seed)
     vocab = [f"w{i}" for i in range(4000)]
-    scale = 20 if os.environ.get("BENCH_DRY_RUN") else 1
+    scale = (20 if os.environ.get("BENCH_DRY_RUN") else 1) * SEQ / cutoff
 
     def text(lo: int, hi: int) -> str:
-        return " ".join(rng.choice(vocab) for _ in range(rng.randint(lo // scale, hi // scale)))
+        return " ".join(rng.choice(vocab) for _ in range(rng.randint(int(lo / scale), int(hi / scale))))
 
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "pairs.jsonl", "w") as fh:
@@ -138,9 +148,9 @@ def write_pairs(out: Path, rows: int, seed: int = 0) -> Path:
     return out / "pairs.jsonl"
 
 
-def prepare_pairs(out: Path, size: str = "1b") -> dict:
+def prepare_pairs(out: Path, size: str = "1b", cutoff: int = SEQ) -> dict:
     """`llmft prepare-preference` on the pairs (the workflow's prepare_preference): its stats line."""
-    cfg = config_for("ours", STEPS, out, size)
+    cfg = config_for("ours", STEPS, out, size, cutoff=cutoff)
     cmd = [sys.executable, "-m", "llmft", "prepare-preference", "--config-json", json.dumps(cfg)]
     cmd += ["--tokenizer", cfg["model"]["name_or_path"], "--out-dir", str(out / "data")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=llmft_env(), cwd=REPO)
@@ -172,14 +182,24 @@ def hand_settings(size: str = "1b") -> dict:
     return {**hand, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 8}
 
 
-def config_for(name: str, steps: int, out: Path, size: str = "1b", finetuning: str = "full") -> dict:
+def config_for(
+    name: str,
+    steps: int,
+    out: Path,
+    size: str = "1b",
+    finetuning: str = "full",
+    cutoff: int = SEQ,
+    change: dict | None = None,
+) -> dict:
+    """A variant's llmft config; `change`: keys over the variant's own (the fit search's micro-batch)."""
     if name == "hand":
         overrides = {**hand_settings(size), "reference_logps": "resident"}
     else:
         overrides = dict(VARIANTS[name])
         overrides["tokens_per_step"] = SIZES[size]["tokens_per_step"]
+    overrides.update(change or {})
     dry = bool(os.environ.get("BENCH_DRY_RUN"))
-    seq = 256 if dry else SEQ
+    seq = 256 * cutoff // SEQ if dry else cutoff
     sft = {k: v for k, v in overrides.items() if k not in PREF_KEYS}
     sft.update(precision="bf16", logging_steps=1, save_steps=100000)
     sft["extra"] = {"eval_strategy": "no", "disable_tqdm": True, "preprocessing_num_workers": 16}
@@ -227,14 +247,17 @@ def run_variant(
     size: str = "1b",
     finetuning: str = "full",
     warmup: int = WARMUP,
+    cutoff: int = SEQ,
+    change: dict | None = None,
+    folder: str = "",
 ) -> dict:
     """Render, launch, stop after the last step is logged (the final save is not timed); throughput
-    from step `warmup` on."""
-    rd = out / name
+    from step `warmup` on. In out/`folder` (the variant's name by default)."""
+    rd = out / (folder or name)
     shutil.rmtree(rd, ignore_errors=True)  # nothing of an earlier call's run survives
     rd.mkdir(parents=True)
     cfg_path = rd / "config.yaml"
-    cfg = config_for(name, steps, out, size, finetuning)
+    cfg = config_for(name, steps, out, size, finetuning, cutoff, change)
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     env = llmft_env()
     render = render_cmd(cfg_path, cfg["model"]["name_or_path"], node_facts(out), out / "data", rd)
@@ -275,6 +298,7 @@ def run_variant(
     )
     if status != "ok":
         result["error"] = (rd / "train.log").read_text()[-3000:]
+        result["out_of_memory"] = "out of memory" in result["error"].lower()
     (rd / "result.json").write_text(json.dumps(result, indent=2))
     shutil.rmtree(work, ignore_errors=True)
     return result
@@ -348,6 +372,69 @@ def compare(results: dict, pairs: dict, warmup: int = WARMUP) -> dict:
     }
 
 
+def planned(name: str, out: Path, size: str, finetuning: str, cutoff: int, change: dict) -> dict:
+    """The planner's verdict on one setting, rendered only: its planned peak, or its refusal."""
+    folder = f"plan_{name}_m{change['per_device_train_batch_size']}"
+    rd = out / folder
+    shutil.rmtree(rd, ignore_errors=True)
+    rd.mkdir(parents=True)
+    cfg = config_for(name, STEPS, out, size, finetuning, cutoff, change)
+    (rd / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    render = render_cmd(rd / "config.yaml", cfg["model"]["name_or_path"], node_facts(out), out / "data", rd)
+    failed = run_stage([*render, "--stage", "preference"], rd, "render", llmft_env())
+    verdict = {"micro_batch": change["per_device_train_batch_size"]}
+    if failed:
+        return {**verdict, "refused": failed["error"].strip().splitlines()[-1]}
+    plan = yaml.safe_load((rd / "llamafactory.yaml").read_text())["llmft"]["plan"]
+    return {**verdict, "planned_peak_gib": plan["memory"]["peak"], "usable_gib": plan["usable_gib"]}
+
+
+SEARCH_KEYS = (
+    "status",
+    "out_of_memory",
+    "tokens_per_s_per_gpu",
+    "predicted_peak_gib",
+    "peak_vram_allocated_gib",
+)
+
+
+def fit(out: Path, args) -> tuple[dict, dict]:
+    """Each side at the largest micro-batch that fits at args.cutoff, the pairs a step fixed (see the
+    module's docstring): (the two sides' runs, the hand-tuned search and the planner's verdicts)."""
+    scale = {"size": args.size, "finetuning": args.finetuning, "warmup": args.warmup, "cutoff": args.cutoff}
+    batches = [int(m) for m in args.hand_batches.split(",")]
+    results, search = {}, {"hand": [], "planner": []}
+
+    def save() -> None:  # after every run: a call cut short keeps what it measured
+        if args.json:
+            Path(args.json).write_text(json.dumps({"partial": True, "variants": results, "search": search}))
+
+    tokens = args.pairs_per_step * 2 * args.cutoff
+    ours = {"tokens_per_step": tokens, "micro_batch_tokens": tokens}
+    for m in sorted({*batches, args.pairs_per_step}):
+        change = {**ours, "per_device_train_batch_size": m}
+        search["planner"].append(planned("ours", out, args.size, args.finetuning, args.cutoff, change))
+    results["ours"] = run_variant("ours", out, args.steps, args.timeout, **scale, change=ours)
+    save()
+    for m in batches:
+        change = {
+            "per_device_train_batch_size": m,
+            "gradient_accumulation_steps": max(1, args.pairs_per_step // m),
+        }
+        r = run_variant("hand", out, args.steps, args.timeout, **scale, change=change, folder=f"hand_m{m}")
+        search["hand"].append({"micro_batch": m, **{k: r.get(k) for k in SEARCH_KEYS}})
+        if r.get("status") != "ok":
+            results.setdefault("hand", r)  # none trained: the first failure is the hand side's result
+            break
+        results["hand"] = r
+        save()
+    for r in results.values():
+        peak, planned_peak = r.get("peak_vram_allocated_gib"), r.get("predicted_peak_gib")
+        if peak and planned_peak:
+            r["measured_over_planned"] = round(peak / planned_peak, 3)
+    return results, search
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -361,17 +448,22 @@ def main() -> None:
     r.add_argument("--steps", type=int, default=STEPS, help="optimizer steps to train")
     r.add_argument("--timeout", type=int, default=900, help="seconds before a variant is stopped")
     b = sub.add_parser("all", help="pairs, both variants, the comparison")
-    for q in (r, b):
+    f = sub.add_parser("fit", help="both sides at the largest micro-batch that fits at one cutoff")
+    f.add_argument("--cutoff", type=int, default=4096, help="data.cutoff_len (the pairs scale with it)")
+    f.add_argument("--pairs-per-step", type=int, default=8, help="pairs per optimizer step, both sides")
+    f.add_argument("--hand-batches", default="1,2,4,8", help="the hand-tuned micro-batches tried, in turn")
+    for q in (r, b, f):
         q.add_argument("--size", choices=sorted(SIZES), default="1b", help="the model (bench/sft_models.py)")
         q.add_argument(
             "--finetuning", choices=("full", "lora"), default="full", help="preference.finetuning_type"
         )
         q.add_argument("--warmup", type=int, default=WARMUP, help="steps before the throughput window")
-    b.add_argument("--out", required=True, help="the benchmark's folder")
-    b.add_argument("--rows", type=int, default=2000, help="pairs to write")
-    b.add_argument("--steps", type=int, default=STEPS, help="optimizer steps per variant")
-    b.add_argument("--timeout", type=int, default=900, help="seconds before a variant is stopped")
-    b.add_argument("--json", default="", help="also write the comparison to this file")
+    for q in (b, f):
+        q.add_argument("--out", required=True, help="the benchmark's folder")
+        q.add_argument("--rows", type=int, default=2000, help="pairs to write")
+        q.add_argument("--steps", type=int, default=STEPS, help="optimizer steps per variant")
+        q.add_argument("--timeout", type=int, default=900, help="seconds before a variant is stopped")
+        q.add_argument("--json", default="", help="also write the comparison to this file")
     b.add_argument(
         "--variants", default=",".join(ALL), help=f"which variants, hand and ours first ({','.join(ALL)})"
     )
@@ -384,6 +476,35 @@ def main() -> None:
     scale = {"size": args.size, "finetuning": args.finetuning, "warmup": args.warmup}
     if args.cmd == "run":
         print(json.dumps(run_variant(args.name, out, args.steps, args.timeout, **scale), indent=2))
+    elif args.cmd == "fit":
+        write_pairs(out, args.rows, cutoff=args.cutoff)
+        pairs = prepare_pairs(out, args.size, args.cutoff)
+        results, search = fit(out, args)
+        result = {**compare(results, pairs, args.warmup), "cutoff": args.cutoff, "search": search}
+        for side in search["planner"]:
+            print(
+                f"planner, ours at micro-batch {side['micro_batch']}: "
+                + (
+                    f"{side['planned_peak_gib']} GiB of {side['usable_gib']}"
+                    if "planned_peak_gib" in side
+                    else f"refused: {side['refused']}"
+                )
+            )
+        for r in search["hand"]:
+            print(
+                f"hand at micro-batch {r['micro_batch']}: {r['status']}"
+                + (" (out of memory)" if r.get("out_of_memory") else "")
+            )
+        for name, r in results.items():
+            print(
+                f"{name} at {r.get('plan', {}).get('micro_batch')} pairs x "
+                f"{r.get('plan', {}).get('gradient_accumulation')}: "
+                f"planned peak {r.get('predicted_peak_gib')} GiB, measured "
+                f"{r.get('peak_vram_allocated_gib')} GiB "
+                f"(measured / planned {r.get('measured_over_planned')})"
+            )
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2))
     else:
         write_pairs(out, args.rows)
         pairs = prepare_pairs(out, args.size)

@@ -5,6 +5,9 @@
 #   bash bench/dpo_gpu.sh    # DPO_VARIANTS=hand,ours for the two alone (~6 min), DPO_STEPS (30) per variant
 #   DPO_SIZE=8b DPO_FINETUNING=lora DPO_ROWS=500 DPO_STEPS=12 DPO_WARMUP=4 DPO_VARIANTS=hand,ours bash bench/dpo_gpu.sh
 #                            # LoRA DPO of the 8 B model (~6 min: the 16 GB model built first)
+#   DPO_MODE=fit DPO_SIZE=8b DPO_FINETUNING=lora DPO_CUTOFF=4096 DPO_HAND_BATCHES=1,2,4 bash bench/dpo_gpu.sh
+#                            # each side at the largest micro-batch that fits at one cutoff (DPO_VARIANTS
+#                            # unused: hand's search, then ours; DPO_PAIRS_PER_STEP, 8)
 # Carried: the wheels (WHEELS=.whld: the LLaMA-Factory + DeepSpeed wheels for the image's Python 3.12,
 # liger-kernel, jsonschema and its dependencies, tensorboardX) and bench/work/sft/tok (the tokenizer).
 # Results in $OUT: dpo.json (bench/dpo_bench.py's comparison), dpo_gpu.log, dpo_runs.tar.gz (each
@@ -27,7 +30,13 @@ if [ ! -f "$BENCH_MODELS/llama$SIZE/config.json" ]; then
     || { say "model build failed"; tail -20 "$LOG"; exit 1; }
 fi
 say "model $SIZE ready"
-python3 bench/dpo_bench.py all --out "$R" --json "$OUT/dpo.json" --variants "${DPO_VARIANTS:-hand,ours,resident}" \
+if [ "${DPO_MODE:-all}" = fit ]; then
+  mode=(fit --cutoff "${DPO_CUTOFF:-4096}" --hand-batches "${DPO_HAND_BATCHES:-1,2,4,8}"
+    --pairs-per-step "${DPO_PAIRS_PER_STEP:-8}")
+else
+  mode=(all --variants "${DPO_VARIANTS:-hand,ours,resident}")
+fi
+python3 bench/dpo_bench.py "${mode[@]}" --out "$R" --json "$OUT/dpo.json" \
   --steps "${DPO_STEPS:-30}" --rows "${DPO_ROWS:-2000}" --size "$SIZE" --finetuning "${DPO_FINETUNING:-full}" \
   --warmup "${DPO_WARMUP:-5}" >>"$LOG" 2>&1
 say "bench exit $?"
