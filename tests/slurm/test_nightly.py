@@ -188,6 +188,11 @@ def test_three_nights_and_a_concurrent_start(tmp_path):
     # the gate's scores: both models on the same nightly.gate_max_rows held-out rows
     assert s2["compared_with"]["heldout_fingerprint"] == s2["gate"]["heldout_fingerprint"]
     assert s2["gate"]["heldout_rows"] == 24
+    # the gate's rows are the page's (gate_max_rows == eval.max_rows): its pass over night2's model
+    # took the page's scores of it instead of generating again
+    gate_scores = json.loads((work / "results/night2/eval/gate/metrics.json").read_text())
+    assert gate_scores["scores_of"] == "tuned" and gate_scores["label"] == "gate", gate_scores
+    assert "its scores taken" in (work / "results/night2/logs/evaluate_gate.log").read_text()
     assert os.readlink(work / "results/current") == "night2", out[-2000:]
 
     # Night 3: appended rows whose answers are noise; continues from night2 and the gate refuses it.

@@ -12,3 +12,20 @@ def eval_rows(wildcards):
     (gate_rows_words) for the two models the nightly gate compares.
     """
     return gate_rows_words() if wildcards.which in ("promoted", "gate") else []
+
+
+def eval_reused(wildcards):
+    """The page's scores of the tuned model (eval/tuned), which the gate's pass over the same model
+    takes when it scores the same rows: nightly.gate_max_rows equal to eval.max_rows (both the first
+    N held-out rows). evaluate checks the model and the rows' fingerprint before it takes them.
+    """
+    same_rows = SETTINGS.nightly.gate_max_rows == SETTINGS.eval.max_rows
+    if wildcards.which == "gate" and same_rows:
+        return f"results/{wildcards.run}/eval/tuned/metrics.json"
+    return []
+
+
+def eval_reuse_words(wildcards):
+    """evaluate's `--reuse` words (quoted by the rule's {params.reuse:q}): eval_reused's folder."""
+    reused = eval_reused(wildcards)
+    return ["--reuse", str(Path(reused).parent)] if reused else []

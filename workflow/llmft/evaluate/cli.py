@@ -8,10 +8,17 @@ from llmft.core.imports import UNUSED_BY_INFERENCE
 
 
 def cmd_evaluate(args) -> int:
+    cfg = settings_of(args)
+    if args.reuse:
+        from llmft.evaluate.reuse import reuse
+
+        if reuse(cfg, args.model, args.heldout, args.max_rows, args.reuse, args.out_dir, args.label):
+            print(f"{args.label}: the same model and held-out rows as {args.reuse}: its scores taken")
+            return 0
     from llmft.evaluate.run import evaluate
 
     evaluate(
-        settings_of(args),
+        cfg,
         args.model,
         args.heldout,
         args.out_dir,
@@ -40,10 +47,15 @@ def register(add) -> dict:
         "model=the model folder to score",
         "heldout=the held-out rows (JSONL)",
         "out-dir=the folder for metrics.json and predictions.jsonl",
-        "label=base or tuned",
+        "label=base, tuned, gate or promoted",
         help="score a model on the held-out split",
     )
     p.add_argument("--processes", type=int, default=0, help="0 = one per GPU (one on CPU)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per process (0 = torch default)")
     add_max_rows(p)
+    p.add_argument(
+        "--reuse",
+        default="",
+        help="an evaluation folder whose scores are taken when it scored this model on the same rows",
+    )
     return {cmd_evaluate: UNUSED_BY_INFERENCE}
