@@ -239,6 +239,21 @@ def config_for(
     }
 
 
+def render_variant(rd: Path, cfg: dict, out: Path) -> tuple[Path, dict | None, dict | None]:
+    """A fresh folder `rd` holding `cfg` (config.yaml) and its `render-sft --stage preference`:
+    (the config's path, the rendered LLaMA-Factory YAML, None) or (path, None, run_stage's failed
+    result)."""
+    shutil.rmtree(rd, ignore_errors=True)  # nothing of an earlier call's run survives
+    rd.mkdir(parents=True)
+    cfg_path = rd / "config.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    render = render_cmd(cfg_path, cfg["model"]["name_or_path"], node_facts(out), out / "data", rd)
+    failed = run_stage([*render, "--stage", "preference"], rd, "render", llmft_env())
+    if failed:
+        return cfg_path, None, failed
+    return cfg_path, yaml.safe_load((rd / "llamafactory.yaml").read_text()), None
+
+
 def run_variant(
     name: str,
     out: Path,
@@ -254,17 +269,11 @@ def run_variant(
     """Render, launch, stop after the last step is logged (the final save is not timed); throughput
     from step `warmup` on. In out/`folder` (the variant's name by default)."""
     rd = out / (folder or name)
-    shutil.rmtree(rd, ignore_errors=True)  # nothing of an earlier call's run survives
-    rd.mkdir(parents=True)
-    cfg_path = rd / "config.yaml"
     cfg = config_for(name, steps, out, size, finetuning, cutoff, change)
-    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    env = llmft_env()
-    render = render_cmd(cfg_path, cfg["model"]["name_or_path"], node_facts(out), out / "data", rd)
-    failed = run_stage([*render, "--stage", "preference"], rd, "render", env)
+    cfg_path, rendered, failed = render_variant(rd, cfg, out)
     if failed:
         return failed
-    rendered = yaml.safe_load((rd / "llamafactory.yaml").read_text())
+    env = llmft_env()
     work = Path(rendered["output_dir"])
     shutil.rmtree(work, ignore_errors=True)
     reference = {}
@@ -374,18 +383,13 @@ def compare(results: dict, pairs: dict, warmup: int = WARMUP) -> dict:
 
 def planned(name: str, out: Path, size: str, finetuning: str, cutoff: int, change: dict) -> dict:
     """The planner's verdict on one setting, rendered only: its planned peak, or its refusal."""
-    folder = f"plan_{name}_m{change['per_device_train_batch_size']}"
-    rd = out / folder
-    shutil.rmtree(rd, ignore_errors=True)
-    rd.mkdir(parents=True)
+    rd = out / f"plan_{name}_m{change['per_device_train_batch_size']}"
     cfg = config_for(name, STEPS, out, size, finetuning, cutoff, change)
-    (rd / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    render = render_cmd(rd / "config.yaml", cfg["model"]["name_or_path"], node_facts(out), out / "data", rd)
-    failed = run_stage([*render, "--stage", "preference"], rd, "render", llmft_env())
+    _, rendered, failed = render_variant(rd, cfg, out)
     verdict = {"micro_batch": change["per_device_train_batch_size"]}
     if failed:
         return {**verdict, "refused": failed["error"].strip().splitlines()[-1]}
-    plan = yaml.safe_load((rd / "llamafactory.yaml").read_text())["llmft"]["plan"]
+    plan = rendered["llmft"]["plan"]
     return {**verdict, "planned_peak_gib": plan["memory"]["peak"], "usable_gib": plan["usable_gib"]}
 
 

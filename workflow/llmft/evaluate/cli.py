@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from llmft.core.cli import add_max_rows, settings_of
 from llmft.core.imports import UNUSED_BY_INFERENCE
+from llmft.evaluate.reuse import reuse
 
 
 def cmd_evaluate(args) -> int:
     cfg = settings_of(args)
-    if args.reuse:
-        from llmft.evaluate.reuse import reuse
-
-        if reuse(cfg, args.model, args.heldout, args.max_rows, args.reuse, args.out_dir, args.label):
-            print(f"{args.label}: the same model and held-out rows as {args.reuse}: its scores taken")
-            return 0
+    if args.reuse and reuse(
+        cfg, args.model, args.heldout, args.max_rows, args.reuse, args.out_dir, args.label
+    ):
+        print(f"{args.label}: the same model and held-out rows as {args.reuse}: its scores taken")
+        return 0
     from llmft.evaluate.run import evaluate
 
     evaluate(
